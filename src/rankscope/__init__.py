@@ -1,0 +1,23 @@
+"""rankscope: safe, cheap profiling for distributed PyTorch training.
+
+Importing rankscope does not import torch; capture imports it when a rank profiles.
+"""
+
+from ._config import ProfileConfig, Schedule, TraceConfig
+from ._errors import ConfigError, RankscopeError, TraceError
+from ._profiler import Profiler
+from ._ranks import RankInfo, detect_rank_info
+from ._version import __version__
+
+__all__ = [
+    "ConfigError",
+    "ProfileConfig",
+    "Profiler",
+    "RankInfo",
+    "RankscopeError",
+    "Schedule",
+    "TraceConfig",
+    "TraceError",
+    "__version__",
+    "detect_rank_info",
+]

@@ -1,0 +1,283 @@
+"""Configuration: dataclasses validated at construction, built from code, dicts, YAML or the environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from . import _env
+from ._errors import ConfigError
+from ._ranks import RankSet, RankSpec, parse_ranks
+
+__all__ = ["ACTIVITIES", "ProfileConfig", "Schedule", "TraceConfig"]
+
+logger = logging.getLogger(__name__)
+
+ACTIVITIES = ("cpu", "cuda", "xpu")
+"""Activity names `TraceConfig.activities` accepts (torch.profiler.ProfilerActivity members)."""
+
+# torch.profiler writes through the local filesystem only.
+_CLOUD_SCHEMES = ("s3", "gs", "gcs", "hdfs", "az", "abfs", "abfss")
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(name, value, "True or False")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, value, f"an int >= {minimum}")
+    if value < minimum:
+        raise ConfigError(name, value, f"an int >= {minimum}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Schedule:
+    """Which steps a trace window covers, with torch.profiler.schedule's exact semantics.
+
+    Steps count from 0. After `skip_first` steps the cycle wait -> warmup -> active
+    repeats `repeat` times; the `active` steps of each cycle are one window.
+    """
+
+    skip_first: int = 0
+    """Steps to skip once, before the first cycle (let compilation and warm caches settle)."""
+    wait: int = 0
+    """Steps at the start of every cycle with the profiler idle."""
+    warmup: int = 1
+    """Steps profiled and thrown away before recording, so start-up cost does not skew the window."""
+    active: int = 1
+    """Steps recorded per window (>= 1). Trace size and host memory grow with it."""
+    repeat: int = 1
+    """Number of cycles (windows); 0 means keep cycling until the profiler stops."""
+
+    def __post_init__(self) -> None:
+        for name in ("skip_first", "wait", "warmup", "repeat"):
+            _check_int(f"schedule.{name}", getattr(self, name), 0)
+        _check_int("schedule.active", self.active, 1)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TraceConfig:
+    """torch.profiler trace capture: on which ranks, for which steps, recording what."""
+
+    enable: bool = False
+    """Capture traces at all. Off by default; RANKSCOPE_TRACE=1 turns it on."""
+    ranks: RankSpec = "0"
+    """Ranks that capture: 0, "0,8,16", "0-7", "0-7,16", "all" or [0, 8]. Kept in canonical form ("0-7,16")."""
+    schedule: Schedule = field(default_factory=Schedule)
+    """Which steps (or phase invocations) are recorded; see Schedule."""
+    target: str = "step"
+    """What the schedule counts: "step" counts step() calls; "phase:NAME" counts invocations of phase NAME
+    and records only inside them, each recorded invocation its own window."""
+    activities: Sequence[str] | None = None
+    """Profiler activities from ACTIVITIES; None means cpu, plus cuda where CUDA is available."""
+    record_shapes: bool = False
+    """Record input shapes of ops. Costs host memory per op; off by default."""
+    profile_memory: bool = False
+    """Track tensor allocations. Costs host memory per allocation; off by default."""
+    with_stack: bool = False
+    """Record Python stacks per op. The main cause of host OOM in long windows; off by default."""
+    with_flops: bool = False
+    """Estimate FLOPs of matmul and conv ops (implies shape recording for them); off by default."""
+    with_modules: bool = False
+    """Record the nn.Module hierarchy of ops (TorchScript only in most torch versions); off by default."""
+    gzip: bool = True
+    """Write traces as .json.gz (compressed in the background, never on the training thread)."""
+
+    def __post_init__(self) -> None:
+        _check_bool("trace.enable", self.enable)
+        object.__setattr__(self, "ranks", self.rank_set.spec())
+        if not isinstance(self.schedule, Schedule):
+            raise ConfigError("trace.schedule", self.schedule, "a Schedule")
+        if not isinstance(self.target, str) or not (
+            self.target == "step" or (self.target.startswith("phase:") and self.target[6:].strip())
+        ):
+            raise ConfigError("trace.target", self.target, '"step" or "phase:NAME"')
+        if self.activities is not None:
+            object.__setattr__(self, "activities", _parse_activities(self.activities))
+        for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules"):
+            _check_bool(f"trace.{name}", getattr(self, name))
+        _check_bool("trace.gzip", self.gzip)
+
+    @property
+    def rank_set(self) -> RankSet:
+        """The parsed `ranks`."""
+        return parse_ranks(self.ranks, "trace.ranks")
+
+    @property
+    def target_phase(self) -> str | None:
+        """NAME for a "phase:NAME" target, None for "step"."""
+        return self.target[6:].strip() if self.target.startswith("phase:") else None
+
+
+def _parse_activities(value: object) -> tuple[str, ...]:
+    accepted = f"a non-empty list drawn from {', '.join(ACTIVITIES)} (or None for the default)"
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, Sequence) or not items:
+        raise ConfigError("trace.activities", value, accepted)
+    out: list[str] = []
+    for item in items:
+        name = item.strip().lower() if isinstance(item, str) else item
+        if name not in ACTIVITIES:
+            raise ConfigError("trace.activities", value, accepted, f"unknown activity {item!r}")
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfileConfig:
+    """Everything a Profiler needs; the environment may override parts of it (see `with_env`)."""
+
+    output_dir: PathLike = "runs/rankscope"
+    """The run directory every rank writes into (a local or mounted path; resolved to an absolute path)."""
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    """torch.profiler trace capture."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output_dir", _resolve_output_dir(self.output_dir))
+        if not isinstance(self.trace, TraceConfig):
+            raise ConfigError("trace", self.trace, "a TraceConfig")
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise ConfigError if a rank selection names a rank the job does not have."""
+        self.trace.rank_set.check_world_size(world_size, "trace.ranks")
+
+    # -- building from plain data ------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested data (JSON- and YAML-safe); `from_dict(to_dict())` gives an equal config."""
+        out = dataclasses.asdict(self)
+        activities = out["trace"]["activities"]
+        out["trace"]["activities"] = None if activities is None else list(activities)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProfileConfig:
+        """Build from nested plain data as written in YAML; unknown keys are errors."""
+        if not isinstance(data, Mapping):
+            raise ConfigError("config", data, "a mapping of config fields")
+        _check_keys("", data, cls)
+        kwargs: dict[str, Any] = dict(data)
+        if "trace" in kwargs:
+            kwargs["trace"] = _trace_from_dict(kwargs["trace"])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: PathLike, key: str | None = None) -> ProfileConfig:
+        """Read a YAML file. `key` picks a block ("profiler") from a larger training config;
+        a file whose only top-level key is "rankscope" is read from under it."""
+        import yaml
+
+        source = Path(path)
+        try:
+            data = yaml.safe_load(source.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError("path", str(path), "a readable YAML file", str(exc)) from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError("path", str(path), "a valid YAML file", str(exc)) from exc
+        if data is None:
+            data = {}
+        if key is not None:
+            if not isinstance(data, Mapping) or key not in data:
+                raise ConfigError("key", key, f"a top-level key of {path}")
+            data = data[key] or {}
+        elif isinstance(data, Mapping) and list(data) == ["rankscope"]:
+            data = data["rankscope"] or {}
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ProfileConfig:
+        """The default config with the RANKSCOPE_* variables applied."""
+        return cls().with_env(environ)
+
+    def with_env(self, environ: Mapping[str, str] | None = None) -> ProfileConfig:
+        """This config with the RANKSCOPE_* variables applied; the environment wins.
+
+        A bad value raises ConfigError naming the variable.
+        """
+        overrides = _env.config_overrides(environ)
+        if not overrides:
+            return self
+        data = self.to_dict()
+        for override in overrides:
+            node = data
+            for key in override.path[:-1]:
+                node = node[key]
+            node[override.path[-1]] = override.value
+        try:
+            return ProfileConfig.from_dict(data)
+        except ConfigError as exc:
+            for override in overrides:
+                if exc.field == override.field:
+                    raise ConfigError(
+                        override.variable, exc.value, exc.accepted, exc.problem
+                    ) from None
+            raise
+
+
+def _trace_from_dict(data: object) -> TraceConfig:
+    if isinstance(data, TraceConfig):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError("trace", data, "a mapping of TraceConfig fields")
+    _check_keys("trace.", data, TraceConfig)
+    kwargs = dict(data)
+    schedule = kwargs.get("schedule")
+    if isinstance(schedule, Mapping):
+        _check_keys("trace.schedule.", schedule, Schedule)
+        try:
+            kwargs["schedule"] = Schedule(**schedule)
+        except ConfigError as exc:
+            raise exc.under("trace") from None
+    return TraceConfig(**kwargs)
+
+
+def _check_keys(prefix: str, data: Mapping[str, Any], cls: type) -> None:
+    known = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in known:
+            raise ConfigError(
+                f"{prefix}{key}", data[key], f"the fields {', '.join(known)}", "unknown field"
+            )
+
+
+def _resolve_output_dir(value: object) -> str:
+    accepted = "a local directory path (str or os.PathLike)"
+    if value is None or isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise ConfigError("output_dir", value, accepted)
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError("output_dir", value, accepted)
+    uri = _URI.match(text)
+    if uri:
+        scheme = uri.group(1).lower()
+        why = (
+            f"torch.profiler writes through the local filesystem and cannot write to {scheme}://; "
+            "write to a local or mounted path and copy the run directory afterwards"
+            if scheme in _CLOUD_SCHEMES
+            else "a URI, not a path"
+        )
+        raise ConfigError("output_dir", text, accepted, why)
+    path = Path(text).expanduser()
+    resolved = path.resolve()
+    probe = resolved
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(
+            "output_dir", text, accepted, f"{probe} exists and is not a directory"
+        )
+    if not path.is_absolute():
+        logger.info("rankscope: output_dir %r resolved to %s", text, resolved)
+    return str(resolved)

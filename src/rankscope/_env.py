@@ -1,0 +1,109 @@
+"""The only reader of the environment: RANKSCOPE_* overrides and launcher rank variables.
+
+Every function takes the mapping to read, so tests pass a dict and never touch
+`os.environ`; `None` means the process environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ConfigError
+
+__all__ = ["EnvOverride", "config_overrides", "launcher_ranks", "parse_bool"]
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_BOOL_ACCEPTED = "1/true/yes/on or 0/false/no/off, in any case"
+
+
+def parse_bool(name: str, value: str) -> bool:
+    """Read a boolean environment variable; anything unclear is a ConfigError naming it."""
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ConfigError(name, value, _BOOL_ACCEPTED)
+
+
+def _parse_int(name: str, value: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ConfigError(name, value, "an integer") from None
+
+
+def _keep(_name: str, value: str) -> str:
+    return value
+
+
+# variable -> (path in the nested config dict, parser)
+_OVERRIDES: dict[str, tuple[tuple[str, ...], Callable[[str, str], Any]]] = {
+    "RANKSCOPE_OUTPUT_DIR": (("output_dir",), _keep),
+    "RANKSCOPE_TRACE": (("trace", "enable"), parse_bool),
+    "RANKSCOPE_TRACE_RANKS": (("trace", "ranks"), _keep),
+    "RANKSCOPE_RECORD_SHAPES": (("trace", "record_shapes"), parse_bool),
+    "RANKSCOPE_WITH_FLOPS": (("trace", "with_flops"), parse_bool),
+    "RANKSCOPE_WITH_STACK": (("trace", "with_stack"), parse_bool),
+    "RANKSCOPE_PROFILE_MEMORY": (("trace", "profile_memory"), parse_bool),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EnvOverride:
+    """One RANKSCOPE_* variable that is set: which field it overrides and its parsed value."""
+
+    variable: str
+    path: tuple[str, ...]
+    value: Any
+
+    @property
+    def field(self) -> str:
+        return ".".join(self.path)
+
+
+def config_overrides(environ: Mapping[str, str] | None = None) -> list[EnvOverride]:
+    """The RANKSCOPE_* variables that are set (empty ones are ignored), parsed."""
+    env = os.environ if environ is None else environ
+    found = []
+    for name, (path, parse) in _OVERRIDES.items():
+        raw = env.get(name)
+        if raw is not None and raw.strip():
+            found.append(EnvOverride(name, path, parse(name, raw)))
+    return found
+
+
+def launcher_ranks(environ: Mapping[str, str] | None = None) -> tuple[int, int, int, int] | None:
+    """(rank, local_rank, world_size, local_world_size) from torchrun's or SLURM's variables.
+
+    torchrun's win over SLURM's (torchrun inside an allocation sets both). None when
+    neither launcher set its variables.
+    """
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank = _parse_int("RANK", env["RANK"])
+        world = _parse_int("WORLD_SIZE", env["WORLD_SIZE"])
+        local = _parse_int("LOCAL_RANK", env.get("LOCAL_RANK", str(rank)))
+        local_world = _parse_int("LOCAL_WORLD_SIZE", env.get("LOCAL_WORLD_SIZE", str(world)))
+        return rank, local, world, local_world
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank = _parse_int("SLURM_PROCID", env["SLURM_PROCID"])
+        world = _parse_int("SLURM_NTASKS", env["SLURM_NTASKS"])
+        local = _parse_int("SLURM_LOCALID", env.get("SLURM_LOCALID", str(rank)))
+        local_world = _slurm_local_world(env, world)
+        return rank, local, world, local_world
+    return None
+
+
+def _slurm_local_world(env: Mapping[str, str], world: int) -> int:
+    # SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; SLURM_TASKS_PER_NODE
+    # is always set but may read "4(x2)" or "4,2": its first count is this layout's norm.
+    if "SLURM_NTASKS_PER_NODE" in env:
+        return _parse_int("SLURM_NTASKS_PER_NODE", env["SLURM_NTASKS_PER_NODE"])
+    per_node = env.get("SLURM_TASKS_PER_NODE", "")
+    head = per_node.split(",")[0].split("(")[0]
+    return int(head) if head.isdigit() else world

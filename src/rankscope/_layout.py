@@ -1,0 +1,49 @@
+"""The run directory: the one place that knows its file names (DESIGN.md, "Run directory")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "meta_path",
+    "phase_window_name",
+    "rank_name",
+    "step_window_name",
+    "summary_path",
+    "temp_name",
+    "trace_path",
+]
+
+
+def rank_name(rank: int) -> str:
+    """`rank-00003`: zero-padded so listings sort."""
+    return f"rank-{rank:05d}"
+
+
+def step_window_name(first: int, last: int) -> str:
+    """`step-000120-000121`: a window over global steps first..last."""
+    return f"step-{first:06d}-{last:06d}"
+
+
+def phase_window_name(phase: str, invocation: int) -> str:
+    """`phase-actor_update-000003`: invocation 3 (counting from 0) of a phase."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in phase)
+    return f"phase-{safe}-{invocation:06d}"
+
+
+def meta_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / "meta" / f"{rank_name(rank)}.json"
+
+
+def trace_path(run_dir: str | Path, window: str, rank: int, gzip: bool) -> Path:
+    suffix = ".pt.trace.json.gz" if gzip else ".pt.trace.json"
+    return Path(run_dir) / "traces" / window / f"{rank_name(rank)}{suffix}"
+
+
+def summary_path(run_dir: str | Path, window: str, rank: int) -> Path:
+    return Path(run_dir) / "traces" / window / f"{rank_name(rank)}.summary.json"
+
+
+def temp_name(final: Path, tag: str) -> Path:
+    """A hidden sibling of `final` for writing it: readers skip names starting with a dot."""
+    return final.with_name(f".{final.name}.{tag}.tmp")

@@ -1,0 +1,68 @@
+"""The per-rank meta file written at start: who this rank is and how to line up its clocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ._layout import meta_path, temp_name
+from ._ranks import RankInfo
+from ._version import __version__
+
+__all__ = ["write_meta"]
+
+META_VERSION = 1
+
+
+def write_meta(run_dir: str, info: RankInfo, config: dict[str, Any]) -> Path:
+    """Write RUN_DIR/meta/rank-NNNNN.json atomically; OSError propagates to the caller."""
+    path = meta_path(run_dir, info.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "v": META_VERSION,
+        "rank": info.rank,
+        "local_rank": info.local_rank,
+        "world_size": info.world_size,
+        "local_world_size": info.local_world_size,
+        "host": info.host,
+        "pid": os.getpid(),
+        "versions": _versions(),
+        "device": _device(),
+        "config": config,
+        # One instant read on both clocks: wall time for cross-rank timelines,
+        # perf_counter for the host durations the timer records.
+        "clock": {"time_ns": time.time_ns(), "perf_counter_ns": time.perf_counter_ns()},
+    }
+    tmp = temp_name(path, str(os.getpid()))
+    try:
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _versions() -> dict[str, str | None]:
+    torch = sys.modules.get("torch")
+    return {
+        "rankscope": __version__,
+        "python": platform.python_version(),
+        "torch": getattr(torch, "__version__", None),
+    }
+
+
+def _device() -> str:
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            index = torch.cuda.current_device()
+            return f"cuda:{index} {torch.cuda.get_device_name(index)}"
+    except Exception:
+        return "unknown"
+    return "cpu"

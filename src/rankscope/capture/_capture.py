@@ -1,0 +1,281 @@
+"""TraceCapture: drives torch.profiler for one rank so that it cannot hurt the job."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from types import ModuleType
+from typing import Any
+
+from .._config import TraceConfig
+from .._layout import phase_window_name, step_window_name, summary_path, temp_name, trace_path
+from .._ranks import RankInfo
+from .._torch import import_torch
+from ._finalize import FinalizeJob
+from ._schedule import Action, action_at, last_step, window_start
+from ._worker import TraceFinalizer
+
+__all__ = ["STOP_TIMEOUT_S", "TraceCapture"]
+
+logger = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 600.0
+"""How long stop() waits for traces still being compressed before it returns anyway."""
+
+
+class TraceCapture:
+    """torch.profiler windows on one selected rank.
+
+    Every call from the training loop is guarded: a fault inside torch.profiler or
+    while writing logs one warning, stops the profiler, and leaves capture off for
+    the rest of the run. Only the export of a window's raw JSON runs on the calling
+    thread; the rest is the worker's (see TraceFinalizer).
+    """
+
+    def __init__(self, config: TraceConfig, run_dir: str, rank_info: RankInfo) -> None:
+        self._torch: ModuleType = import_torch("trace capture")
+        self._config = config
+        self._run_dir = run_dir
+        self._rank = rank_info.rank
+        self._activities = self._resolve_activities()
+        self._target_phase = config.target_phase
+        self._last_step = last_step(config.schedule)
+        self._finalizer = TraceFinalizer(self._report_failure)
+        self._prof: Any = None
+        self._step = 0
+        self._stopping = False
+        self._phase_calls = 0
+        self._phase_open = False
+        self._phase_lock = threading.Lock()
+        self._fault_lock = threading.Lock()
+        self._failure: str | None = None
+        self.enabled = True
+        """False once a fault turned capture off."""
+        self.recording = False
+        """True while torch.profiler collects, so phases open record_function ranges."""
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._target_phase is not None:
+            return  # phase windows start at their phase
+        try:
+            self._prof = self._new_profiler(step_target=True)
+            self._prof.start()
+            self.recording = action_at(self._config.schedule, 0) is not Action.NONE
+        except Exception as exc:
+            self._fail("start", exc)
+
+    def step(self) -> None:
+        self._step += 1
+        if self._failure is not None:
+            self.fault(self._failure)  # already warned on the worker thread
+            return
+        prof = self._prof
+        if prof is None:
+            return
+        try:
+            prof.step()
+            self.recording = action_at(self._config.schedule, self._step) is not Action.NONE
+            if self._last_step is not None and self._step > self._last_step:
+                # Past the last window: release the profiler so later steps cost nothing.
+                self._prof = None
+                prof.stop()
+        except Exception as exc:
+            self._fail("step", exc)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Close and save an open window, then wait for the background work."""
+        prof, self._prof = self._prof, None
+        self.recording = False
+        if prof is not None:
+            self._stopping = True
+            try:
+                prof.stop()
+            except Exception as exc:
+                self._prof = prof
+                self._fail("stop", exc)
+        self._finalizer.drain(timeout)
+
+    @property
+    def last_summary(self) -> dict[str, Any] | None:
+        return self._finalizer.last_summary
+
+    # -- phases --------------------------------------------------------------------
+
+    def phase_enter(self, name: str) -> tuple[Any, Any] | None:
+        """Open what a phase needs: its own window for a "phase:NAME" target, and a
+        record_function range while recording. Returns what phase_exit closes."""
+        try:
+            window = None
+            if name == self._target_phase:
+                window = self._open_phase_window(name)
+            if not self.recording:
+                return None if window is None else (None, window)
+            rf = self._torch.profiler.record_function(name)
+            rf.__enter__()
+            return rf, window
+        except Exception as exc:
+            self._fail(f"phase {name!r}", exc)
+            return None
+
+    def phase_exit(self, token: tuple[Any, Any]) -> None:
+        rf, window = token
+        try:
+            if rf is not None:
+                rf.__exit__(None, None, None)
+            if window is not None:
+                self._close_phase_window(*window)
+        except Exception as exc:
+            self._fail("phase exit", exc)
+
+    def _open_phase_window(self, name: str) -> tuple[Any, str] | None:
+        with self._phase_lock:
+            if self._phase_open or not self.enabled:
+                return None  # a nested invocation belongs to the open window
+            call = self._phase_calls
+            self._phase_calls += 1
+            if action_at(self._config.schedule, call) not in (Action.RECORD, Action.RECORD_AND_SAVE):
+                return None
+            prof = self._new_profiler(step_target=False)
+            self._prof = prof
+            self._phase_open = True
+            prof.start()
+            self.recording = True
+            return prof, phase_window_name(name, call)
+
+    def _close_phase_window(self, prof: Any, window: str) -> None:
+        with self._phase_lock:
+            self.recording = False
+            self._phase_open = False
+            prof.stop()
+            self._prof = None
+            self._export(prof, window)
+
+    # -- torch.profiler ----------------------------------------------------------
+
+    def _new_profiler(self, step_target: bool) -> Any:
+        torch = self._torch
+        cfg = self._config
+        kinds = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU"}
+        activities = [getattr(torch.profiler.ProfilerActivity, kinds[a]) for a in self._activities]
+        schedule = None
+        on_ready = None
+        if step_target:
+            actions = {a: getattr(torch.profiler.ProfilerAction, a.name) for a in Action}
+            sched = cfg.schedule
+
+            def schedule(step: int) -> Any:
+                return actions[action_at(sched, step)]
+
+            on_ready = self._on_trace_ready
+        prof = torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=on_ready,
+            record_shapes=cfg.record_shapes,
+            profile_memory=cfg.profile_memory,
+            with_stack=cfg.with_stack,
+            with_flops=cfg.with_flops,
+            with_modules=cfg.with_modules,
+        )
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) and hasattr(
+            prof, "preset_metadata_json"
+        ):
+            # torch writes distributedInfo only for an initialised process group; a Ray
+            # worker or a test that passed its rank explicitly gets it from us.
+            info = {"rank": self._rank, "backend": None}
+            prof.preset_metadata_json("distributedInfo", json.dumps(info))
+        return prof
+
+    def _on_trace_ready(self, prof: Any) -> None:
+        # torch calls this inside prof.step() after counting the new step, or inside stop().
+        last = self._step if self._stopping else self._step - 1
+        first = window_start(self._config.schedule, last)
+        self._export(prof, step_window_name(first, last))
+
+    def _export(self, prof: Any, window: str) -> None:
+        """Export on the calling thread (torch.profiler's own cost), finalise in the background."""
+        cfg = self._config
+        trace = trace_path(self._run_dir, window, self._rank, cfg.gzip)
+        raw = temp_name(trace_path(self._run_dir, window, self._rank, False), f"raw-{os.getpid()}")
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(raw))
+        if not raw.is_file() or raw.stat().st_size == 0:
+            # Kineto logs a failed write and returns normally; a missing file is our signal.
+            raise OSError(f"torch.profiler exported nothing to {raw} (disk full or not writable?)")
+        self._finalizer.submit(
+            FinalizeJob(
+                raw=str(raw),
+                trace=str(trace),
+                summary=str(summary_path(self._run_dir, window, self._rank)),
+                rank=self._rank,
+                window=window,
+            )
+        )
+
+    def _resolve_activities(self) -> tuple[str, ...]:
+        requested = self._config.activities
+        cuda = bool(self._torch.cuda.is_available())
+        if requested is None:
+            return ("cpu", "cuda") if cuda else ("cpu",)
+        chosen = tuple(requested)
+        if "cuda" in chosen and not cuda:
+            logger.warning(
+                "rankscope: trace.activities asks for cuda but CUDA is not available; "
+                "capturing %s only",
+                ", ".join(a for a in chosen if a != "cuda") or "cpu",
+            )
+            chosen = tuple(a for a in chosen if a != "cuda") or ("cpu",)
+        return chosen
+
+    # -- faults --------------------------------------------------------------------
+
+    def fault(self, what: str) -> None:
+        """Turn capture off for the rest of the run: one warning naming `what`, profiler stopped."""
+        self._warn_once(what)
+        self.enabled = False
+        self.recording = False
+        self._failure = None
+        prof, self._prof = self._prof, None
+        self._abandon(prof)
+
+    def _report_failure(self, cause: str) -> None:
+        """Called by the worker thread; the training thread acts on it at its next step."""
+        if self._warn_once(f"writing a trace failed ({cause})"):
+            self._failure = cause
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        self.fault(f"trace capture failed in {where} ({type(exc).__name__}: {exc})")
+
+    def _warn_once(self, what: str) -> bool:
+        with self._fault_lock:
+            if not self.enabled or self._failure is not None:
+                return False
+            logger.warning(
+                "rankscope: %s; trace capture is off for the rest of this run (rank %d), "
+                "training goes on",
+                what,
+                self._rank,
+            )
+            self.enabled = False
+            return True
+
+    def _abandon(self, prof: Any) -> None:
+        """Stop a profiler after a fault without exporting, so it cannot keep collecting."""
+        if prof is None:
+            return
+        prof.on_trace_ready = None
+        try:
+            prof.stop()
+        except Exception:
+            logger.debug("rankscope: stopping a faulty profiler failed", exc_info=True)
+        autograd = self._torch.autograd
+        try:
+            if autograd._profiler_enabled():
+                autograd._disable_profiler()
+        except Exception:
+            logger.debug("rankscope: disabling the autograd profiler failed", exc_info=True)

@@ -1,0 +1,123 @@
+"""The background worker that finalises exported traces off the training thread."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ._finalize import FinalizeJob, finalize
+
+__all__ = ["TraceFinalizer"]
+
+logger = logging.getLogger(__name__)
+
+# Where `rankscope` itself lives, so the child finds the same copy even when it was
+# imported through a sys.path entry rather than installed.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class TraceFinalizer:
+    """Runs FinalizeJobs one at a time on a daemon thread, each in a child process.
+
+    `on_error` is called (on the worker thread) with a one-line cause when a job
+    fails; the job's files are then absent under their final names.
+    """
+
+    def __init__(self, on_error: Callable[[str], None]) -> None:
+        self._on_error = on_error
+        self._jobs: queue.Queue[FinalizeJob] = queue.Queue()
+        self._pending: list[FinalizeJob] = []
+        self._idle = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.last_summary: dict[str, Any] | None = None
+
+    def submit(self, job: FinalizeJob) -> None:
+        with self._idle:
+            self._pending.append(job)
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="rankscope-finalize", daemon=True
+            )
+            self._thread.start()
+        self._jobs.put(job)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every submitted job is done; False if `timeout` ran out first."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            if self._pending:
+                logger.info(
+                    "rankscope: waiting for %d trace file(s) to be compressed and summarised: %s",
+                    len(self._pending),
+                    ", ".join(Path(j.trace).parent.name + "/" + Path(j.trace).name
+                              for j in self._pending),
+                )
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    logger.warning(
+                        "rankscope: gave up after %.0f s waiting for %d trace file(s); "
+                        "they keep temporary names until their worker finishes",
+                        timeout,
+                        len(self._pending),
+                    )
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                error = self._finalize(job)
+                if error is None:
+                    self.last_summary = _read_json(job.summary)
+                else:
+                    self._on_error(error)
+            except Exception as exc:  # never let the worker thread die with work queued
+                self._on_error(f"{type(exc).__name__}: {exc}")
+            finally:
+                with self._idle:
+                    self._pending.remove(job)
+                    self._idle.notify_all()
+
+    @staticmethod
+    def _finalize(job: FinalizeJob) -> str | None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p
+        )
+        command = [sys.executable, "-m", "rankscope.capture._finalize", job.to_json()]
+        try:
+            done = subprocess.run(
+                command, env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
+            )
+        except OSError as exc:
+            logger.debug("rankscope: no child process (%s); finalising on the worker thread", exc)
+            try:
+                finalize(job)
+            except Exception as inner:
+                return f"{type(inner).__name__}: {inner}"
+            return None
+        if done.returncode != 0:
+            lines = done.stderr.decode(errors="replace").strip().splitlines()
+            return lines[-1] if lines else f"finaliser exited with code {done.returncode}"
+        return None
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
