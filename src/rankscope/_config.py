@@ -275,9 +275,7 @@ def _resolve_output_dir(value: object) -> str:
     while not probe.exists() and probe.parent != probe:
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(
-            "output_dir", text, accepted, f"{probe} exists and is not a directory"
-        )
+        raise ConfigError("output_dir", text, accepted, f"{probe} exists and is not a directory")
     if not path.is_absolute():
         logger.info("rankscope: output_dir %r resolved to %s", text, resolved)
     return str(resolved)

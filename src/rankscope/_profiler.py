@@ -120,7 +120,10 @@ class Profiler:
     def last_summary(self) -> dict[str, Any] | None:
         """The kernel (or CPU op) summary of the latest finished window, as plain JSON data."""
         capture = self._capture
-        return None if capture is None else capture.last_summary  # type: ignore[no-any-return]
+        if capture is None:
+            return None
+        summary: dict[str, Any] | None = capture.last_summary
+        return summary
 
     # -- phases --------------------------------------------------------------------
 
@@ -148,8 +151,8 @@ class Phase:
 
     def __enter__(self) -> Phase:
         capture = self._profiler._live
-        self._token = None if capture is None or not capture.enabled else capture.phase_enter(
-            self._name
+        self._token = (
+            None if capture is None or not capture.enabled else capture.phase_enter(self._name)
         )
         return self
 
@@ -184,7 +187,7 @@ _NO_PHASE = _NoPhase()
 def _decorate(fn: F, make: Callable[[], Phase | _NoPhase]) -> F:
     """Wrap `fn` so every call runs inside a fresh phase; keeps static/class methods and coroutines."""
     if isinstance(fn, (staticmethod, classmethod)):
-        return type(fn)(_decorate(fn.__func__, make))  # type: ignore[return-value]
+        return type(fn)(_decorate(fn.__func__, make))
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)

@@ -6,14 +6,13 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from . import _env
 from ._errors import ConfigError
 
 __all__ = ["RankInfo", "RankSet", "RankSpec", "detect_rank_info", "parse_ranks"]
 
-RankSpec = Union[int, str, Sequence[int]]
+RankSpec = int | str | Sequence[int]
 """What users write to select ranks: 0, "0", "0,8,16", "0-7", "0-7,16", "all", [0, 8]."""
 
 _ACCEPTED = 'a rank (0), a comma list ("0,8,16"), ranges ("0-7,16"), "all", or a list of ints'

@@ -15,4 +15,5 @@ def import_torch(feature: str) -> ModuleType:
         raise ImportError(
             f'rankscope {feature} needs PyTorch, which is not installed: pip install "rankscope[torch]"'
         ) from exc
-    return torch
+    module: ModuleType = torch
+    return module

@@ -106,7 +106,7 @@ def _table(rows: list[tuple[str, float]]) -> dict[str, Any]:
             stats[2] = min(stats[2], dur)
             stats[3] = max(stats[3], dur)
     total = sum(s[1] for s in by_name.values())
-    items = [
+    items: list[dict[str, Any]] = [
         {
             "name": name,
             "count": int(count),
@@ -118,5 +118,5 @@ def _table(rows: list[tuple[str, float]]) -> dict[str, Any]:
         }
         for name, (count, tot, lo, hi) in by_name.items()
     ]
-    items.sort(key=lambda item: (-item["total_us"], item["name"]))
+    items.sort(key=lambda item: (-float(item["total_us"]), str(item["name"])))
     return {"count": len(rows), "total_us": total, "items": items}

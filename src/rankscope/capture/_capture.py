@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import threading
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -20,6 +21,10 @@ from ._worker import TraceFinalizer
 __all__ = ["STOP_TIMEOUT_S", "TraceCapture"]
 
 logger = logging.getLogger(__name__)
+
+# torch warns at the second cycle that key_averages() will see only the last one;
+# rankscope never calls key_averages(), so the warning would only alarm users.
+warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
 
 STOP_TIMEOUT_S = 600.0
 """How long stop() waits for traces still being compressed before it returns anyway."""
@@ -137,7 +142,10 @@ class TraceCapture:
                 return None  # a nested invocation belongs to the open window
             call = self._phase_calls
             self._phase_calls += 1
-            if action_at(self._config.schedule, call) not in (Action.RECORD, Action.RECORD_AND_SAVE):
+            if action_at(self._config.schedule, call) not in (
+                Action.RECORD,
+                Action.RECORD_AND_SAVE,
+            ):
                 return None
             prof = self._new_profiler(step_target=False)
             self._prof = prof

@@ -64,8 +64,6 @@ def windows(schedule: Schedule, stop_step: int) -> list[tuple[int, int]]:
     out = []
     for step in range(stop_step + 1):
         action = action_at(schedule, step)
-        if action is Action.RECORD_AND_SAVE or (
-            step == stop_step and action is Action.RECORD
-        ):
+        if action is Action.RECORD_AND_SAVE or (step == stop_step and action is Action.RECORD):
             out.append((window_start(schedule, step), step))
     return out

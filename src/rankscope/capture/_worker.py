@@ -58,8 +58,9 @@ class TraceFinalizer:
                 logger.info(
                     "rankscope: waiting for %d trace file(s) to be compressed and summarised: %s",
                     len(self._pending),
-                    ", ".join(Path(j.trace).parent.name + "/" + Path(j.trace).name
-                              for j in self._pending),
+                    ", ".join(
+                        Path(j.trace).parent.name + "/" + Path(j.trace).name for j in self._pending
+                    ),
                 )
             while self._pending:
                 left = deadline - time.monotonic()
@@ -93,9 +94,7 @@ class TraceFinalizer:
     @staticmethod
     def _finalize(job: FinalizeJob) -> str | None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         command = [sys.executable, "-m", "rankscope.capture._finalize", job.to_json()]
         try:
             done = subprocess.run(

@@ -20,10 +20,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="rankscope", description="Profile distributed PyTorch training safely."
     )
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log rankscope's INFO messages")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log rankscope's INFO messages"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run a real multi-rank capture on CPU processes")
-    demo.add_argument("--out", type=Path, default=None, help="run directory (default: runs/demo-TIME)")
+    demo.add_argument(
+        "--out", type=Path, default=None, help="run directory (default: runs/demo-TIME)"
+    )
     demo.add_argument("--ranks", type=int, default=2, help="number of processes (default: 2)")
     demo.add_argument("--steps", type=int, default=8, help="training steps (default: 8)")
     args = parser.parse_args(argv)
@@ -49,12 +53,17 @@ def _demo(args: argparse.Namespace) -> int:
     from ..demo._capture_demo import load_summary, run_capture_demo
 
     if args.ranks < 1 or args.steps < 5:
-        print("rankscope demo: needs --ranks >= 1 and --steps >= 5 (the window is steps 3-4)",
-              file=sys.stderr)
+        print(
+            "rankscope demo: needs --ranks >= 1 and --steps >= 5 (the window is steps 3-4)",
+            file=sys.stderr,
+        )
         return 2
     out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    print(f"rankscope demo: training a small MLP with DDP on {args.ranks} CPU processes (gloo), "
-          f"{args.steps} steps; rank 0 traced for steps 3-4 ...", flush=True)
+    print(
+        f"rankscope demo: training a small MLP with DDP on {args.ranks} CPU processes (gloo), "
+        f"{args.steps} steps; rank 0 traced for steps 3-4 ...",
+        flush=True,
+    )
     started = time.perf_counter()
     result = run_capture_demo(out, world_size=args.ranks, steps=args.steps)
     print(f"done in {time.perf_counter() - started:.1f} s\n")
@@ -62,19 +71,25 @@ def _demo(args: argparse.Namespace) -> int:
     for meta in result.meta:
         print(f"rank meta       {meta.relative_to(result.run_dir)}")
     for trace in result.traces:
-        print(f"trace           {trace.relative_to(result.run_dir)}  ({trace.stat().st_size / 1024:.0f} KiB)")
+        print(
+            f"trace           {trace.relative_to(result.run_dir)}  ({trace.stat().st_size / 1024:.0f} KiB)"
+        )
     for summary_file in result.summaries:
         summary = load_summary(summary_file)
         what = "GPU kernels" if summary["kind"] == "gpu_kernels" else "top-level CPU ops"
         print(f"summary         {summary_file.relative_to(result.run_dir)}")
-        print(f"\n  rank {summary['rank']}, window {summary['window']}: top {what} by total time")
+        print(f"\n  rank {summary['rank']}, window {summary['window']}: {what} by total time")
         print(f"  {'name':<44} {'count':>6} {'total ms':>9} {'share':>6}")
         for item in summary["items"][:8]:
-            print(f"  {item['name'][:44]:<44} {item['count']:>6} "
-                  f"{item['total_us'] / 1000:>9.2f} {item['share']:>6.1%}")
+            print(
+                f"  {item['name'][:44]:<44} {item['count']:>6} "
+                f"{item['total_us'] / 1000:>9.2f} {item['share']:>6.1%}"
+            )
     if not result.traces:
         print("no trace was written; run with -v to see why", file=sys.stderr)
         return 1
-    print("\nOpen a trace: go to https://ui.perfetto.dev, click 'Open trace file' and pick the "
-          ".pt.trace.json.gz file above (Perfetto reads it compressed).")
+    print(
+        "\nOpen a trace: go to https://ui.perfetto.dev, click 'Open trace file' and pick the "
+        ".pt.trace.json.gz file above (Perfetto reads it compressed)."
+    )
     return 0

@@ -70,7 +70,9 @@ def _train(rank: int, world_size: int, init: str, run_dir: str, steps: int) -> N
     try:
         torch.manual_seed(0)
         model = nn.parallel.DistributedDataParallel(
-            nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
+            nn.Sequential(
+                nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8)
+            )
         )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         generator = torch.Generator().manual_seed(rank)

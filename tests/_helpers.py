@@ -1,0 +1,68 @@
+"""Helpers shared by the capture tests: a tiny training step and trace readers."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import rankscope
+
+
+def tiny_step(model: torch.nn.Module, opt: torch.optim.Optimizer, prof: rankscope.Profiler) -> None:
+    with prof.phase("forward"):
+        loss = model(torch.randn(4, 8)).sum()
+    with prof.phase("backward"):
+        loss.backward()
+    with prof.phase("optimizer"):
+        opt.step()
+        opt.zero_grad()
+
+
+def tiny_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def trace_config(run_dir: Path, **trace: Any) -> rankscope.ProfileConfig:
+    schedule = trace.pop("schedule", rankscope.Schedule())
+    return rankscope.ProfileConfig(
+        output_dir=run_dir,
+        trace=rankscope.TraceConfig(enable=True, schedule=schedule, **trace),
+    )
+
+
+def read_trace(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as fh:
+        data: dict[str, Any] = json.load(fh)
+    return data
+
+
+def profiler_steps(trace: dict[str, Any]) -> list[int]:
+    """The N of every ProfilerStep#N range in a trace, sorted."""
+    return sorted(
+        int(ev["name"].split("#", 1)[1])
+        for ev in trace["traceEvents"]
+        if str(ev.get("name", "")).startswith("ProfilerStep#") and ev.get("ph") == "X"
+    )
+
+
+def event_names(trace: dict[str, Any]) -> set[str]:
+    return {ev.get("name", "") for ev in trace["traceEvents"]}
+
+
+def final_files(run_dir: Path) -> list[str]:
+    """Every file under run_dir with a final name, relative; temporary names start with a dot."""
+    return sorted(
+        str(p.relative_to(run_dir))
+        for p in run_dir.rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    )
+
+
+def temp_files(run_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob(".*") if p.is_file())

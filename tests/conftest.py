@@ -1,0 +1,56 @@
+"""Shared fixtures: the real traces in ../shared/data/traces and small tmpfs mounts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+
+
+@pytest.fixture
+def real_traces() -> Path:
+    if not TRACES.is_dir():
+        pytest.skip(f"real traces not found at {TRACES}")
+    return TRACES
+
+
+def _mount_tmpfs(target: Path, options: str) -> bool:
+    target.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+        capture_output=True,
+        check=False,
+    )
+    return done.returncode == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB filesystem, to make writes fail with ENOSPC (needs root; skips otherwise)."""
+    target = tmp_path / f"full-{uuid.uuid4().hex[:6]}"
+    if os.geteuid() != 0 or not _mount_tmpfs(target, "size=64k"):
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield target
+    subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory no one can write in: a read-only tmpfs as root, mode 0555 otherwise."""
+    target = tmp_path / f"ro-{uuid.uuid4().hex[:6]}"
+    if os.geteuid() == 0:
+        if not _mount_tmpfs(target, "ro,size=64k"):
+            pytest.skip("cannot mount a read-only tmpfs here")
+        yield target
+        subprocess.run(["umount", "-l", str(target)], check=False)
+    else:
+        target.mkdir()
+        target.chmod(0o555)
+        yield target
+        target.chmod(0o755)

@@ -1,0 +1,129 @@
+"""Faults inside rankscope's machinery: the loop runs every step, one warning, no partial final files."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rankscope import Profiler, Schedule
+
+from ._helpers import final_files, tiny_model, tiny_step, trace_config
+
+STEPS = 8
+
+
+def _loop(prof: Profiler) -> int:
+    model, opt = tiny_model()
+    done = 0
+    with prof:
+        for _ in range(STEPS):
+            tiny_step(model, opt, prof)
+            prof.step()
+            done += 1
+    return done
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("rankscope")
+    ]
+
+
+def _raiser(name: str) -> Callable[..., Any]:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"injected fault in {name}")
+
+    return fail
+
+
+@pytest.mark.parametrize("method", ["start", "step", "stop", "export_chrome_trace", "stop_trace", "start_trace", "prepare_trace"])
+def test_torch_profiler_raising_turns_capture_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, method: str
+) -> None:
+    monkeypatch.setattr(torch.profiler.profile, method, _raiser(method))
+    sched = Schedule(wait=1, warmup=1, active=2, repeat=2)
+    prof = Profiler(trace_config(tmp_path, schedule=sched), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        assert _loop(prof) == STEPS
+    warned = _warnings(caplog)
+    assert len(warned) == 1, warned
+    assert f"injected fault in {method}" in warned[0]
+    assert "training goes on" in warned[0]
+    assert not torch.autograd._profiler_enabled(), "a faulty profiler must not keep collecting"
+    traces = [f for f in final_files(tmp_path) if "traces/" in f]
+    if method in ("export_chrome_trace", "start", "prepare_trace", "start_trace"):
+        assert traces == []
+    for name in traces:  # anything under a final name is complete
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_phase_target_fault_in_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(torch.profiler.profile, "start", _raiser("start"))
+    prof = Profiler(trace_config(tmp_path, target="phase:update", schedule=Schedule(warmup=0)), rank=0, world_size=1)
+    ran = 0
+    with caplog.at_level(logging.WARNING, logger="rankscope"), prof:
+        for _ in range(3):
+            with prof.phase("update"):
+                ran += 1
+            prof.step()
+    assert ran == 3
+    assert len(_warnings(caplog)) == 1
+    assert not torch.autograd._profiler_enabled()
+
+
+def test_read_only_output_dir(read_only_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    prof = Profiler(trace_config(read_only_dir / "run"), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        assert _loop(prof) == STEPS
+    warned = _warnings(caplog)
+    assert len(warned) == 1, warned
+    assert "cannot write" in warned[0]
+    assert not (read_only_dir / "run").exists()
+
+
+def test_disk_full_while_writing_a_trace(small_disk: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Windows of many ops: the raw export, or its compressed copy, does not fit in 64 KiB.
+    sched = Schedule(wait=1, warmup=1, active=2, repeat=3)
+    prof = Profiler(trace_config(small_disk, schedule=sched, gzip=True), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        model, opt = tiny_model()
+        done = 0
+        with prof:
+            for _ in range(14):
+                for _ in range(30):
+                    tiny_step(model, opt, prof)
+                prof.step()
+                done += 1
+    assert done == 14
+    warned = _warnings(caplog)
+    assert len(warned) == 1, warned
+    assert "disk full" in warned[0] or "No space left" in warned[0]
+    assert [f for f in final_files(small_disk) if f.startswith("traces/")] == []
+
+
+def test_finaliser_failure_in_the_background_stops_later_windows(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The child process finalising a window exits with an error: the next step turns capture off.
+    from rankscope.capture import _worker
+
+    monkeypatch.setattr(_worker, "_PACKAGE_ROOT", str(tmp_path / "nowhere"))
+    monkeypatch.setattr(_worker.sys, "executable", "/bin/false")
+    sched = Schedule(wait=0, warmup=1, active=1, repeat=0)
+    prof = Profiler(trace_config(tmp_path, schedule=sched), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        assert _loop(prof) == STEPS
+    warned = _warnings(caplog)
+    assert len(warned) == 1, warned
+    assert "writing a trace failed" in warned[0]
+    assert [f for f in final_files(tmp_path) if f.startswith("traces/")] == []
+    assert prof._capture.enabled is False

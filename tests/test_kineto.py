@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from rankscope import TraceError
+from rankscope.analysis import load_trace, summarize_events, summarize_trace
+
+GPU_TRACES = [
+    "gpu-128rank-sampled-rank0.json.gz",
+    "gpu-128rank-sampled-rank1.json.gz",
+    "gpu-alexnet-1rank.json.gz",
+    "rocm-mi250-minitoy.json.gz",
+]
+
+
+def _plain_kernel_sums(path: Path) -> dict[str, tuple[int, float]]:
+    with gzip.open(path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for ev in events:
+        if ev.get("cat") == "kernel":
+            sums[ev["name"]][0] += 1
+            sums[ev["name"]][1] += ev["dur"]
+    return {name: (int(c), t) for name, (c, t) in sums.items()}
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_kernel_summary_equals_plain_sum_of_dur(real_traces: Path, name: str) -> None:
+    path = real_traces / name
+    summary = summarize_trace(path)
+    expected = _plain_kernel_sums(path)
+    assert summary["kind"] == "gpu_kernels"
+    got = {item["name"]: (item["count"], item["total_us"]) for item in summary["items"]}
+    assert got.keys() == expected.keys()
+    for kernel, (count, total) in expected.items():
+        assert got[kernel][0] == count
+        assert got[kernel][1] == pytest.approx(total)
+    assert summary["total_us"] == pytest.approx(sum(t for _, t in expected.values()))
+    assert sum(item["share"] for item in summary["items"]) == pytest.approx(1.0)
+    totals = [item["total_us"] for item in summary["items"]]
+    assert totals == sorted(totals, reverse=True)
+
+
+def test_known_kernel_totals_from_the_traces_readme(real_traces: Path) -> None:
+    # The README of ../shared/data/traces states these totals.
+    for name, total_us, count in [
+        ("gpu-128rank-sampled-rank0.json.gz", 606519, 1154),
+        ("gpu-alexnet-1rank.json.gz", 10692, 79),
+    ]:
+        summary = summarize_trace(real_traces / name)
+        assert summary["total_us"] == pytest.approx(total_us, abs=1)
+        assert summary["count"] == count
+
+
+def test_trace_without_kernels_falls_back_to_top_level_cpu_ops(real_traces: Path) -> None:
+    summary = summarize_trace(real_traces / "cpu-gloo-rank34-of-300.pt.trace.json.gz")
+    assert summary["kind"] == "cpu_ops"
+    assert summary["rank"] == 34
+    assert summary["count"] >= 1
+
+
+def test_top_level_ops_do_not_count_nested_time_twice() -> None:
+    def op(name: str, ts: float, dur: float, tid: int = 1) -> dict[str, object]:
+        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+    events = [
+        op("aten::linear", 0, 10),
+        op("aten::addmm", 1, 8),  # inside linear
+        op("aten::relu", 12, 3),
+        op("aten::linear", 20, 6),
+        op("aten::addmm", 0, 5, tid=2),  # another thread: top level there
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 30},
+    ]
+    summary = summarize_events(events)
+    items = {i["name"]: i for i in summary["items"]}
+    assert summary["kind"] == "cpu_ops"
+    assert items["aten::linear"]["count"] == 2
+    assert items["aten::linear"]["total_us"] == 16
+    assert items["aten::linear"]["min_us"] == 6
+    assert items["aten::linear"]["max_us"] == 10
+    assert items["aten::addmm"]["count"] == 1  # only the one on thread 2
+    assert summary["total_us"] == 16 + 3 + 5
+
+
+def test_malformed_events_are_skipped() -> None:
+    events = [
+        "not an event",
+        {"ph": "X", "cat": "kernel", "name": "k", "dur": "5"},
+        {"ph": "X", "cat": "kernel", "name": None, "dur": 5},
+        {"ph": "X", "cat": "kernel", "name": "k", "dur": True},
+        {"ph": "X", "cat": "kernel", "name": "k", "dur": 5},
+    ]
+    summary = summarize_events(events)
+    assert summary["count"] == 1
+    assert summary["items"][0]["total_us"] == 5
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "not valid JSON"),
+        (b"{not json", "not valid JSON"),
+        (b'{"foo": 1}', "not a trace"),
+        (b"42", "not a trace"),
+        (gzip.compress(b'{"traceEvents": []}')[:-10], "truncated or corrupt gzip"),
+    ],
+)
+def test_bad_trace_files_give_a_trace_error_naming_the_file(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceError, match=message) as info:
+        load_trace(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_trace(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="no such file"):
+        load_trace(tmp_path / "absent.json.gz")
+
+
+def test_bare_array_form_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "array.json"
+    path.write_text(json.dumps([{"ph": "X", "cat": "kernel", "name": "k", "dur": 2, "ts": 0}]))
+    assert summarize_trace(path)["total_us"] == 2
