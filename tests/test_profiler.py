@@ -79,7 +79,9 @@ def test_meta_file_describes_the_rank(tmp_path: Path) -> None:
 
 def test_phase_target_records_only_inside_the_phase(tmp_path: Path) -> None:
     sched = Schedule(wait=1, warmup=0, active=2, repeat=1)
-    prof = Profiler(trace_config(tmp_path, target="phase:train_actor", schedule=sched), rank=0, world_size=1)
+    prof = Profiler(
+        trace_config(tmp_path, target="phase:train_actor", schedule=sched), rank=0, world_size=1
+    )
     x = torch.randn(16)
     with prof:
         for _ in range(5):
@@ -114,13 +116,16 @@ def test_window_open_when_the_loop_raises_is_saved(tmp_path: Path) -> None:
     assert profiler_steps(read_trace(trace)) == [1, 2]
 
 
-def test_exception_inside_a_phase_passes_through_and_the_phase_window_is_saved(tmp_path: Path) -> None:
+def test_exception_inside_a_phase_passes_through_and_the_phase_window_is_saved(
+    tmp_path: Path,
+) -> None:
     sched = Schedule(warmup=0, active=1)
-    prof = Profiler(trace_config(tmp_path, target="phase:update", schedule=sched), rank=0, world_size=1)
-    with prof, pytest.raises(KeyError):
-        with prof.phase("update"):
-            torch.ones(3).sum()
-            raise KeyError("x")
+    prof = Profiler(
+        trace_config(tmp_path, target="phase:update", schedule=sched), rank=0, world_size=1
+    )
+    with prof, pytest.raises(KeyError), prof.phase("update"):
+        torch.ones(3).sum()
+        raise KeyError("x")
     assert (tmp_path / "traces" / "phase-update-000000" / "rank-00000.pt.trace.json.gz").is_file()
 
 
@@ -190,13 +195,20 @@ def test_ranks_beyond_the_world_size_are_rejected(tmp_path: Path) -> None:
 
 def test_environment_turns_capture_on(tmp_path: Path) -> None:
     config = rankscope.ProfileConfig(output_dir=tmp_path)
-    prof = Profiler(config, rank=1, world_size=2, environ={"RANKSCOPE_TRACE": "yes", "RANKSCOPE_TRACE_RANKS": "1"})
+    prof = Profiler(
+        config,
+        rank=1,
+        world_size=2,
+        environ={"RANKSCOPE_TRACE": "yes", "RANKSCOPE_TRACE_RANKS": "1"},
+    )
     assert prof.config.trace.enable
     _run(prof, steps=3)
     assert (tmp_path / "traces" / "step-000001-000001" / "rank-00001.pt.trace.json.gz").is_file()
 
 
-def test_effective_config_is_logged_once_on_rank_zero(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_effective_config_is_logged_once_on_rank_zero(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="rankscope"):
         _run(Profiler(trace_config(tmp_path), rank=0, world_size=2), steps=1)
         _run(Profiler(trace_config(tmp_path, ranks="1"), rank=1, world_size=2), steps=1)
@@ -218,7 +230,9 @@ def test_cuda_requested_without_cuda_warns_once_and_captures_cpu(
 
 
 def test_decorator_forms_open_ranges_in_the_window(tmp_path: Path) -> None:
-    prof = Profiler(trace_config(tmp_path, schedule=Schedule(warmup=0, active=1)), rank=0, world_size=1)
+    prof = Profiler(
+        trace_config(tmp_path, schedule=Schedule(warmup=0, active=1)), rank=0, world_size=1
+    )
 
     @prof.phase("plain")
     def plain(x: int) -> int:
