@@ -285,3 +285,17 @@ def test_phase_outside_a_window_opens_no_range(tmp_path: Path) -> None:
     trace = read_trace(tmp_path / "traces" / "step-000002-000002" / "rank-00000.pt.trace.json.gz")
     assert "inside" in event_names(trace)
     assert "early" not in event_names(trace)
+
+
+def test_stop_inside_a_target_phase_saves_its_window(tmp_path: Path) -> None:
+    sched = Schedule(warmup=0, active=1)
+    prof = Profiler(
+        trace_config(tmp_path, target="phase:update", schedule=sched), rank=0, world_size=1
+    )
+    prof.start()
+    with prof.phase("update"):
+        torch.ones(3).sum()
+        prof.stop()
+    trace = read_trace(tmp_path / "traces" / "phase-update-000000" / "rank-00000.pt.trace.json.gz")
+    assert "aten::sum" in event_names(trace)
+    assert not torch.autograd._profiler_enabled()

@@ -141,26 +141,26 @@ class Profiler:
 class Phase:
     """What Profiler.phase() returns on a rank that profiles; enter it once at a time."""
 
-    __slots__ = ("_kind", "_name", "_profiler", "_token")
+    __slots__ = ("_capture", "_kind", "_name", "_profiler", "_token")
 
     def __init__(self, profiler: Profiler, name: str, kind: str) -> None:
         self._profiler = profiler
         self._name = name
         self._kind = kind
+        self._capture: Any = None
         self._token: Any = None
 
     def __enter__(self) -> Phase:
         capture = self._profiler._live
-        self._token = (
-            None if capture is None or not capture.enabled else capture.phase_enter(self._name)
-        )
+        if capture is not None and capture.enabled:
+            self._token = capture.phase_enter(self._name)
+            self._capture = capture
         return self
 
     def __exit__(self, *exc: object) -> None:
         token, self._token = self._token, None
-        capture = self._profiler._live
-        if token is not None and capture is not None:
-            capture.phase_exit(token)
+        if token is not None:
+            self._capture.phase_exit(token)
 
     def __call__(self, fn: F) -> F:
         return _decorate(fn, lambda: self._profiler.phase(self._name, self._kind))

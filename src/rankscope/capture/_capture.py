@@ -52,7 +52,7 @@ class TraceCapture:
         self._step = 0
         self._stopping = False
         self._phase_calls = 0
-        self._phase_open = False
+        self._phase_window: str | None = None  # the open window of a phase target
         self._phase_lock = threading.Lock()
         self._fault_lock = threading.Lock()
         self._failure: str | None = None
@@ -93,10 +93,15 @@ class TraceCapture:
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Close and save an open window, then wait for the background work."""
+        self._stopping = True
+        if self._phase_window is not None:
+            try:
+                self._close_phase_window()
+            except Exception as exc:
+                self._fail("stop", exc)
         prof, self._prof = self._prof, None
         self.recording = False
         if prof is not None:
-            self._stopping = True
             try:
                 prof.stop()
             except Exception as exc:
@@ -110,54 +115,56 @@ class TraceCapture:
 
     # -- phases --------------------------------------------------------------------
 
-    def phase_enter(self, name: str) -> tuple[Any, Any] | None:
+    def phase_enter(self, name: str) -> tuple[Any, bool] | None:
         """Open what a phase needs: its own window for a "phase:NAME" target, and a
         record_function range while recording. Returns what phase_exit closes."""
         try:
-            window = None
-            if name == self._target_phase:
-                window = self._open_phase_window(name)
+            owns_window = name == self._target_phase and self._open_phase_window(name)
             if not self.recording:
-                return None if window is None else (None, window)
+                return (None, True) if owns_window else None
             rf = self._torch.profiler.record_function(name)
             rf.__enter__()
-            return rf, window
+            return rf, owns_window
         except Exception as exc:
             self._fail(f"phase {name!r}", exc)
             return None
 
-    def phase_exit(self, token: tuple[Any, Any]) -> None:
-        rf, window = token
+    def phase_exit(self, token: tuple[Any, bool]) -> None:
+        rf, owns_window = token
         try:
             if rf is not None:
                 rf.__exit__(None, None, None)
-            if window is not None:
-                self._close_phase_window(*window)
+            if owns_window:
+                self._close_phase_window()
         except Exception as exc:
             self._fail("phase exit", exc)
 
-    def _open_phase_window(self, name: str) -> tuple[Any, str] | None:
+    def _open_phase_window(self, name: str) -> bool:
         with self._phase_lock:
-            if self._phase_open or not self.enabled:
-                return None  # a nested invocation belongs to the open window
+            if self._phase_window is not None or not self.enabled or self._stopping:
+                return False  # a nested invocation belongs to the open window
             call = self._phase_calls
             self._phase_calls += 1
             if action_at(self._config.schedule, call) not in (
                 Action.RECORD,
                 Action.RECORD_AND_SAVE,
             ):
-                return None
+                return False
             prof = self._new_profiler(step_target=False)
             self._prof = prof
-            self._phase_open = True
+            self._phase_window = phase_window_name(name, call)
             prof.start()
             self.recording = True
-            return prof, phase_window_name(name, call)
+            return True
 
-    def _close_phase_window(self, prof: Any, window: str) -> None:
+    def _close_phase_window(self) -> None:
+        """Stop and export the open phase window, if it is still open."""
         with self._phase_lock:
+            window, prof = self._phase_window, self._prof
+            if window is None or prof is None:
+                return
             self.recording = False
-            self._phase_open = False
+            self._phase_window = None
             prof.stop()
             self._prof = None
             self._export(prof, window)
