@@ -23,7 +23,9 @@ def test_demo_runs_a_two_rank_capture(tmp_path: Path, capsys: pytest.CaptureFixt
     assert str(tmp_path / "run") in out
     assert "rank-00000.pt.trace.json.gz" in out
     assert "perfetto" in out.lower()
-    assert not (tmp_path / "run" / "traces" / "step-000003-000004" / "rank-00001.pt.trace.json.gz").exists()
+    assert not (
+        tmp_path / "run" / "traces" / "step-000003-000004" / "rank-00001.pt.trace.json.gz"
+    ).exists()
     assert sorted(p.name for p in (tmp_path / "run" / "meta").iterdir()) == ["rank-00000.json"]
 
 

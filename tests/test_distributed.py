@@ -51,7 +51,11 @@ def test_only_selected_ranks_write_one_file_per_window(run_dir: Path) -> None:
 def test_each_trace_names_its_rank_and_holds_exactly_its_steps(run_dir: Path) -> None:
     for (first, last), rank in [((2, 3), 0), ((2, 3), 2), ((6, 7), 0), ((6, 7), 2)]:
         trace = read_trace(
-            run_dir / "steps" / "traces" / f"step-{first:06d}-{last:06d}" / f"rank-{rank:05d}.pt.trace.json.gz"
+            run_dir
+            / "steps"
+            / "traces"
+            / f"step-{first:06d}-{last:06d}"
+            / f"rank-{rank:05d}.pt.trace.json.gz"
         )
         assert trace["distributedInfo"]["rank"] == rank
         assert trace["distributedInfo"]["world_size"] == WORLD

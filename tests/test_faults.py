@@ -43,7 +43,10 @@ def _raiser(name: str) -> Callable[..., Any]:
     return fail
 
 
-@pytest.mark.parametrize("method", ["start", "step", "stop", "export_chrome_trace", "stop_trace", "start_trace", "prepare_trace"])
+@pytest.mark.parametrize(
+    "method",
+    ["start", "step", "stop", "export_chrome_trace", "stop_trace", "start_trace", "prepare_trace"],
+)
 def test_torch_profiler_raising_turns_capture_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, method: str
 ) -> None:
@@ -68,7 +71,11 @@ def test_phase_target_fault_in_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(torch.profiler.profile, "start", _raiser("start"))
-    prof = Profiler(trace_config(tmp_path, target="phase:update", schedule=Schedule(warmup=0)), rank=0, world_size=1)
+    prof = Profiler(
+        trace_config(tmp_path, target="phase:update", schedule=Schedule(warmup=0)),
+        rank=0,
+        world_size=1,
+    )
     ran = 0
     with caplog.at_level(logging.WARNING, logger="rankscope"), prof:
         for _ in range(3):
@@ -90,7 +97,9 @@ def test_read_only_output_dir(read_only_dir: Path, caplog: pytest.LogCaptureFixt
     assert not (read_only_dir / "run").exists()
 
 
-def test_disk_full_while_writing_a_trace(small_disk: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_disk_full_while_writing_a_trace(
+    small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # Windows of many ops: the raw export, or its compressed copy, does not fit in 64 KiB.
     sched = Schedule(wait=1, warmup=1, active=2, repeat=3)
     prof = Profiler(trace_config(small_disk, schedule=sched, gzip=True), rank=0, world_size=1)

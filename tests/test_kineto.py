@@ -66,7 +66,15 @@ def test_trace_without_kernels_falls_back_to_top_level_cpu_ops(real_traces: Path
 
 def test_top_level_ops_do_not_count_nested_time_twice() -> None:
     def op(name: str, ts: float, dur: float, tid: int = 1) -> dict[str, object]:
-        return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+        return {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": name,
+            "ts": ts,
+            "dur": dur,
+            "pid": 1,
+            "tid": tid,
+        }
 
     events = [
         op("aten::linear", 0, 10),
