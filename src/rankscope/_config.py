@@ -184,6 +184,8 @@ class ProfileConfig:
             data = yaml.safe_load(source.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError("path", str(path), "a readable YAML file", str(exc)) from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError("path", str(path), "a UTF-8 YAML file", str(exc)) from exc
         except yaml.YAMLError as exc:
             raise ConfigError("path", str(path), "a valid YAML file", str(exc)) from exc
         if data is None:

@@ -37,15 +37,15 @@ def _parse_int(name: str, value: str) -> int:
         raise ConfigError(name, value, "an integer") from None
 
 
-def _keep(_name: str, value: str) -> str:
-    return value
+def _text(_name: str, value: str) -> str:
+    return value.strip()
 
 
 # variable -> (path in the nested config dict, parser)
 _OVERRIDES: dict[str, tuple[tuple[str, ...], Callable[[str, str], Any]]] = {
-    "RANKSCOPE_OUTPUT_DIR": (("output_dir",), _keep),
+    "RANKSCOPE_OUTPUT_DIR": (("output_dir",), _text),
     "RANKSCOPE_TRACE": (("trace", "enable"), parse_bool),
-    "RANKSCOPE_TRACE_RANKS": (("trace", "ranks"), _keep),
+    "RANKSCOPE_TRACE_RANKS": (("trace", "ranks"), _text),
     "RANKSCOPE_RECORD_SHAPES": (("trace", "record_shapes"), parse_bool),
     "RANKSCOPE_WITH_FLOPS": (("trace", "with_flops"), parse_bool),
     "RANKSCOPE_WITH_STACK": (("trace", "with_stack"), parse_bool),

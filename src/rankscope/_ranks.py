@@ -15,6 +15,9 @@ __all__ = ["RankInfo", "RankSet", "RankSpec", "detect_rank_info", "parse_ranks"]
 RankSpec = int | str | Sequence[int]
 """What users write to select ranks: 0, "0", "0,8,16", "0-7", "0-7,16", "all", [0, 8]."""
 
+# Larger than any job; a bound so that a typo ("0-1000000000000") cannot exhaust memory.
+_MAX_RANGE = 1 << 20
+
 _ACCEPTED = 'a rank (0), a comma list ("0,8,16"), ranges ("0-7,16"), "all", or a list of ints'
 
 
@@ -66,7 +69,7 @@ def parse_ranks(value: object, field: str) -> RankSet:
         if not text:
             raise ConfigError(field, value, _ACCEPTED, "empty")
         return _from_items([t.strip() for t in text.split(",")], field, value)
-    if isinstance(value, Sequence):
+    if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
         return _from_items(list(value), field, value)
     raise ConfigError(field, value, _ACCEPTED, f"a {type(value).__name__} is not a rank spec")
 
@@ -101,12 +104,21 @@ def _expand(item: object, field: str, original: object) -> list[int]:
     lo, sep, hi = item.partition("-")
     if sep and not lo:
         raise ConfigError(field, original, _ACCEPTED, f"rank {item} is negative")
-    if not (lo.isdigit() and (not sep or hi.isdigit())):
+    if not (_is_number(lo) and (not sep or _is_number(hi))):
         raise ConfigError(field, original, _ACCEPTED, f"{item!r} is not a rank or a range")
     first, last = int(lo), int(hi) if sep else int(lo)
     if last < first:
         raise ConfigError(field, original, _ACCEPTED, f"range {item!r} runs backwards")
+    if last - first >= _MAX_RANGE:
+        raise ConfigError(
+            field, original, _ACCEPTED, f"range {item!r} spans more than {_MAX_RANGE} ranks"
+        )
     return list(range(first, last + 1))
+
+
+def _is_number(text: str) -> bool:
+    # isdigit() alone admits "²" and full-width digits, which int() rejects or misreads.
+    return text.isascii() and text.isdigit()
 
 
 @dataclass(frozen=True, slots=True)
