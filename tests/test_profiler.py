@@ -299,3 +299,21 @@ def test_stop_inside_a_target_phase_saves_its_window(tmp_path: Path) -> None:
     trace = read_trace(tmp_path / "traces" / "phase-update-000000" / "rank-00000.pt.trace.json.gz")
     assert "aten::sum" in event_names(trace)
     assert not torch.autograd._profiler_enabled()
+
+
+def test_step_inside_a_target_phase_does_not_drive_its_window(tmp_path: Path) -> None:
+    sched = Schedule(warmup=0, active=1, repeat=0)
+    prof = Profiler(
+        trace_config(tmp_path, target="phase:rollout", schedule=sched), rank=0, world_size=1
+    )
+    with prof:
+        for _ in range(2):
+            with prof.phase("rollout"):
+                torch.ones(2).sum()
+                prof.step()  # a loop that steps inside the phase
+    for n in range(2):
+        trace = read_trace(
+            tmp_path / "traces" / f"phase-rollout-{n:06d}" / "rank-00000.pt.trace.json.gz"
+        )
+        assert profiler_steps(trace) == []
+        assert "aten::sum" in event_names(trace)

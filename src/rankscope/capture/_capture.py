@@ -79,15 +79,15 @@ class TraceCapture:
             self.fault(self._failure)  # already warned on the worker thread
             return
         prof = self._prof
-        if prof is None:
-            return
+        if prof is None or self._target_phase is not None:
+            return  # no profiler left, or phase windows, which steps do not drive
         try:
             prof.step()
             self.recording = action_at(self._config.schedule, self._step) is not Action.NONE
             if self._last_step is not None and self._step > self._last_step:
                 # Past the last window: release the profiler so later steps cost nothing.
-                self._prof = None
                 prof.stop()
+                self._prof = None
         except Exception as exc:
             self._fail("step", exc)
 
