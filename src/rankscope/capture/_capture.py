@@ -22,9 +22,7 @@ __all__ = ["STOP_TIMEOUT_S", "TraceCapture"]
 
 logger = logging.getLogger(__name__)
 
-# torch warns at the second cycle that key_averages() will see only the last one;
-# rankscope never calls key_averages(), so the warning would only alarm users.
-warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+_CYCLE_ENDS = (Action.NONE, Action.RECORD_AND_SAVE)
 
 STOP_TIMEOUT_S = 600.0
 """How long stop() waits for traces still being compressed before it returns anyway."""
@@ -82,7 +80,18 @@ class TraceCapture:
         if prof is None or self._target_phase is not None:
             return  # no profiler left, or phase windows, which steps do not drive
         try:
-            prof.step()
+            sched = self._config.schedule
+            if (
+                action_at(sched, self._step) is not Action.NONE
+                and action_at(sched, self._step - 1) in _CYCLE_ENDS
+            ):
+                with warnings.catch_warnings():
+                    # Starting a second cycle, torch warns that key_averages() sees only the
+                    # last one; rankscope never calls key_averages(), so it would only alarm.
+                    warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
+                    prof.step()
+            else:
+                prof.step()
             self.recording = action_at(self._config.schedule, self._step) is not Action.NONE
             if self._last_step is not None and self._step > self._last_step:
                 # Past the last window: release the profiler so later steps cost nothing.

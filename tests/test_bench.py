@@ -1,0 +1,32 @@
+"""The benchmarks still run (their goals are printed ratios, never asserted here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "expect"),
+    [
+        ("capture_stall.py", ["--quick"], "stall vs raw export:"),
+        ("unselected_cost.py", [], "unselected phase() vs nullcontext():"),
+    ],
+)
+def test_benchmark_runs(script: str, args: list[str], expect: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert expect in done.stdout
