@@ -54,3 +54,14 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
         target.chmod(0o555)
         yield target
         target.chmod(0o755)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (CUDA is not available)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
