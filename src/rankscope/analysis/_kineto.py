@@ -5,52 +5,41 @@ Imports no torch: analysis runs anywhere.
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
-import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._errors import TraceError
+from ._stream import scan_trace
 
-__all__ = ["SUMMARY_VERSION", "load_trace", "summarize_events", "summarize_trace"]
+__all__ = ["SUMMARY_VERSION", "load_trace", "scan_trace", "summarize_events", "summarize_trace"]
 
 SUMMARY_VERSION = 1
 
 
 def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse a `.json` or `.json.gz` Kineto trace; TraceError names the file and the fault."""
-    name = os.fspath(path)
-    try:
-        with open(name, "rb") as fh:
-            raw = fh.read()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        data = json.loads(raw)
-    except FileNotFoundError:
-        raise TraceError(f"{name}: no such file") from None
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise TraceError(f"{name}: truncated or corrupt gzip ({exc})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{name}: not valid JSON ({exc})") from None
-    except OSError as exc:
-        raise TraceError(f"{name}: cannot read ({exc.strerror or exc})") from None
-    if isinstance(data, list):  # the bare-array form of the Chrome trace format
-        data = {"traceEvents": data}
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise TraceError(f"{name}: not a trace (no traceEvents list)")
-    return data
+    """Parse a `.json` or `.json.gz` Kineto trace whole; TraceError names the file and the fault.
+
+    Holds every event in memory: for large traces prefer `scan_trace`.
+    """
+    events: list[Any] = []
+    meta = scan_trace(path, events.append)
+    return {**meta, "traceEvents": events}
 
 
 def summarize_trace(path: str | os.PathLike[str], **labels: Any) -> dict[str, Any]:
-    """Summary of one trace file; `labels` (rank, window) are stored alongside."""
-    trace = load_trace(path)
-    summary = summarize_events(trace["traceEvents"])
-    info = trace.get("distributedInfo")
+    """Summary of one trace file, read in one streaming pass; `labels` (window) are stored alongside."""
+    table = _SummaryTable()
+    meta = scan_trace(path, table.add)
+    info = meta.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, Mapping) else None
-    return {"v": SUMMARY_VERSION, "trace": Path(path).name, "rank": rank, **labels, **summary}
+    return {
+        "v": SUMMARY_VERSION,
+        "trace": Path(path).name,
+        "rank": rank,
+        **labels,
+        **table.result(),
+    }
 
 
 def summarize_events(events: Iterable[object]) -> dict[str, Any]:
@@ -59,24 +48,51 @@ def summarize_events(events: Iterable[object]) -> dict[str, Any]:
     A trace with no GPU kernels (CPU only) is summarised per top-level CPU op instead:
     ops not nested inside another op on the same thread, so time is not counted twice.
     """
-    kernels: list[tuple[str, float]] = []
-    cpu_ops: list[tuple[Any, Any, float, float, str]] = []
-    for ev in events:
+    table = _SummaryTable()
+    for event in events:
+        table.add(event)
+    return table.result()
+
+
+class _SummaryTable:
+    """Accumulates a summary one event at a time (what a streaming read needs)."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, list[float]] = {}
+        self.cpu_ops: list[tuple[Any, Any, float, float, str]] = []
+
+    def add(self, ev: object) -> None:
         if not isinstance(ev, dict) or ev.get("ph") != "X":
-            continue
+            return
         dur, name = ev.get("dur"), ev.get("name")
         if not isinstance(dur, (int, float)) or isinstance(dur, bool) or not isinstance(name, str):
-            continue
+            return
         cat = ev.get("cat")
         if cat == "kernel":
-            kernels.append((name, float(dur)))
-        elif cat == "cpu_op":
+            _add_stat(self.kernels, name, float(dur))
+        elif cat == "cpu_op" and not self.kernels:
             ts = ev.get("ts")
             if isinstance(ts, (int, float)):
-                cpu_ops.append((ev.get("pid"), ev.get("tid"), float(ts), float(dur), name))
-    if kernels:
-        return {"kind": "gpu_kernels", **_table(kernels)}
-    return {"kind": "cpu_ops", **_table(_top_level(cpu_ops))}
+                self.cpu_ops.append((ev.get("pid"), ev.get("tid"), float(ts), float(dur), name))
+
+    def result(self) -> dict[str, Any]:
+        if self.kernels:
+            return {"kind": "gpu_kernels", **_table(self.kernels)}
+        ops: dict[str, list[float]] = {}
+        for name, dur in _top_level(self.cpu_ops):
+            _add_stat(ops, name, dur)
+        return {"kind": "cpu_ops", **_table(ops)}
+
+
+def _add_stat(stats: dict[str, list[float]], name: str, dur: float) -> None:
+    row = stats.get(name)
+    if row is None:
+        stats[name] = [1, dur, dur, dur]
+    else:
+        row[0] += 1
+        row[1] += dur
+        row[2] = min(row[2], dur)
+        row[3] = max(row[3], dur)
 
 
 def _top_level(ops: list[tuple[Any, Any, float, float, str]]) -> list[tuple[str, float]]:
@@ -94,18 +110,8 @@ def _top_level(ops: list[tuple[Any, Any, float, float, str]]) -> list[tuple[str,
     return out
 
 
-def _table(rows: list[tuple[str, float]]) -> dict[str, Any]:
-    by_name: dict[str, list[float]] = {}
-    for name, dur in rows:
-        stats = by_name.get(name)
-        if stats is None:
-            by_name[name] = [1, dur, dur, dur]
-        else:
-            stats[0] += 1
-            stats[1] += dur
-            stats[2] = min(stats[2], dur)
-            stats[3] = max(stats[3], dur)
-    total = sum(s[1] for s in by_name.values())
+def _table(by_name: dict[str, list[float]]) -> dict[str, Any]:
+    total = sum(row[1] for row in by_name.values())
     items: list[dict[str, Any]] = [
         {
             "name": name,
@@ -119,4 +125,8 @@ def _table(rows: list[tuple[str, float]]) -> dict[str, Any]:
         for name, (count, tot, lo, hi) in by_name.items()
     ]
     items.sort(key=lambda item: (-float(item["total_us"]), str(item["name"])))
-    return {"count": len(rows), "total_us": total, "items": items}
+    return {
+        "count": sum(int(row[0]) for row in by_name.values()),
+        "total_us": total,
+        "items": items,
+    }
