@@ -317,3 +317,33 @@ def test_step_inside_a_target_phase_does_not_drive_its_window(tmp_path: Path) ->
         )
         assert profiler_steps(trace) == []
         assert "aten::sum" in event_names(trace)
+
+
+def test_a_run_that_never_reaches_its_window_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    prof = Profiler(trace_config(tmp_path, schedule=Schedule(wait=10)), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        _run(prof, steps=3)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    assert "captured nothing" in warned[0]
+    assert "stopped during step 3" in warned[0]
+    assert "steps 11-11" in warned[0]
+
+
+def test_a_phase_target_never_entered_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    prof = Profiler(trace_config(tmp_path, target="phase:train_actor"), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        _run(prof, steps=3)  # phases forward/backward/optimizer only
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    assert "'train_actor' was entered 0 time(s)" in warned[0]
+
+
+def test_a_run_that_captured_says_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        _run(Profiler(trace_config(tmp_path), rank=0, world_size=1), steps=3)
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -50,6 +50,7 @@ class TraceCapture:
         self._step = 0
         self._stopping = False
         self._phase_calls = 0
+        self._windows = 0  # windows exported so far
         self._phase_window: str | None = None  # the open window of a phase target
         self._phase_lock = threading.Lock()
         self._fault_lock = threading.Lock()
@@ -116,7 +117,25 @@ class TraceCapture:
             except Exception as exc:
                 self._prof = prof
                 self._fail("stop", exc)
+        if self.enabled and self._windows == 0:
+            logger.warning(
+                "rankscope: trace capture is on but captured nothing: %s", self._why_empty()
+            )
         self._finalizer.drain(timeout)
+
+    def _why_empty(self) -> str:
+        """Why no window was recorded: config that silently did nothing is worth a line."""
+        sched = self._config.schedule
+        first_call = sched.skip_first + sched.wait + sched.warmup
+        if self._target_phase is not None:
+            return (
+                f"phase {self._target_phase!r} was entered {self._phase_calls} time(s); "
+                f"the schedule records invocation {first_call} first"
+            )
+        return (
+            f"stopped during step {self._step}; the schedule's first window is steps "
+            f"{first_call}-{first_call + sched.active - 1} (is step() called once per iteration?)"
+        )
 
     @property
     def last_summary(self) -> dict[str, Any] | None:
@@ -231,6 +250,7 @@ class TraceCapture:
         if not raw.is_file() or raw.stat().st_size == 0:
             # Kineto logs a failed write and returns normally; a missing file is our signal.
             raise OSError(f"torch.profiler exported nothing to {raw} (disk full or not writable?)")
+        self._windows += 1
         self._finalizer.submit(
             FinalizeJob(
                 raw=str(raw),
