@@ -9,11 +9,14 @@ import json
 import logging
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._config import ProfileConfig
 from ._meta import write_meta
 from ._ranks import RankInfo, detect_rank_info
+
+if TYPE_CHECKING:
+    from .capture import TraceCapture
 
 __all__ = ["Profiler"]
 
@@ -49,12 +52,12 @@ class Profiler:
         self.rank_info: RankInfo = detect_rank_info(rank, world_size, environ)
         self.config.check_world_size(self.rank_info.world_size)
         trace = self.config.trace
-        self._capture: Any = None
+        self._capture: TraceCapture | None = None
         if trace.enable and self.rank_info.rank in trace.rank_set:
             from .capture import TraceCapture
 
             self._capture = TraceCapture(trace, str(self.config.output_dir), self.rank_info)
-        self._live: Any = None  # the capture between start() and stop(), else None
+        self._live: TraceCapture | None = None  # the capture between start() and stop(), else None
         self._state = "new"
         self._at_exit: Callable[[], None] | None = None
 
@@ -120,10 +123,7 @@ class Profiler:
     def last_summary(self) -> dict[str, Any] | None:
         """The kernel (or CPU op) summary of the latest finished window, as plain JSON data."""
         capture = self._capture
-        if capture is None:
-            return None
-        summary: dict[str, Any] | None = capture.last_summary
-        return summary
+        return None if capture is None else capture.last_summary
 
     # -- phases --------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class Phase:
         self._profiler = profiler
         self._name = name
         self._kind = kind
-        self._capture: Any = None
+        self._capture: TraceCapture | None = None
         self._token: Any = None
 
     def __enter__(self) -> Phase:
@@ -159,7 +159,7 @@ class Phase:
 
     def __exit__(self, *exc: object) -> None:
         token, self._token = self._token, None
-        if token is not None:
+        if token is not None and self._capture is not None:
             self._capture.phase_exit(token)
 
     def __call__(self, fn: F) -> F:
