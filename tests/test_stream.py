@@ -119,3 +119,17 @@ def test_real_traces_stream_equal_to_a_whole_parse(real_traces: Path) -> None:
         meta, events = _scan(path)
         assert events == whole["traceEvents"], path.name
         assert meta == {k: v for k, v in whole.items() if k != "traceEvents"}, path.name
+
+
+@pytest.mark.parametrize("number", ["0.0", "-12.5e-3", "123456", "1E+9"])
+def test_a_number_split_across_chunks_is_read_whole(
+    tmp_path: Path, chunk: int, number: str
+) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(
+        f'{{"traceEvents": [{number}, {{"ts": {number}}}], "distributedInfo": {number}}}'
+    )
+    meta, events = _scan(path)
+    value = json.loads(number)
+    assert events == [value, {"ts": value}]
+    assert meta == {"distributedInfo": value}

@@ -23,6 +23,7 @@ _CHUNK = 1 << 20
 # One event (or top-level field) larger than this is not something a trace holds.
 _MAX_VALUE = 256 << 20
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
+_NUMBER_CHARS = re.compile(r"[0-9eE.+-]*")
 _DECODER = json.JSONDecoder()
 
 
@@ -141,8 +142,15 @@ class _Scanner:
         return char
 
     def _value(self) -> Any:
-        if self._peek() is None:
+        first = self._peek()
+        if first is None:
             raise self._error("truncated (the file ends inside the trace)")
+        if first == "-" or first.isdigit():
+            # A number has no closing mark: read on until something that cannot be part
+            # of it follows, or the file ends, so a chunk boundary never splits it.
+            while _NUMBER_CHARS.match(self._buf, self._pos).end() == len(self._buf):  # type: ignore[union-attr]
+                if not self._fill():
+                    break
         while True:
             try:
                 value, end = _DECODER.raw_decode(self._buf, self._pos)
@@ -154,9 +162,6 @@ class _Scanner:
                     if exc.pos >= len(self._buf) - 1 or "Unterminated" in exc.msg:
                         raise self._error("truncated (the file ends inside the trace)") from None
                     raise self._error(f"not valid JSON ({exc.msg})") from None
-                continue
-            # A number that ends the buffer may go on in the next chunk.
-            if end == len(self._buf) and self._fill():
                 continue
             self._pos = end
             return value
