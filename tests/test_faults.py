@@ -136,3 +136,99 @@ def test_finaliser_failure_in_the_background_stops_later_windows(
     assert "writing a trace failed" in warned[0]
     assert [f for f in final_files(tmp_path) if f.startswith("traces/")] == []
     assert prof._capture.enabled is False
+
+
+@pytest.mark.parametrize("repeat", [0, 2])
+def test_export_fault_between_back_to_back_cycles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, repeat: int
+) -> None:
+    # wait=0: torch goes straight from saving one window to warming up the next; a fault
+    # raised into that sequence used to leave a profiler that crashed when stopped.
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", _raiser("export"))
+    sched = Schedule(wait=0, warmup=1, active=1, repeat=repeat)
+    prof = Profiler(trace_config(tmp_path, schedule=sched), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        assert _loop(prof) == STEPS
+    assert len(_warnings(caplog)) == 1
+    assert not torch.autograd._profiler_enabled()
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_at_a_window_end_reaches_the_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interrupt: type[BaseException]
+) -> None:
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise interrupt()
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", interrupted)
+    prof = Profiler(
+        trace_config(tmp_path, schedule=Schedule(warmup=1, active=1, repeat=0)),
+        rank=0,
+        world_size=1,
+    )
+    with pytest.raises(interrupt), prof:
+        for _ in range(STEPS):
+            prof.step()
+    assert not torch.autograd._profiler_enabled()
+    assert [f for f in final_files(tmp_path) if f.startswith("traces/")] == []
+
+
+def test_a_user_profiler_already_running_is_left_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with torch.profiler.profile() as theirs, caplog.at_level(logging.WARNING, logger="rankscope"):
+        assert _loop(Profiler(trace_config(tmp_path), rank=0, world_size=1)) == STEPS
+        torch.ones(4).cumsum(0)
+    assert any(e.name == "aten::cumsum" for e in theirs.events())
+    warned = _warnings(caplog)
+    assert len(warned) == 1
+    assert "another torch.profiler" in warned[0]
+
+
+def test_no_worker_thread_means_one_warning_and_no_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import threading
+
+    def cannot_start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    prof = Profiler(trace_config(tmp_path), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        assert _loop(prof) == STEPS  # would wait STOP_TIMEOUT_S in stop() if the job hung
+    warned = _warnings(caplog)
+    assert len(warned) == 1
+    assert "can't start new thread" in warned[0]
+
+
+def test_phases_from_another_thread_never_drive_the_profiler(tmp_path: Path) -> None:
+    import threading
+
+    sched = Schedule(warmup=0, active=1, repeat=0)
+    prof = Profiler(
+        trace_config(tmp_path, target="phase:update", schedule=sched), rank=0, world_size=1
+    )
+    with prof:
+        worker = threading.Thread(target=lambda: prof.phase("update").__enter__().__exit__())
+        worker.start()
+        worker.join()
+        assert not torch.autograd._profiler_enabled()
+        with prof.phase("update"):
+            torch.ones(2).sum()
+    windows = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    assert windows == ["phase-update-000000"]  # the main thread's invocation; the other was skipped
+
+
+def test_phase_inside_torch_compile_fullgraph(tmp_path: Path) -> None:
+    for trace_rank in (0, 1):
+        prof = Profiler(trace_config(tmp_path, ranks=str(trace_rank)), rank=0, world_size=2)
+
+        @torch.compile(fullgraph=True, backend="eager")
+        def fwd(x: torch.Tensor, prof: Profiler = prof) -> torch.Tensor:
+            with prof.phase("inside"):
+                return x * 2
+
+        with prof:
+            assert torch.equal(fwd(torch.ones(3)), torch.full((3,), 2.0))
+            prof.step()

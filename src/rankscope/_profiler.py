@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import inspect
 import json
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._config import ProfileConfig
@@ -127,12 +130,17 @@ class Profiler:
 
     # -- phases --------------------------------------------------------------------
 
-    def phase(self, name: str, kind: str = "compute") -> Phase | _NoPhase:
+    def phase(
+        self, name: str, kind: str = "compute"
+    ) -> Phase | _NoPhase | contextlib.nullcontext[None]:
         """A named part of a step, as a context manager or a decorator.
 
         Inside a recording window it opens a record_function range of the same name;
         with a "phase:NAME" target, invocations of NAME are what the schedule counts.
         """
+        if _compiling():
+            # torch.compile traces through a plain nullcontext without a graph break.
+            return contextlib.nullcontext()
         if self._capture is None:
             return _NO_PHASE
         return Phase(self, name, kind)
@@ -184,7 +192,13 @@ class _NoPhase:
 _NO_PHASE = _NoPhase()
 
 
-def _decorate(fn: F, make: Callable[[], Phase | _NoPhase]) -> F:
+def _compiling() -> bool:
+    """True while torch.compile traces: phases step aside there rather than break the graph."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.compiler.is_compiling())
+
+
+def _decorate(fn: F, make: Callable[[], AbstractContextManager[Any]]) -> F:
     """Wrap `fn` so every call runs inside a fresh phase; keeps static/class methods and coroutines."""
     if isinstance(fn, (staticmethod, classmethod)):
         return type(fn)(_decorate(fn.__func__, make))

@@ -51,6 +51,8 @@ class TraceCapture:
         self._stopping = False
         self._phase_calls = 0
         self._windows = 0  # windows exported so far
+        self._owner = threading.get_ident()  # the thread that drives torch.profiler
+        self._export_error: Exception | None = None  # raised inside torch's on_trace_ready
         self._phase_window: str | None = None  # the open window of a phase target
         self._phase_lock = threading.Lock()
         self._fault_lock = threading.Lock()
@@ -63,14 +65,14 @@ class TraceCapture:
     # -- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
+        self._owner = threading.get_ident()
         if self._target_phase is not None:
             return  # phase windows start at their phase
-        try:
-            self._prof = self._new_profiler(step_target=True)
-            self._prof.start()
+        if self._other_profiler_active():
+            return
+        self._prof = self._new_profiler(step_target=True)
+        if self._guarded("start", self._prof.start):
             self.recording = action_at(self._config.schedule, 0) is not Action.NONE
-        except Exception as exc:
-            self._fail("start", exc)
 
     def step(self) -> None:
         self._step += 1
@@ -80,43 +82,35 @@ class TraceCapture:
         prof = self._prof
         if prof is None or self._target_phase is not None:
             return  # no profiler left, or phase windows, which steps do not drive
-        try:
-            sched = self._config.schedule
-            if (
-                action_at(sched, self._step) is not Action.NONE
-                and action_at(sched, self._step - 1) in _CYCLE_ENDS
-            ):
-                with warnings.catch_warnings():
-                    # Starting a second cycle, torch warns that key_averages() sees only the
-                    # last one; rankscope never calls key_averages(), so it would only alarm.
-                    warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
-                    prof.step()
-            else:
-                prof.step()
-            self.recording = action_at(self._config.schedule, self._step) is not Action.NONE
-            if self._last_step is not None and self._step > self._last_step:
-                # Past the last window: release the profiler so later steps cost nothing.
-                prof.stop()
-                self._prof = None
-        except Exception as exc:
-            self._fail("step", exc)
+        if not self._on_owner_thread("step()"):
+            return
+        sched = self._config.schedule
+        action = action_at(sched, self._step)
+        if action is not Action.NONE and action_at(sched, self._step - 1) in _CYCLE_ENDS:
+            with warnings.catch_warnings():
+                # Starting a second cycle, torch warns that key_averages() sees only the
+                # last one; rankscope never calls key_averages(), so it would only alarm.
+                warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
+                stepped = self._guarded("step", prof.step)
+        else:
+            stepped = self._guarded("step", prof.step)
+        if not stepped:
+            return
+        self.recording = action is not Action.NONE
+        # Past the last window: release the profiler so later steps cost nothing.
+        past_last = self._last_step is not None and self._step > self._last_step
+        if past_last and self._guarded("step", prof.stop):
+            self._prof = None
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Close and save an open window, then wait for the background work."""
         self._stopping = True
-        if self._phase_window is not None:
-            try:
-                self._close_phase_window()
-            except Exception as exc:
-                self._fail("stop", exc)
-        prof, self._prof = self._prof, None
+        if self._prof is not None and self._on_owner_thread("stop()"):
+            if self._phase_window is not None:
+                self._guarded("stop", self._close_phase_window)
+            elif self._guarded("stop", self._prof.stop):
+                self._prof = None
         self.recording = False
-        if prof is not None:
-            try:
-                prof.stop()
-            except Exception as exc:
-                self._prof = prof
-                self._fail("stop", exc)
         if self.enabled and self._windows == 0:
             logger.warning(
                 "rankscope: trace capture is on but captured nothing: %s", self._why_empty()
@@ -146,31 +140,37 @@ class TraceCapture:
     def phase_enter(self, name: str) -> tuple[Any, bool] | None:
         """Open what a phase needs: its own window for a "phase:NAME" target, and a
         record_function range while recording. Returns what phase_exit closes."""
-        try:
+        token: list[tuple[Any, bool] | None] = [None]
+
+        def enter() -> None:
             owns_window = name == self._target_phase and self._open_phase_window(name)
-            if not self.recording:
-                return (None, True) if owns_window else None
-            rf = self._torch.profiler.record_function(name)
-            rf.__enter__()
-            return rf, owns_window
-        except Exception as exc:
-            self._fail(f"phase {name!r}", exc)
-            return None
+            if self.recording:
+                rf = self._torch.profiler.record_function(name)
+                rf.__enter__()
+                token[0] = (rf, owns_window)
+            elif owns_window:
+                token[0] = (None, True)
+
+        self._guarded(f"phase {name!r}", enter)
+        return token[0]
 
     def phase_exit(self, token: tuple[Any, bool]) -> None:
         rf, owns_window = token
-        try:
+
+        def leave() -> None:
             if rf is not None:
                 rf.__exit__(None, None, None)
             if owns_window:
                 self._close_phase_window()
-        except Exception as exc:
-            self._fail("phase exit", exc)
+
+        self._guarded("phase exit", leave)
 
     def _open_phase_window(self, name: str) -> bool:
         with self._phase_lock:
             if self._phase_window is not None or not self.enabled or self._stopping:
                 return False  # a nested invocation belongs to the open window
+            if threading.get_ident() != self._owner:
+                return False  # torch.profiler windows must open and close on one thread
             call = self._phase_calls
             self._phase_calls += 1
             if action_at(self._config.schedule, call) not in (
@@ -236,9 +236,14 @@ class TraceCapture:
 
     def _on_trace_ready(self, prof: Any) -> None:
         # torch calls this inside prof.step() after counting the new step, or inside stop().
+        # It must not raise into torch: torch is midway through its own list of actions,
+        # and cutting that list short leaves a profiler that crashes when stopped.
         last = self._step if self._stopping else self._step - 1
         first = window_start(self._config.schedule, last)
-        self._export(prof, step_window_name(first, last))
+        try:
+            self._export(prof, step_window_name(first, last))
+        except Exception as exc:
+            self._export_error = exc
 
     def _export(self, prof: Any, window: str) -> None:
         """Export on the calling thread (torch.profiler's own cost), finalise in the background."""
@@ -249,6 +254,9 @@ class TraceCapture:
         prof.export_chrome_trace(str(raw))
         if not raw.is_file() or raw.stat().st_size == 0:
             # Kineto logs a failed write and returns normally; a missing file is our signal.
+            # It may leave its own partial file beside ours.
+            for leftover in (raw, raw.with_name(raw.name + ".tmp")):
+                leftover.unlink(missing_ok=True)
             raise OSError(f"torch.profiler exported nothing to {raw} (disk full or not writable?)")
         self._windows += 1
         self._finalizer.submit(
@@ -277,6 +285,65 @@ class TraceCapture:
         return chosen
 
     # -- faults --------------------------------------------------------------------
+
+    def _guarded(self, where: str, call: Any) -> bool:
+        """Run a torch.profiler call; True if it and any export it triggered succeeded.
+
+        A fault turns capture off. An interrupt (KeyboardInterrupt, SystemExit) leaves
+        torch's half-switched state alone, stops collection, and propagates.
+        """
+        self._export_error = None
+        try:
+            call()
+        except Exception as exc:
+            self._fail(where, exc)
+            return False
+        except BaseException:
+            self._drop()
+            raise
+        error = self._take_export_error()
+        if error is not None:
+            self._fail(where, error)
+            return False
+        return True
+
+    def _take_export_error(self) -> Exception | None:
+        error, self._export_error = self._export_error, None
+        return error
+
+    def _on_owner_thread(self, what: str) -> bool:
+        """torch.profiler windows belong to the thread that opened them; from any other
+        thread rankscope drops capture rather than touch the profiler."""
+        if threading.get_ident() == self._owner:
+            return True
+        self._warn_once(f"{what} was called from another thread than start()")
+        self.enabled = False
+        self.recording = False
+        self._prof = None  # touching it from this thread can crash the process
+        return False
+
+    def _other_profiler_active(self) -> bool:
+        """Kineto runs one profiler per process: never take over one the user started."""
+        if not self._torch.autograd._profiler_enabled():
+            return False
+        self._warn_once("another torch.profiler is already running in this process")
+        self.enabled = False
+        return True
+
+    def _drop(self) -> None:
+        """Forget the profiler without calling into its state machine; stop collection."""
+        self.enabled = False
+        self.recording = False
+        self._phase_window = None
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            prof.on_trace_ready = None
+        autograd = self._torch.autograd
+        try:
+            if autograd._profiler_enabled():
+                autograd._disable_profiler()
+        except Exception:
+            logger.debug("rankscope: disabling the autograd profiler failed", exc_info=True)
 
     def fault(self, what: str) -> None:
         """Turn capture off for the rest of the run: one warning naming `what`, profiler stopped."""

@@ -1,6 +1,6 @@
 """Turning an exported trace into its final files: compress, summarise, rename atomically.
 
-Runs in a child process (`python -m rankscope.capture._finalize JOB_JSON`) so that
+Runs in a child process (see TraceFinalizer; `main` reads JOB_JSON from argv) so that
 parsing and compressing never hold the training process's GIL; falls back to the
 worker thread where no child can be started. Imports no torch.
 """

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
 import queue
 import subprocess
 import sys
@@ -41,13 +41,13 @@ class TraceFinalizer:
         self.last_summary: dict[str, Any] | None = None
 
     def submit(self, job: FinalizeJob) -> None:
+        """Queue a job; raises (RuntimeError) if no worker thread can be started."""
+        if self._thread is None:
+            thread = threading.Thread(target=self._run, name="rankscope-finalize", daemon=True)
+            thread.start()  # before the job counts as pending: a failed start leaves no wait
+            self._thread = thread
         with self._idle:
             self._pending.append(job)
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="rankscope-finalize", daemon=True
-            )
-            self._thread.start()
         self._jobs.put(job)
 
     def drain(self, timeout: float) -> bool:
@@ -83,6 +83,7 @@ class TraceFinalizer:
                 if error is None:
                     self.last_summary = _read_json(job.summary)
                 else:
+                    _remove_raw(job)
                     self._on_error(error)
             except Exception as exc:  # never let the worker thread die with work queued
                 self._on_error(f"{type(exc).__name__}: {exc}")
@@ -93,12 +94,20 @@ class TraceFinalizer:
 
     @staticmethod
     def _finalize(job: FinalizeJob) -> str | None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        command = [sys.executable, "-m", "rankscope.capture._finalize", job.to_json()]
+        # Put this copy of rankscope first on the child's path: `-m` would put the working
+        # directory first, where another `rankscope/` may stand.
+        code = (
+            f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); "
+            "from rankscope.capture._finalize import main; sys.exit(main())"
+        )
+        command = [sys.executable, "-c", code, job.to_json()]
         try:
             done = subprocess.run(
-                command, env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
+                command,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                check=False,
+                start_new_session=True,  # a Ctrl-C at the terminal must not cut a write short
             )
         except OSError as exc:
             logger.debug("rankscope: no child process (%s); finalising on the worker thread", exc)
@@ -111,6 +120,14 @@ class TraceFinalizer:
             lines = done.stderr.decode(errors="replace").strip().splitlines()
             return lines[-1] if lines else f"finaliser exited with code {done.returncode}"
         return None
+
+
+def _remove_raw(job: FinalizeJob) -> None:
+    """A child that died before finalising leaves the raw export behind: remove it."""
+    raw = Path(job.raw)
+    for leftover in (raw, raw.with_name(raw.name + ".tmp")):
+        with contextlib.suppress(OSError):
+            leftover.unlink()
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
