@@ -749,3 +749,12 @@ def test_from_yaml_not_utf8(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe\x00output_dir: caf\xe9\n")
     with pytest.raises(ConfigError, match=r"^path="):
         ProfileConfig.from_yaml(path)
+
+
+def test_output_dir_that_is_no_usable_path_is_named(tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for value in ("a\0b", "~nosuchuser-rankscope/x", str(loop / "x")):
+        with pytest.raises(ConfigError, match=r"^output_dir=.*not a usable path") as info:
+            ProfileConfig(output_dir=value)
+        assert info.value.field == "output_dir"

@@ -193,6 +193,24 @@ def test_ranks_beyond_the_world_size_are_rejected(tmp_path: Path) -> None:
         Profiler(trace_config(tmp_path, ranks="0,4"), rank=0, world_size=2)
 
 
+def test_env_ranks_beyond_the_world_size_name_the_variable(tmp_path: Path) -> None:
+    config = rankscope.ProfileConfig(output_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"^RANKSCOPE_TRACE_RANKS='0,4'"):
+        Profiler(config, rank=0, world_size=2, environ={"RANKSCOPE_TRACE_RANKS": "0,4"})
+
+
+def test_a_mapping_is_read_as_a_config(tmp_path: Path) -> None:
+    prof = Profiler({"output_dir": str(tmp_path), "trace": {"ranks": "1"}}, rank=0, world_size=2)
+    assert prof.config.output_dir == str(tmp_path)
+    assert prof.config.trace.rank_set.spec() == "1"
+
+
+@pytest.mark.parametrize("config", [3, "runs/x", ["trace"]])
+def test_anything_else_as_config_is_named(config: Any) -> None:
+    with pytest.raises(ConfigError, match=r"^config="):
+        Profiler(config, rank=0, world_size=1)
+
+
 def test_environment_turns_capture_on(tmp_path: Path) -> None:
     config = rankscope.ProfileConfig(output_dir=tmp_path)
     prof = Profiler(

@@ -331,8 +331,11 @@ def test_detect_explicit_overrides(
         ({}, 9, 8, "rank"),
         (TORCHRUN, 8, None, "rank"),
         (TORCHRUN, None, 5, "rank"),
-        ({"RANK": "8", "WORLD_SIZE": "8"}, None, None, "rank"),
-        ({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, None, None, "rank"),
+        # a launcher's own variables that disagree are named as the variable
+        ({"RANK": "8", "WORLD_SIZE": "8"}, None, None, "RANK"),
+        ({"RANK": "-1", "WORLD_SIZE": "8"}, None, None, "RANK"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, None, None, "WORLD_SIZE"),
+        ({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, None, None, "SLURM_PROCID"),
         ({}, -1, None, "rank"),
         ({}, None, 0, "world_size"),
         ({}, True, 2, "rank"),
@@ -350,6 +353,10 @@ def test_detect_rejects_impossible_ranks(
     ("environ", "variable"),
     [
         ({"RANK": "zero", "WORLD_SIZE": "8"}, "RANK"),
+        # int() takes these, but no launcher writes them
+        ({"RANK": "1_0", "WORLD_SIZE": "20"}, "RANK"),
+        ({"RANK": "\u0663", "WORLD_SIZE": "8"}, "RANK"),
+        ({"RANK": "0", "WORLD_SIZE": "\uff18"}, "WORLD_SIZE"),
         ({"RANK": "0", "WORLD_SIZE": ""}, "WORLD_SIZE"),
         ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "x"}, "LOCAL_RANK"),
         ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "1.5"}, "LOCAL_WORLD_SIZE"),
@@ -367,6 +374,11 @@ def test_detect_names_a_bad_launcher_variable(environ: dict[str, str], variable:
         detect_rank_info(environ=environ)
     assert info.value.field == variable
     assert "integer" in info.value.accepted
+
+
+def test_slurm_tasks_per_node_in_other_digits_falls_back_to_the_world_size() -> None:
+    environ = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "\u0662(x2)"}
+    assert detect_rank_info(environ=environ).local_world_size == 4
 
 
 def _fake_dist(rank: int, world: int, initialized: bool = True) -> SimpleNamespace:

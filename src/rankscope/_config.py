@@ -149,9 +149,18 @@ class ProfileConfig:
         if not isinstance(self.trace, TraceConfig):
             raise ConfigError("trace", self.trace, "a TraceConfig")
 
-    def check_world_size(self, world_size: int) -> None:
-        """Raise ConfigError if a rank selection names a rank the job does not have."""
-        self.trace.rank_set.check_world_size(world_size, "trace.ranks")
+    def check_world_size(self, world_size: int, environ: Mapping[str, str] | None = None) -> None:
+        """Raise ConfigError if a rank selection names a rank the job does not have.
+
+        The error names the RANKSCOPE_* variable when the selection came from `environ`.
+        """
+        try:
+            self.trace.rank_set.check_world_size(world_size, "trace.ranks")
+        except ConfigError as exc:
+            named = _env.name_variable(exc, _env.config_overrides(environ))
+            if named is exc:
+                raise
+            raise named from None
 
     # -- building from plain data ------------------------------------------------
 
@@ -220,12 +229,10 @@ class ProfileConfig:
         try:
             return ProfileConfig.from_dict(data)
         except ConfigError as exc:
-            for override in overrides:
-                if exc.field == override.field:
-                    raise ConfigError(
-                        override.variable, exc.value, exc.accepted, exc.problem
-                    ) from None
-            raise
+            named = _env.name_variable(exc, overrides)
+            if named is exc:
+                raise
+            raise named from None
 
 
 def _trace_from_dict(data: object) -> TraceConfig:
@@ -271,12 +278,17 @@ def _resolve_output_dir(value: object) -> str:
             else "a URI, not a path"
         )
         raise ConfigError("output_dir", text, accepted, why)
-    path = Path(text).expanduser()
-    resolved = path.resolve()
-    probe = resolved
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if not probe.is_dir():
+    try:
+        path = Path(text).expanduser()
+        resolved = path.resolve()
+        probe = resolved
+        while not probe.exists() and probe.parent != probe:
+            probe = probe.parent
+        is_dir = probe.is_dir()
+    except (ValueError, RuntimeError, OSError) as exc:
+        # A NUL byte, "~nosuchuser", a symlink loop, a path too long for the system.
+        raise ConfigError("output_dir", text, accepted, f"not a usable path ({exc})") from None
+    if not is_dir:
         raise ConfigError("output_dir", text, accepted, f"{probe} exists and is not a directory")
     if not path.is_absolute():
         logger.info("rankscope: output_dir %r resolved to %s", text, resolved)

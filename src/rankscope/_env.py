@@ -7,6 +7,7 @@ Every function takes the mapping to read, so tests pass a dict and never touch
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +31,15 @@ def parse_bool(name: str, value: str) -> bool:
     raise ConfigError(name, value, _BOOL_ACCEPTED)
 
 
+_INT = re.compile(r"-?[0-9]+")
+
+
 def _parse_int(name: str, value: str) -> int:
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise ConfigError(name, value, "an integer") from None
+    # Plain ASCII digits only: int() also takes "1_0", "٣" and full-width digits.
+    text = value.strip()
+    if not _INT.fullmatch(text):
+        raise ConfigError(name, value, "an integer written in ASCII digits")
+    return int(text)
 
 
 def _text(_name: str, value: str) -> str:
@@ -89,12 +94,14 @@ def launcher_ranks(environ: Mapping[str, str] | None = None) -> tuple[int, int, 
         world = _parse_int("WORLD_SIZE", env["WORLD_SIZE"])
         local = _parse_int("LOCAL_RANK", env.get("LOCAL_RANK", str(rank)))
         local_world = _parse_int("LOCAL_WORLD_SIZE", env.get("LOCAL_WORLD_SIZE", str(world)))
+        _check_rank("RANK", rank, "WORLD_SIZE", world)
         return rank, local, world, local_world
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         rank = _parse_int("SLURM_PROCID", env["SLURM_PROCID"])
         world = _parse_int("SLURM_NTASKS", env["SLURM_NTASKS"])
         local = _parse_int("SLURM_LOCALID", env.get("SLURM_LOCALID", str(rank)))
         local_world = _slurm_local_world(env, world)
+        _check_rank("SLURM_PROCID", rank, "SLURM_NTASKS", world)
         return rank, local, world, local_world
     return None
 
@@ -106,4 +113,19 @@ def _slurm_local_world(env: Mapping[str, str], world: int) -> int:
         return _parse_int("SLURM_NTASKS_PER_NODE", env["SLURM_NTASKS_PER_NODE"])
     per_node = env.get("SLURM_TASKS_PER_NODE", "")
     head = per_node.split(",")[0].split("(")[0]
-    return int(head) if head.isdigit() else world
+    return int(head) if head.isascii() and head.isdigit() else world
+
+
+def _check_rank(rank_name: str, rank: int, world_name: str, world: int) -> None:
+    if world < 1:
+        raise ConfigError(world_name, world, "an integer >= 1")
+    if not 0 <= rank < world:
+        raise ConfigError(rank_name, rank, f"0 to {world_name}-1 ({world_name}={world})")
+
+
+def name_variable(exc: ConfigError, overrides: list[EnvOverride]) -> ConfigError:
+    """`exc` naming the RANKSCOPE_* variable that set its field, where one did."""
+    for override in overrides:
+        if exc.field == override.field:
+            return ConfigError(override.variable, exc.value, exc.accepted, exc.problem)
+    return exc

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._config import ProfileConfig
+from ._errors import ConfigError
 from ._meta import write_meta
 from ._ranks import RankInfo, detect_rank_info
 
@@ -45,15 +46,15 @@ class Profiler:
 
     def __init__(
         self,
-        config: ProfileConfig | None = None,
+        config: ProfileConfig | Mapping[str, Any] | None = None,
         *,
         rank: int | None = None,
         world_size: int | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self.config: ProfileConfig = (config or ProfileConfig()).with_env(environ)
+        self.config: ProfileConfig = _as_config(config).with_env(environ)
         self.rank_info: RankInfo = detect_rank_info(rank, world_size, environ)
-        self.config.check_world_size(self.rank_info.world_size)
+        self.config.check_world_size(self.rank_info.world_size, environ)
         trace = self.config.trace
         self._capture: TraceCapture | None = None
         if trace.enable and self.rank_info.rank in trace.rank_set:
@@ -190,6 +191,16 @@ class _NoPhase:
 
 
 _NO_PHASE = _NoPhase()
+
+
+def _as_config(config: object) -> ProfileConfig:
+    if config is None:
+        return ProfileConfig()
+    if isinstance(config, ProfileConfig):
+        return config
+    if isinstance(config, Mapping):
+        return ProfileConfig.from_dict(config)
+    raise ConfigError("config", config, "a ProfileConfig, a mapping of its fields, or None")
 
 
 def _compiling() -> bool:
