@@ -55,5 +55,21 @@ def train_ddp(rank: int, world_size: int, init: str, run_dir: str, steps: int) -
                     torch.cummax(x, 0)
                     dist.all_reduce(x)
                 prof.step()
+        timer_cfg = rankscope.ProfileConfig(
+            output_dir=Path(run_dir) / "timer",
+            timer=rankscope.TimerConfig(enable=True, ranks="0,2", every_n_steps=3),
+        )
+        with rankscope.Profiler(timer_cfg) as prof:
+            for _ in range(steps):
+                with prof.phase("forward"):
+                    loss = model(torch.randn(8, 16)).sum()
+                with prof.phase("backward"):
+                    loss.backward()  # DDP all-reduces the gradients in here
+                with prof.phase("allreduce", kind="comm"):
+                    dist.all_reduce(x)
+                with prof.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad()
+                prof.step()
     finally:
         dist.destroy_process_group()

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
-from rankscope import ConfigError, ProfileConfig, RankscopeError, Schedule, TraceConfig
+from rankscope import (
+    ConfigError,
+    ProfileConfig,
+    RankscopeError,
+    Schedule,
+    TimerConfig,
+    TraceConfig,
+)
 from rankscope._config import ACTIVITIES
 
 SCHEDULE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
@@ -445,6 +452,15 @@ def _configs(root: Path) -> list[ProfileConfig]:
                 with_modules=True,
                 gzip=False,
             ),
+            timer=TimerConfig(
+                enable=True,
+                ranks="0-3",
+                start_step=5,
+                end_step=100,
+                every_n_steps=3,
+                flush_every_n_steps=7,
+                max_pending_events=64,
+            ),
         ),
     ]
 
@@ -468,6 +484,15 @@ def test_to_dict_shape(run_dir: Path) -> None:
             "with_flops": False,
             "with_modules": False,
             "gzip": True,
+        },
+        "timer": {
+            "enable": False,
+            "ranks": "all",
+            "start_step": 0,
+            "end_step": None,
+            "every_n_steps": 10,
+            "flush_every_n_steps": 10,
+            "max_pending_events": 4096,
         },
     }
 
@@ -758,3 +783,97 @@ def test_output_dir_that_is_no_usable_path_is_named(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=r"^output_dir=.*not a usable path") as info:
             ProfileConfig(output_dir=value)
         assert info.value.field == "output_dir"
+
+
+# -- TimerConfig ------------------------------------------------------------------------
+
+
+def test_timer_defaults() -> None:
+    timer = TimerConfig()
+    assert (timer.enable, timer.ranks, timer.start_step, timer.end_step) == (False, "all", 0, None)
+    assert (timer.every_n_steps, timer.flush_every_n_steps) == (10, 10)
+    assert timer.max_pending_events >= 2
+    assert ProfileConfig().timer == timer
+
+
+def test_every_timer_field_has_a_docstring() -> None:
+    import inspect
+
+    source = inspect.getsource(TimerConfig)
+    for f in dataclasses.fields(TimerConfig):
+        assert re.search(rf"^    {f.name}: .*\n    \"\"\"", source, re.M), f.name
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "accepted"),
+    [
+        ("enable", 1, "True or False"),
+        ("enable", None, "True or False"),
+        ("start_step", -1, ">= 0"),
+        ("start_step", None, ">= 0"),
+        ("start_step", 1.0, ">= 0"),
+        ("end_step", 0, "None or an int > start_step (0)"),
+        ("end_step", -5, "None or an int > start_step"),
+        ("end_step", "10", "None or an int > start_step"),
+        ("end_step", True, "None or an int > start_step"),
+        ("every_n_steps", 0, ">= 1"),
+        ("every_n_steps", None, ">= 1"),
+        ("flush_every_n_steps", 0, ">= 1"),
+        ("max_pending_events", 1, ">= 2"),
+        ("max_pending_events", None, ">= 2"),
+    ],
+)
+def test_timer_rejects(name: str, value: object, accepted: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^timer\.{name}=") as info:
+        TimerConfig(**{name: value})  # type: ignore[arg-type]
+    assert info.value.field == f"timer.{name}"
+    assert accepted in info.value.accepted
+
+
+def test_timer_end_step_must_pass_the_start() -> None:
+    assert TimerConfig(start_step=5, end_step=6).end_step == 6
+    with pytest.raises(ConfigError, match=r"start_step \(5\)"):
+        TimerConfig(start_step=5, end_step=5)
+
+
+@pytest.mark.parametrize("ranks", ["all,0", "3,3", "-1", "", "x", [0, 0], None])
+def test_timer_ranks_rejects(ranks: object) -> None:
+    with pytest.raises(ConfigError, match=r"^timer\.ranks="):
+        TimerConfig(ranks=ranks)  # type: ignore[arg-type]
+
+
+def test_timer_ranks_beyond_the_world_size(run_dir: Path) -> None:
+    cfg = ProfileConfig(output_dir=run_dir, timer=TimerConfig(ranks="0-7"))
+    cfg.check_world_size(8)
+    with pytest.raises(ConfigError, match=r"^timer\.ranks=") as info:
+        cfg.check_world_size(4)
+    assert "rank 4 does not exist" in str(info.value)
+
+
+@pytest.mark.parametrize("timer", [None, {"enable": True}, TraceConfig(), "timer"])
+def test_timer_must_be_a_timer_config(run_dir: Path, timer: object) -> None:
+    with pytest.raises(ConfigError, match=r"^timer="):
+        ProfileConfig(output_dir=run_dir, timer=timer)  # type: ignore[arg-type]
+
+
+def test_timer_from_dict_like_a_user_writes(tmp_path: Path) -> None:
+    cfg = ProfileConfig.from_dict(
+        {"output_dir": "runs/x", "timer": {"enable": True, "every_n_steps": 1, "ranks": "0,8"}}
+    )
+    assert cfg.timer == TimerConfig(enable=True, every_n_steps=1, ranks=[0, 8])
+    assert cfg.trace == TraceConfig()
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"timer": {"every": 5}}, "timer.every"),
+        ({"timer": {"every_n_steps": 0}}, "timer.every_n_steps"),
+        ({"timer": 5}, "timer"),
+        ({"timer": {"ranks": "9-1"}}, "timer.ranks"),
+    ],
+)
+def test_timer_from_dict_names_the_field(data: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ProfileConfig.from_dict(data)
+    assert info.value.field == field

@@ -82,3 +82,22 @@ def test_phase_target_windows_on_every_rank_hold_only_the_phase(run_dir: Path) -
             assert trace["distributedInfo"]["rank"] == rank
             assert {"train_actor", "aten::cummax"} <= names
             assert "aten::cumsum" not in names
+
+
+def test_the_timer_writes_one_file_per_selected_rank_with_the_sampled_steps(run_dir: Path) -> None:
+    timings = run_dir / "timer" / "timings"
+    assert sorted(p.name for p in timings.iterdir()) == ["rank-00000.jsonl", "rank-00002.jsonl"]
+    for rank in (0, 2):
+        records = [json.loads(line) for line in (timings / f"rank-{rank:05d}.jsonl").open()]
+        assert {r["rank"] for r in records} == {rank}
+        steps: dict[int, list[str]] = {}
+        for r in records:
+            steps.setdefault(r["step"], []).append(r["phase"])
+        assert sorted(steps) == [0, 3, 6, 9]
+        for phases in steps.values():
+            assert sorted(phases) == ["allreduce", "backward", "forward", "optimizer", "step"]
+        kinds = {r["phase"]: r["kind"] for r in records}
+        assert kinds["allreduce"] == "comm"
+        meta = json.loads((run_dir / "timer" / "meta" / f"rank-{rank:05d}.json").read_text())
+        assert meta["rank"] == rank and meta["world_size"] == WORLD
+    assert not (run_dir / "timer" / "meta" / "rank-00001.json").exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope import ConfigError, ProfileConfig, TraceConfig
+from rankscope import ConfigError, ProfileConfig, TimerConfig, TraceConfig
 from rankscope._env import EnvOverride, config_overrides, launcher_ranks, parse_bool
 
 BOOL_VARIABLES = {
@@ -280,3 +280,52 @@ def test_full_environment(tmp_path: Path) -> None:
 )
 def test_launcher_ranks(environ: dict[str, str], expected: tuple[int, ...] | None) -> None:
     assert launcher_ranks(environ) == expected
+
+
+# -- the timer's variables ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"RANKSCOPE_TIMER": "on"}, TimerConfig(enable=True)),
+        ({"RANKSCOPE_TIMER": "0"}, TimerConfig(enable=False)),
+        ({"RANKSCOPE_TIMER_RANKS": "0-3"}, TimerConfig(ranks="0-3")),
+        ({"RANKSCOPE_TIMER_EVERY": " 5 "}, TimerConfig(every_n_steps=5)),
+        (
+            {
+                "RANKSCOPE_TIMER": "yes",
+                "RANKSCOPE_TIMER_EVERY": "1",
+                "RANKSCOPE_TIMER_RANKS": "all",
+            },
+            TimerConfig(enable=True, every_n_steps=1),
+        ),
+    ],
+)
+def test_timer_variables(environ: dict[str, str], expected: TimerConfig) -> None:
+    assert ProfileConfig.from_env(environ).timer == expected
+
+
+def test_timer_variables_override_the_config(tmp_path: Path) -> None:
+    config = ProfileConfig(output_dir=tmp_path, timer=TimerConfig(enable=False, every_n_steps=100))
+    got = config.with_env({"RANKSCOPE_TIMER": "1", "RANKSCOPE_TIMER_EVERY": "2"})
+    assert got.timer == TimerConfig(enable=True, every_n_steps=2)
+    assert got.trace == config.trace
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        ("RANKSCOPE_TIMER", "maybe"),
+        ("RANKSCOPE_TIMER_RANKS", "0,0"),
+        ("RANKSCOPE_TIMER_RANKS", "all,1"),
+        ("RANKSCOPE_TIMER_EVERY", "0"),
+        ("RANKSCOPE_TIMER_EVERY", "ten"),
+        ("RANKSCOPE_TIMER_EVERY", "1.5"),
+        ("RANKSCOPE_TIMER_EVERY", "1_0"),
+    ],
+)
+def test_bad_timer_variable_is_named(variable: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{variable}=") as info:
+        ProfileConfig.from_env({variable: raw})
+    assert info.value.field == variable

@@ -164,7 +164,7 @@ def test_unselected_rank_creates_no_profiler_and_writes_nothing(
     prof = Profiler(trace_config(tmp_path, ranks="0"), rank=1, world_size=2)
     _run(prof, steps=4)
     assert _CountingProfile.created == 0
-    assert prof.phase("forward") is prof.phase("backward")  # the shared no-op phase
+    assert type(prof.phase("forward")).__name__ == "_NoPhase"  # does nothing
     assert not tmp_path.exists() or final_files(tmp_path) == []
     assert prof.last_summary() is None
     selected = Profiler(trace_config(tmp_path, ranks="0"), rank=0, world_size=2)

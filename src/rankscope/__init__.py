@@ -3,9 +3,9 @@
 Importing rankscope does not import torch; capture imports it when a rank profiles.
 """
 
-from ._config import ProfileConfig, Schedule, TraceConfig
+from ._config import ProfileConfig, Schedule, TimerConfig, TraceConfig
 from ._errors import ConfigError, RankscopeError, TraceError
-from ._profiler import Profiler
+from ._profiler import Profiler, annotate, current
 from ._ranks import RankInfo, detect_rank_info
 from ._version import __version__
 
@@ -16,8 +16,11 @@ __all__ = [
     "RankInfo",
     "RankscopeError",
     "Schedule",
+    "TimerConfig",
     "TraceConfig",
     "TraceError",
     "__version__",
+    "annotate",
+    "current",
     "detect_rank_info",
 ]

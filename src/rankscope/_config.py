@@ -15,7 +15,7 @@ from . import _env
 from ._errors import ConfigError
 from ._ranks import RankSet, RankSpec, parse_ranks
 
-__all__ = ["ACTIVITIES", "ProfileConfig", "Schedule", "TraceConfig"]
+__all__ = ["ACTIVITIES", "ProfileConfig", "Schedule", "TimerConfig", "TraceConfig"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,53 @@ def _parse_activities(value: object) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TimerConfig:
+    """The always-on phase timer: host and device time per phase on sampled steps.
+
+    Step s is sampled when start_step <= s < end_step and (s - start_step) is a
+    multiple of every_n_steps. Each sampled step writes one line per phase plus one
+    "step" line to RUN_DIR/timings/rank-NNNNN.jsonl.
+    """
+
+    enable: bool = False
+    """Time phases at all. Off by default; RANKSCOPE_TIMER=1 turns it on."""
+    ranks: RankSpec = "all"
+    """Ranks that time phases, in the same forms as TraceConfig.ranks. All ranks by default:
+    finding the slow rank needs every rank's timings."""
+    start_step: int = 0
+    """First step that may be sampled (steps count step() calls from 0)."""
+    end_step: int | None = None
+    """Steps from this one on are not sampled; None means until stop()."""
+    every_n_steps: int = 10
+    """Sample one step in this many. 1 times every step."""
+    flush_every_n_steps: int = 10
+    """Resolve device events and append records to the file every this many steps (and at stop()).
+    A crash loses at most the records since the last flush."""
+    max_pending_events: int = 4096
+    """Device events waiting for the GPU to reach them, at most. Past it the oldest phase is
+    written without its device time and the loss is counted in the next record."""
+
+    def __post_init__(self) -> None:
+        _check_bool("timer.enable", self.enable)
+        object.__setattr__(self, "ranks", self.rank_set.spec())
+        _check_int("timer.start_step", self.start_step, 0)
+        end = self.end_step
+        if end is not None and (
+            isinstance(end, bool) or not isinstance(end, int) or end <= self.start_step
+        ):
+            accepted = f"None or an int > start_step ({self.start_step})"
+            raise ConfigError("timer.end_step", end, accepted)
+        _check_int("timer.every_n_steps", self.every_n_steps, 1)
+        _check_int("timer.flush_every_n_steps", self.flush_every_n_steps, 1)
+        _check_int("timer.max_pending_events", self.max_pending_events, 2)
+
+    @property
+    def rank_set(self) -> RankSet:
+        """The parsed `ranks`."""
+        return parse_ranks(self.ranks, "timer.ranks")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ProfileConfig:
     """Everything a Profiler needs; the environment may override parts of it (see `with_env`)."""
 
@@ -143,11 +190,15 @@ class ProfileConfig:
     """The run directory every rank writes into (a local or mounted path; resolved to an absolute path)."""
     trace: TraceConfig = field(default_factory=TraceConfig)
     """torch.profiler trace capture."""
+    timer: TimerConfig = field(default_factory=TimerConfig)
+    """The sampled phase timer."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_dir", _resolve_output_dir(self.output_dir))
         if not isinstance(self.trace, TraceConfig):
             raise ConfigError("trace", self.trace, "a TraceConfig")
+        if not isinstance(self.timer, TimerConfig):
+            raise ConfigError("timer", self.timer, "a TimerConfig")
 
     def check_world_size(self, world_size: int, environ: Mapping[str, str] | None = None) -> None:
         """Raise ConfigError if a rank selection names a rank the job does not have.
@@ -156,6 +207,7 @@ class ProfileConfig:
         """
         try:
             self.trace.rank_set.check_world_size(world_size, "trace.ranks")
+            self.timer.rank_set.check_world_size(world_size, "timer.ranks")
         except ConfigError as exc:
             named = _env.name_variable(exc, _env.config_overrides(environ))
             if named is exc:
@@ -180,6 +232,8 @@ class ProfileConfig:
         kwargs: dict[str, Any] = dict(data)
         if "trace" in kwargs:
             kwargs["trace"] = _trace_from_dict(kwargs["trace"])
+        if "timer" in kwargs:
+            kwargs["timer"] = _timer_from_dict(kwargs["timer"])
         return cls(**kwargs)
 
     @classmethod
@@ -250,6 +304,15 @@ def _trace_from_dict(data: object) -> TraceConfig:
         except ConfigError as exc:
             raise exc.under("trace") from None
     return TraceConfig(**kwargs)
+
+
+def _timer_from_dict(data: object) -> TimerConfig:
+    if isinstance(data, TimerConfig):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError("timer", data, "a mapping of TimerConfig fields")
+    _check_keys("timer.", data, TimerConfig)
+    return TimerConfig(**data)
 
 
 def _check_keys(prefix: str, data: Mapping[str, Any], cls: type) -> None:

@@ -11,6 +11,7 @@ __all__ = [
     "step_window_name",
     "summary_path",
     "temp_name",
+    "timing_path",
     "trace_path",
 ]
 
@@ -33,6 +34,10 @@ def phase_window_name(phase: str, invocation: int) -> str:
 
 def meta_path(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / "meta" / f"{rank_name(rank)}.json"
+
+
+def timing_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / "timings" / f"{rank_name(rank)}.jsonl"
 
 
 def trace_path(run_dir: str | Path, window: str, rank: int, gzip: bool) -> Path:

@@ -21,8 +21,10 @@ from ._ranks import RankInfo, detect_rank_info
 
 if TYPE_CHECKING:
     from .capture import TraceCapture
+    from .timing import PhaseTimer
+    from .timing._record import Span
 
-__all__ = ["Profiler"]
+__all__ = ["Profiler", "annotate", "current"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +42,9 @@ class Profiler:
                 prof.step()
 
     The environment (RANKSCOPE_*) overrides `config`. `rank` and `world_size` override
-    what is detected (Ray workers and tests pass them). A rank the config does not
-    select holds no torch.profiler object; its step() and phase() cost an attribute check.
+    what is detected (Ray workers and tests pass them). A rank the config selects for
+    neither tracing nor timing holds no torch object; its step() and phase() cost an
+    attribute check.
     """
 
     def __init__(
@@ -55,13 +58,21 @@ class Profiler:
         self.config: ProfileConfig = _as_config(config).with_env(environ)
         self.rank_info: RankInfo = detect_rank_info(rank, world_size, environ)
         self.config.check_world_size(self.rank_info.world_size, environ)
-        trace = self.config.trace
+        run_dir = str(self.config.output_dir)
+        trace, timer = self.config.trace, self.config.timer
         self._capture: TraceCapture | None = None
         if trace.enable and self.rank_info.rank in trace.rank_set:
             from .capture import TraceCapture
 
-            self._capture = TraceCapture(trace, str(self.config.output_dir), self.rank_info)
+            self._capture = TraceCapture(trace, run_dir, self.rank_info)
+        self._timer: PhaseTimer | None = None
+        if timer.enable and self.rank_info.rank in timer.rank_set:
+            from .timing import PhaseTimer
+
+            self._timer = PhaseTimer(timer, run_dir, self.rank_info)
         self._live: TraceCapture | None = None  # the capture between start() and stop(), else None
+        self._timing: PhaseTimer | None = None  # the timer between start() and stop(), else None
+        self._sampling = False  # the current step is timed
         self._state = "new"
         self._at_exit: Callable[[], None] | None = None
 
@@ -86,16 +97,24 @@ class Profiler:
                 self.rank_info.world_size,
                 json.dumps(self.config.to_dict()),
             )
-        capture = self._capture
-        if capture is None:
+        _Active.profiler = self
+        capture, timer = self._capture, self._timer
+        if capture is None and timer is None:
             return
         try:
             write_meta(str(self.config.output_dir), self.rank_info, self.config.to_dict())
         except OSError as exc:
-            capture.fault(f"cannot write to {self.config.output_dir} ({exc})")
+            what = f"cannot write to {self.config.output_dir} ({exc})"
+            for part in (capture, timer):
+                if part is not None:
+                    part.fault(what)
             return
-        capture.start()
-        self._live = capture
+        if capture is not None:
+            capture.start()
+            self._live = capture
+        if timer is not None:
+            self._sampling = timer.start()
+            self._timing = timer
         self._at_exit = functools.partial(_stop_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
 
@@ -104,16 +123,25 @@ class Profiler:
         capture = self._live
         if capture is not None:
             capture.step()
+        timer = self._timing
+        if timer is not None:
+            self._sampling = timer.step()
 
     def stop(self) -> None:
         """Close and save an open window and wait for background work. Safe to call twice."""
         if self._state != "started":
             return
         self._state = "stopped"
+        if _Active.profiler is self:
+            _Active.profiler = None
         capture, self._live = self._live, None
+        timer, self._timing = self._timing, None
+        self._sampling = False
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
             self._at_exit = None
+        if timer is not None:
+            timer.stop()
         if capture is not None:
             capture.stop()
 
@@ -132,47 +160,82 @@ class Profiler:
     # -- phases --------------------------------------------------------------------
 
     def phase(
-        self, name: str, kind: str = "compute"
+        self, name: str, kind: str = "compute", **meta: Any
     ) -> Phase | _NoPhase | contextlib.nullcontext[None]:
         """A named part of a step, as a context manager or a decorator.
 
-        Inside a recording window it opens a record_function range of the same name;
-        with a "phase:NAME" target, invocations of NAME are what the schedule counts.
+        `kind` is "compute", "comm" (collectives), "data", "io" or a word of your own;
+        keyword arguments are kept with the timing record under "meta". On sampled steps
+        the timer records the phase; inside a recording window it opens a record_function
+        range of the same name; with a "phase:NAME" target, invocations of NAME are what
+        the trace schedule counts. Enter one Phase object once at a time.
         """
-        if _compiling():
+        if self._capture is None and self._timer is None:
+            # A fresh object, not a shared one: torch.compile traces through a context
+            # manager made inside the compiled region but not one made outside it.
+            return _NoPhase()
+        if (self._sampling or self._live is not None) and _compiling():
             # torch.compile traces through a plain nullcontext without a graph break.
             return contextlib.nullcontext()
-        if self._capture is None:
-            return _NO_PHASE
-        return Phase(self, name, kind)
+        return Phase(self, name, kind, meta or None)
 
 
 class Phase:
-    """What Profiler.phase() returns on a rank that profiles; enter it once at a time."""
+    """What Profiler.phase() returns on a rank that traces or times; enter it once at a time.
 
-    __slots__ = ("_capture", "_kind", "_name", "_profiler", "_token")
+    On a step that is neither sampled nor inside a capture, entering and leaving it
+    costs two attribute checks.
+    """
 
-    def __init__(self, profiler: Profiler, name: str, kind: str) -> None:
+    __slots__ = ("_kind", "_meta", "_name", "_open", "_profiler")
+
+    def __init__(
+        self, profiler: Profiler, name: str, kind: str, meta: dict[str, Any] | None
+    ) -> None:
         self._profiler = profiler
         self._name = name
         self._kind = kind
-        self._capture: TraceCapture | None = None
-        self._token: Any = None
+        self._meta = meta
+        self._open: _Opened | None = None
 
     def __enter__(self) -> Phase:
-        capture = self._profiler._live
-        if capture is not None and capture.enabled:
-            self._token = capture.phase_enter(self._name)
-            self._capture = capture
+        profiler = self._profiler
+        capture = profiler._live
+        if capture is not None or profiler._sampling:
+            self._open = self._start(profiler, capture)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        token, self._token = self._token, None
-        if token is not None and self._capture is not None:
-            self._capture.phase_exit(token)
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        opened = self._open
+        if opened is not None:
+            self._open = None
+            _finish(opened, exc_type is not None)
+
+    def _start(self, profiler: Profiler, capture: TraceCapture | None) -> _Opened:
+        token = None
+        if capture is not None and capture.enabled:
+            token = capture.phase_enter(self._name)
+        timer, span = profiler._timing, None
+        if profiler._sampling and timer is not None:
+            ranged = token is not None and token[0] is not None
+            span = timer.enter(self._name, self._kind, self._meta, ranged)
+        return (capture, token, timer, span)
 
     def __call__(self, fn: F) -> F:
-        return _decorate(fn, lambda: self._profiler.phase(self._name, self._kind))
+        profiler, name, kind, meta = self._profiler, self._name, self._kind, self._meta or {}
+        return _decorate(fn, lambda: profiler.phase(name, kind, **meta))
+
+
+# What an entered Phase opened: (capture, its token, timer, its span); Nones where nothing.
+_Opened = tuple["TraceCapture | None", Any, "PhaseTimer | None", "Span | None"]
+
+
+def _finish(opened: _Opened, error: bool) -> None:
+    capture, token, timer, span = opened
+    if span is not None and timer is not None:
+        timer.exit(span, error)  # the timer's span closes inside the capture's range
+    if token is not None and capture is not None:
+        capture.phase_exit(token)
 
 
 class _NoPhase:
@@ -190,7 +253,42 @@ class _NoPhase:
         return fn
 
 
-_NO_PHASE = _NoPhase()
+class _Active:
+    """The profiler that annotate() and current() use: started most recently, not stopped."""
+
+    profiler: Profiler | None = None
+
+
+def current() -> Profiler | None:
+    """The Profiler started most recently and not yet stopped, if any."""
+    return _Active.profiler
+
+
+def annotate(name: str, kind: str = "compute", **meta: Any) -> Callable[[F], F]:
+    """Decorate a function so every call is a phase of the active profiler (see `current()`).
+
+    ::
+
+        @rankscope.annotate("actor_update", role="actor", color="red")
+        def update_actor(batch): ...
+
+    Works on functions, methods, static and class methods and async functions; the
+    profiler is looked up at each call, so the decorator can be applied at import time.
+    With no active profiler a call costs one lookup.
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigError("name", name, "a non-empty phase name")
+
+    def make() -> AbstractContextManager[Any]:
+        profiler = _Active.profiler
+        if profiler is None:
+            return _NoPhase()
+        return profiler.phase(name, kind, **meta)
+
+    def decorator(fn: F) -> F:
+        return _decorate(fn, make)
+
+    return decorator
 
 
 def _as_config(config: object) -> ProfileConfig:

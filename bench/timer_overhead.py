@@ -1,0 +1,207 @@
+"""What the phase timer costs: per phase() call, and per training step.
+
+Micro: nanoseconds per `with prof.phase(...)` when the profiler is disabled, on an
+unsampled step and on a sampled step, next to `with contextlib.nullcontext()` in the
+same run. Macro: a small MLP trained on the CPU with 5 phases a step, the step times of
+three variants interleaved step by step (no profiler, timer every 10 steps, timer every
+step), compared by their medians. With --device cuda the macro loop runs on the GPU and
+the timer records CUDA events. Prints ratios; absolute times mean little on a shared
+machine.
+
+    python bench/timer_overhead.py [--quick] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import statistics
+import tempfile
+import time
+import timeit
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import rankscope
+
+PHASES = (
+    ("data", "data"),
+    ("forward", "compute"),
+    ("backward", "compute"),
+    ("allreduce", "comm"),
+    ("optimizer", "compute"),
+)
+
+
+def _ns_per(stmt: str, env: dict[str, Any], number: int, repeat: int) -> float:
+    return (
+        statistics.median(timeit.repeat(stmt, globals=env, number=number, repeat=repeat))
+        / number
+        * 1e9
+    )
+
+
+def _profiler(run_dir: Path, every: int | None, flush: int = 10) -> rankscope.Profiler:
+    timer = rankscope.TimerConfig(
+        enable=every is not None, every_n_steps=every or 1, flush_every_n_steps=flush
+    )
+    return rankscope.Profiler(
+        rankscope.ProfileConfig(output_dir=run_dir, timer=timer), rank=0, world_size=1
+    )
+
+
+def micro(run_dir: Path, quick: bool) -> dict[str, float]:
+    number, repeat = (20_000, 3) if quick else (200_000, 7)
+    disabled = _profiler(run_dir / "disabled", None)
+    unsampled = _profiler(run_dir / "unsampled", 10**9)
+    sampled = _profiler(run_dir / "sampled", 1, flush=10**9)  # flushed apart, below
+    for prof in (disabled, unsampled, sampled):
+        prof.start()
+    unsampled.step()  # step 1 of every 10**9: not sampled
+    env: dict[str, Any] = {
+        "nullcontext": contextlib.nullcontext,
+        "d": disabled,
+        "u": unsampled,
+        "s": sampled,
+    }
+    rows = {
+        "with nullcontext()": _ns_per("with nullcontext(): pass", env, number, repeat),
+        "disabled phase()": _ns_per("with d.phase('forward'): pass", env, number, repeat),
+        "unsampled phase()": _ns_per("with u.phase('forward'): pass", env, number, repeat),
+    }
+    # Sampled: the record is made on exit and formatted and written at the next flush;
+    # count both, as a loop of 5-phase steps flushed every 10 steps.
+    s_number = number // 10
+    rows["sampled phase(), record only"] = _ns_per(
+        "with s.phase('forward'): pass", env, s_number, repeat
+    )
+    sampled.stop()
+    written = _profiler(run_dir / "written", 1, flush=10)
+    written.start()
+    env["w"] = written
+    loop = "for _ in range(5):\n    with w.phase('forward'): pass\nw.step()"
+    rows["sampled phase(), with its write"] = _ns_per(loop, env, s_number // 5, repeat) / 5
+    written.stop()
+    disabled.stop()
+    unsampled.stop()
+    return rows
+
+
+class _Loop:
+    """A small MLP step of about 10-30 ms on one CPU thread (or a bigger one on a GPU)."""
+
+    def __init__(self, device: str) -> None:
+        torch.manual_seed(0)
+        width = 1024 if device == "cpu" else 4096
+        self.device = device
+        self.batch = 64 if device == "cpu" else 512
+        self.width = width
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(width, 2 * width), torch.nn.ReLU(), torch.nn.Linear(2 * width, width)
+        ).to(device)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+
+    def step(self, prof: rankscope.Profiler | None) -> None:
+        phase = prof.phase if prof is not None else (lambda name, kind: contextlib.nullcontext())
+        with phase("data", "data"):
+            x = torch.randn(self.batch, self.width, device=self.device)
+        with phase("forward", "compute"):
+            loss = self.model(x).square().mean()
+        with phase("backward", "compute"):
+            loss.backward()
+        with phase("allreduce", "comm"):  # a stand-in: flatten and reduce the gradients
+            grads = torch.cat(
+                [p.grad.flatten() for p in self.model.parameters() if p.grad is not None]
+            )
+            grads.div_(2.0)
+        with phase("optimizer", "compute"):
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        if self.device == "cuda":
+            torch.cuda.synchronize()  # the loop's own sync: step times then mean device time
+        if prof is not None:
+            prof.step()
+
+
+def macro(run_dir: Path, quick: bool, device: str) -> dict[str, list[float]]:
+    loop = _Loop(device)
+    variants: dict[str, rankscope.Profiler | None] = {
+        "no profiler": None,
+        "timer every 10 steps": _profiler(run_dir / "every10", 10),
+        "timer every step": _profiler(run_dir / "every1", 1),
+    }
+    for prof in variants.values():
+        if prof is not None:
+            prof.start()
+    for _ in range(10):  # warm up allocator and caches
+        loop.step(None)
+    rounds = 60 if quick else 1500
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    rng = random.Random(0)
+    names = list(variants)
+    for _ in range(rounds):
+        rng.shuffle(names)  # interleaved step by step, in a fresh order each round
+        for name in names:
+            t0 = time.perf_counter_ns()
+            loop.step(variants[name])
+            times[name].append((time.perf_counter_ns() - t0) / 1e6)
+    for prof in variants.values():
+        if prof is not None:
+            prof.stop()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (a smoke test)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = micro(Path(tmp) / "micro", args.quick)
+        base = rows["with nullcontext()"]
+        print(f"{'phase() enter+exit':<34} {'ns':>9} {'vs nullcontext':>15}")
+        for name, ns in rows.items():
+            print(f"{name:<34} {ns:>9.1f} {ns / base:>14.2f}x")
+        print(
+            f"\ndisabled vs nullcontext: {rows['disabled phase()'] / base:.2f}x, "
+            f"unsampled vs nullcontext: {rows['unsampled phase()'] / base:.2f}x (goal <= 2x); "
+            f"sampled on CPU with its write: {rows['sampled phase(), with its write'] / 1000:.2f} us (goal < 10 us)"
+        )
+        times = macro(Path(tmp) / "macro", args.quick, args.device)
+        records = sum(1 for _ in (Path(tmp) / "macro" / "every1" / "timings").glob("*.jsonl"))
+    base_ms = statistics.median(times["no profiler"])
+    print(
+        f"\nmacro ({args.device}, {len(times['no profiler'])} steps per variant, interleaved; {records} timing file):"
+    )
+    print(f"{'variant':<24} {'median ms':>10} {'mean ms':>9} {'overhead':>9}")
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(
+            f"{name:<24} {med:>10.3f} {statistics.fmean(values):>9.3f} {100 * (med / base_ms - 1):>+8.2f}%"
+        )
+    every10 = statistics.median(times["timer every 10 steps"]) / base_ms - 1
+    every1 = statistics.median(times["timer every step"]) / base_ms - 1
+    # The step-time noise floor: the spread of the baseline's own medians over halves of the run.
+    half = len(times["no profiler"]) // 2
+    halves = [
+        statistics.median(times["no profiler"][:half]),
+        statistics.median(times["no profiler"][half:]),
+    ]
+    noise = abs(halves[0] - halves[1]) / base_ms
+    print(
+        f"\ntimer every 10 steps: {100 * every10:+.2f}% (goal < 0.5%); every step: {100 * every1:+.2f}% "
+        f"(goal < 2%); noise floor (baseline, first vs second half): {100 * noise:.2f}%"
+    )
+    per_step_us = (len(PHASES) + 1) * rows["sampled phase(), with its write"] / 1000
+    print(
+        f"expected from the micro figures: every step {per_step_us:.1f} us of a {base_ms:.1f} ms step "
+        f"= {100 * per_step_us / 1000 / base_ms:.3f}%"
+    )
+
+
+if __name__ == "__main__":
+    main()

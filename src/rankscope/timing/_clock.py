@@ -1,0 +1,66 @@
+"""Device clocks: marks recorded on the GPU's stream, read back only once the GPU passed them."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Protocol
+
+__all__ = ["CudaEventClock", "DeviceClock"]
+
+
+class DeviceClock(Protocol):
+    """What the timer needs from a device: marks on its queue that never block the host."""
+
+    def mark(self) -> Any:
+        """Record a mark on the current stream and return it."""
+
+    def done(self, mark: Any) -> bool:
+        """True once the device has passed `mark`; never waits."""
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Device time between two marks that are both done."""
+
+    def release(self, mark: Any) -> None:
+        """Give a mark back for reuse."""
+
+    def synchronize(self) -> None:
+        """Wait for the device (only ever called at stop())."""
+
+
+class CudaEventClock:
+    """CUDA events with timing, taken from a pool that grows to the most ever in flight.
+
+    The timer bounds how many marks are pending, so the pool is bounded too, and in a
+    steady state no event is allocated.
+    """
+
+    def __init__(self, torch: ModuleType) -> None:
+        self._torch = torch
+        self._new = torch.cuda.Event
+        self._pool: list[Any] = []
+
+    def mark(self) -> Any:
+        # list.pop/append are atomic, so phases on other threads may share the pool.
+        try:
+            event = self._pool.pop()
+        except IndexError:
+            event = self._new(enable_timing=True)
+        event.record()
+        return event
+
+    def done(self, mark: Any) -> bool:
+        return bool(mark.query())
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end))
+
+    def release(self, mark: Any) -> None:
+        self._pool.append(mark)
+
+    def synchronize(self) -> None:
+        self._torch.cuda.synchronize()
+
+    @property
+    def pooled(self) -> int:
+        """Events waiting in the pool for reuse."""
+        return len(self._pool)

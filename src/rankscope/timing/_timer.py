@@ -1,0 +1,281 @@
+"""PhaseTimer: host and device time per phase on sampled steps, appended to one JSONL file per rank."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from types import ModuleType
+from typing import Any
+
+from .._config import TimerConfig
+from .._layout import timing_path
+from .._ranks import RankInfo
+from .._torch import import_torch
+from ._clock import CudaEventClock, DeviceClock
+from ._record import STEP_PHASE, Span, format_record
+from ._sampling import is_sampled
+
+__all__ = ["AUTO", "PhaseTimer"]
+
+logger = logging.getLogger(__name__)
+
+AUTO: Any = object()
+"""`clock=AUTO`: CUDA events where CUDA is available, else no device clock."""
+
+_FLUSH_RECORDS = 8192  # records held in memory before a step() flushes them early
+
+
+class PhaseTimer:
+    """Times phases on one rank; every method is safe to call from the training loop.
+
+    Device time comes from marks on the current stream (CUDA events) that are read only
+    at flush points and only once the device has passed them, so the training thread
+    never waits for the GPU except once, at stop(). A fault (the file cannot be written,
+    the device clock raises) logs one warning and turns the timer off; training goes on.
+    """
+
+    def __init__(
+        self,
+        config: TimerConfig,
+        run_dir: str,
+        rank_info: RankInfo,
+        clock: DeviceClock | None = AUTO,
+    ) -> None:
+        torch: ModuleType = import_torch("the phase timer")
+        self._config = config
+        self._rank = rank_info.rank
+        self.path = timing_path(run_dir, rank_info.rank)
+        """Where this rank's records go: RUN_DIR/timings/rank-NNNNN.jsonl."""
+        cuda = torch.cuda.is_available()
+        if clock is AUTO:
+            clock = CudaEventClock(torch) if cuda else None
+        self._clock: DeviceClock | None = clock
+        # NVTX ranges of the same names, for Nsight Systems; free when no tool listens.
+        self._nvtx: Any = torch.cuda.nvtx if cuda else None
+        self._profiler_enabled = torch.autograd._profiler_enabled
+        self._record_function = torch.profiler.record_function
+        self._local = threading.local()  # per thread: the depth of the next phase
+        self._owner = threading.get_ident()
+        self._lock = threading.Lock()  # guards the spans below, which phases on any thread add to
+        self._ready: list[tuple[Span, float | None]] = []  # finished, waiting to be written
+        self._pending: deque[Span] = deque()  # finished, device time not yet known
+        self._dropped = 0  # device times given up since the last record written
+        self._step = 0
+        self._step_span: Span | None = None
+        self._file: Any = None
+        self._warned = False
+        self.enabled = False
+        """True between a successful start() and stop(), unless a fault turned the timer off."""
+
+    # -- lifecycle (training thread) ---------------------------------------------
+
+    def start(self) -> bool:
+        """Open the file and begin step 0. Returns whether step 0 is sampled."""
+        self._owner = threading.get_ident()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open until stop()
+        except OSError as exc:
+            self.fault(f"cannot open {self.path} ({exc.strerror or exc})")
+            return False
+        self.enabled = True
+        return self._begin_step(0)
+
+    def step(self) -> bool:
+        """End the current step and begin the next. Returns whether the new step is sampled."""
+        if not self.enabled:
+            return False
+        try:
+            span = self._step_span
+            if span is not None:
+                self._step_span = None
+                self._finish(span, error=False)
+            step = self._step + 1
+            if step % self._config.flush_every_n_steps == 0 or len(self._ready) >= _FLUSH_RECORDS:
+                self._flush()
+            return self._begin_step(step)
+        except Exception as exc:
+            self.fault(f"step {self._step + 1} failed", exc)
+            return False
+
+    def stop(self) -> None:
+        """Resolve every device time (one synchronize), write everything, close the file."""
+        if not self.enabled:
+            return
+        try:
+            span, self._step_span = self._step_span, None
+            if span is not None and self._clock is not None and span.dev_start is not None:
+                self._clock.release(span.dev_start)  # a step cut short by stop() is not a step
+            if self._clock is not None and self._pending:
+                self._clock.synchronize()
+            self._flush()
+        except Exception as exc:
+            self.fault("stop() failed to write the last records", exc)
+            return
+        self.enabled = False
+        self._close()
+
+    # -- phases (any thread) -------------------------------------------------------
+
+    def enter(self, name: str, kind: str, meta: dict[str, Any] | None, ranged: bool) -> Span | None:
+        """Open a span for a phase on a sampled step. `ranged`: a record_function range is
+        already open for it (capture opened one), so the timer does not open another."""
+        if not self.enabled:
+            return None
+        try:
+            local = self._local
+            depth: int = getattr(local, "depth", 0)
+            ident = threading.get_ident()
+            thread = None if ident == self._owner else threading.current_thread().name
+            span = Span(self._step, str(name), str(kind), meta, depth, thread)
+            if not ranged and self._profiler_enabled():
+                # Someone's torch.profiler is running: give it a range of the same name.
+                span.range = self._record_function(span.phase)
+                span.range.__enter__()
+            if self._nvtx is not None:
+                self._nvtx.range_push(span.phase)
+            if self._clock is not None:
+                span.dev_start = self._clock.mark()
+            local.depth = depth + 1
+            span.start_ns = time.time_ns()
+            span.t0 = time.perf_counter_ns()
+            return span
+        except Exception as exc:
+            self.fault(f"phase {name!r} failed to start", exc)
+            return None
+
+    def exit(self, span: Span, error: bool) -> None:
+        """Close a span from enter(); `error` says the phase raised."""
+        t1 = time.perf_counter_ns()
+        try:
+            span.cpu_ns = t1 - span.t0
+            span.error = error
+            if self._clock is not None and span.dev_start is not None and self.enabled:
+                span.dev_end = self._clock.mark()
+            if self._nvtx is not None:
+                self._nvtx.range_pop()
+            if span.range is not None:
+                span.range.__exit__(None, None, None)
+                span.range = None
+            self._local.depth = span.depth
+            if self.enabled:
+                self._queue(span)
+        except Exception as exc:
+            self.fault(f"phase {span.phase!r} failed to end", exc)
+
+    # -- faults --------------------------------------------------------------------
+
+    def fault(self, what: str, exc: BaseException | None = None) -> None:
+        """Log one warning and turn the timer off for the rest of the run."""
+        self.enabled = False
+        if not self._warned:
+            self._warned = True
+            cause = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+            logger.warning(
+                "rankscope: phase timer off for the rest of the run on rank %d: %s%s",
+                self._rank,
+                what,
+                cause,
+            )
+        with self._lock:
+            self._ready.clear()
+            self._pending.clear()
+        self._close()
+
+    # -- inside --------------------------------------------------------------------
+
+    def _begin_step(self, step: int) -> bool:
+        self._step = step
+        if not is_sampled(self._config, step):
+            return False
+        span = Span(step, STEP_PHASE, STEP_PHASE, None, 0, None)
+        if self._clock is not None:
+            span.dev_start = self._clock.mark()
+        span.start_ns = time.time_ns()
+        span.t0 = time.perf_counter_ns()
+        self._step_span = span
+        return True
+
+    def _finish(self, span: Span, error: bool) -> None:
+        span.cpu_ns = time.perf_counter_ns() - span.t0
+        span.error = error
+        if self._clock is not None and span.dev_start is not None:
+            span.dev_end = self._clock.mark()
+        self._queue(span)
+
+    def _queue(self, span: Span) -> None:
+        with self._lock:
+            if span.dev_end is None:
+                self._ready.append((span, None))
+                return
+            self._pending.append(span)
+            if 2 * len(self._pending) > self._config.max_pending_events:
+                self._resolve()
+                self._shed()
+
+    def _resolve(self) -> None:
+        """Move every span whose marks the device has passed to the ready list (lock held)."""
+        clock = self._clock
+        if clock is None or not self._pending:
+            return
+        waiting: deque[Span] = deque()
+        for span in self._pending:
+            if clock.done(span.dev_end) and clock.done(span.dev_start):
+                gpu_ms = clock.elapsed_ms(span.dev_start, span.dev_end)
+                clock.release(span.dev_start)
+                clock.release(span.dev_end)
+                self._ready.append((span, gpu_ms))
+            else:
+                waiting.append(span)
+        self._pending = waiting
+
+    def _shed(self) -> None:
+        """Past the bound, write the oldest pending spans without device time (lock held)."""
+        clock = self._clock
+        while clock is not None and 2 * len(self._pending) > self._config.max_pending_events:
+            span = self._pending.popleft()
+            # Re-recording an event the device has not reached yet is allowed; the old
+            # record simply no longer matters.
+            clock.release(span.dev_start)
+            clock.release(span.dev_end)
+            self._ready.append((span, None))
+            self._dropped += 1
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._resolve()
+            ready, self._ready = self._ready, []
+            dropped, self._dropped = self._dropped, 0
+        if not ready:
+            self._dropped += dropped
+            return
+        lines = []
+        for span, gpu_ms in ready:
+            lines.append(format_record(self._rank, span, gpu_ms, dropped))
+            dropped = 0
+        self._write("".join(lines).encode("utf-8"))
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = self._file.write(view)
+            view = view[written:]
+
+    def _close(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()
+
+    @property
+    def pending(self) -> int:
+        """Spans whose device time is not known yet."""
+        return len(self._pending)
+
+    @property
+    def step_index(self) -> int:
+        """The step now running, counting step() calls from 0."""
+        return self._step

@@ -1,0 +1,696 @@
+"""The phase timer: sampling, records, nesting, threads, device events, decorators, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import rankscope
+from rankscope import ConfigError, Profiler, TimerConfig
+from rankscope._ranks import RankInfo
+from rankscope.timing import CudaEventClock, PhaseTimer, is_sampled, sampled_steps
+
+RECORD_KEYS = {
+    "v",
+    "rank",
+    "step",
+    "phase",
+    "kind",
+    "start_ns",
+    "cpu_ms",
+    "gpu_ms",
+    "depth",
+    "error",
+}
+PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
+
+
+def timer_config(run_dir: Path, **timer: Any) -> rankscope.ProfileConfig:
+    return rankscope.ProfileConfig(output_dir=run_dir, timer=TimerConfig(enable=True, **timer))
+
+
+def read_records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
+    path = run_dir / "timings" / f"rank-{rank:05d}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def by_step(records: list[dict[str, Any]]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for rec in records:
+        out.setdefault(rec["step"], []).append(rec["phase"])
+    return out
+
+
+def run_loop(prof: Profiler, steps: int) -> None:
+    with prof:
+        for _ in range(steps):
+            for name in PHASES:
+                with prof.phase(name, kind="comm" if name == "allreduce" else "compute"):
+                    pass
+            prof.step()
+
+
+# -- which steps are sampled ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "stop_step", "expected"),
+    [
+        ({}, 35, [0, 10, 20, 30]),
+        ({"every_n_steps": 1}, 4, [0, 1, 2, 3]),
+        ({"every_n_steps": 3, "start_step": 2}, 12, [2, 5, 8, 11]),
+        ({"every_n_steps": 2, "start_step": 1, "end_step": 6}, 20, [1, 3, 5]),
+        ({"every_n_steps": 5, "end_step": 5}, 20, [0]),
+        ({"start_step": 50}, 20, []),
+        ({"every_n_steps": 7}, 0, []),
+    ],
+)
+def test_sampled_steps_table(fields: dict[str, int], stop_step: int, expected: list[int]) -> None:
+    config = TimerConfig(enable=True, **fields)
+    assert sampled_steps(config, stop_step) == expected
+    assert [s for s in range(stop_step) if is_sampled(config, s)] == expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "steps"),
+    [
+        ({"every_n_steps": 10}, 35),
+        ({"every_n_steps": 1}, 7),
+        ({"every_n_steps": 4, "start_step": 3, "end_step": 20}, 30),
+        ({"every_n_steps": 2, "flush_every_n_steps": 3}, 11),
+    ],
+)
+def test_record_counts_follow_the_config(
+    tmp_path: Path, fields: dict[str, int], steps: int
+) -> None:
+    prof = Profiler(timer_config(tmp_path, **fields), rank=0, world_size=1)
+    run_loop(prof, steps)
+    records = read_records(tmp_path)
+    expected_steps = sampled_steps(prof.config.timer, steps)
+    grouped = by_step(records)
+    assert sorted(grouped) == expected_steps
+    for step in expected_steps:
+        assert sorted(grouped[step]) == sorted([*PHASES, "step"])
+    assert len(records) == len(expected_steps) * (len(PHASES) + 1)
+
+
+def test_records_follow_schema_v1(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    run_loop(prof, 3)
+    records = read_records(tmp_path)
+    assert records
+    for rec in records:
+        assert set(rec) == RECORD_KEYS
+        assert rec["v"] == 1
+        assert rec["rank"] == 0
+        assert rec["gpu_ms"] is None  # no GPU here
+        assert rec["error"] is False
+        assert rec["depth"] == 0
+        assert isinstance(rec["start_ns"], int) and rec["start_ns"] > 1_600_000_000 * 10**9
+        assert isinstance(rec["cpu_ms"], float) and rec["cpu_ms"] >= 0
+    kinds = {rec["phase"]: rec["kind"] for rec in records}
+    assert kinds["allreduce"] == "comm"
+    assert kinds["forward"] == "compute"
+    assert kinds["step"] == "step"
+
+
+def test_step_record_spans_the_phases_of_its_step(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    run_loop(prof, 4)
+    records = read_records(tmp_path)
+    for step in range(4):
+        mine = [r for r in records if r["step"] == step]
+        whole = next(r for r in mine if r["phase"] == "step")
+        for rec in mine:
+            assert rec["start_ns"] >= whole["start_ns"]
+        assert whole["cpu_ms"] >= sum(r["cpu_ms"] for r in mine if r["phase"] != "step")
+
+
+def test_a_phase_that_raises_is_flagged_and_the_exception_passes_unchanged(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    mine = KeyError("user's own")
+    with prof:
+        with pytest.raises(KeyError) as info, prof.phase("outer"), prof.phase("inner"):
+            raise mine
+        assert info.value is mine
+        with prof.phase("after"):
+            pass
+        prof.step()
+    errors = {r["phase"]: r["error"] for r in read_records(tmp_path)}
+    assert errors == {"outer": True, "inner": True, "after": False, "step": False}
+
+
+def test_user_meta_is_kept(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    with prof:
+        with prof.phase("rollout", kind="data", role="actor", batch=4, ratio=float("nan")):
+            pass
+        with prof.phase("odd", obj=object()):
+            pass
+        prof.step()
+    recs = {r["phase"]: r for r in read_records(tmp_path)}
+    assert recs["rollout"]["kind"] == "data"
+    assert recs["rollout"]["meta"] == {"role": "actor", "batch": 4, "ratio": "nan"}
+    assert recs["odd"]["meta"]["obj"].startswith("<object object")
+    assert "meta" not in recs["step"]
+
+
+def test_nesting_depth(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    with prof:
+        with prof.phase("a"):
+            with prof.phase("b"), prof.phase("c"):
+                pass
+            with prof.phase("b2"):
+                pass
+        with prof.phase("d"):
+            pass
+        prof.step()
+    depths = {r["phase"]: r["depth"] for r in read_records(tmp_path)}
+    assert depths == {"a": 0, "b": 1, "c": 2, "b2": 1, "d": 0, "step": 0}
+
+
+def test_phases_on_another_thread_keep_their_own_nesting(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    inside, release = threading.Event(), threading.Event()
+
+    def loader() -> None:
+        with prof.phase("load", kind="data"):
+            inside.set()
+            release.wait(10)
+            with prof.phase("decode", kind="data"):
+                pass
+
+    with prof:
+        with prof.phase("forward"):
+            thread = threading.Thread(target=loader, name="loader-0")
+            thread.start()
+            assert inside.wait(10)
+            with prof.phase("matmul"):
+                release.set()
+                thread.join(10)
+        with prof.phase("backward"):
+            pass
+        prof.step()
+    recs = {r["phase"]: r for r in read_records(tmp_path)}
+    assert {k: v["depth"] for k, v in recs.items()} == {
+        "load": 0,
+        "decode": 1,
+        "forward": 0,
+        "matmul": 1,
+        "backward": 0,
+        "step": 0,
+    }
+    assert recs["load"]["thread"] == "loader-0"
+    assert recs["decode"]["thread"] == "loader-0"
+    assert "thread" not in recs["forward"]
+
+
+def test_many_threads_at_once(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+
+    def work(i: int) -> None:
+        for _ in range(50):
+            with prof.phase(f"t{i}"), prof.phase(f"t{i}-inner"):
+                pass
+
+    with prof:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        prof.step()
+    records = read_records(tmp_path)
+    assert len(records) == 4 * 50 * 2 + 1
+    for rec in records:
+        assert rec["depth"] == (1 if rec["phase"].endswith("-inner") else 0)
+
+
+def test_an_unsampled_step_writes_nothing_and_costs_no_phase_object(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=2), rank=0, world_size=1)
+    with prof:
+        prof.step()  # step 1 is not sampled
+        phase = prof.phase("forward")
+        with phase:
+            pass
+        assert phase._open is None
+        prof.step()
+    assert by_step(read_records(tmp_path)) == {0: ["step"]}
+
+
+def test_unselected_ranks_hold_no_timer(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, ranks="1"), rank=0, world_size=2)
+    assert prof._timer is None
+    assert type(prof.phase("x")).__name__ == "_NoPhase"
+    run_loop(prof, 3)
+    assert not (tmp_path / "timings").exists()
+
+
+def test_records_are_on_disk_at_each_flush_point(tmp_path: Path) -> None:
+    prof = Profiler(
+        timer_config(tmp_path, every_n_steps=1, flush_every_n_steps=4), rank=0, world_size=1
+    )
+    path = tmp_path / "timings" / "rank-00000.jsonl"
+    prof.start()
+    try:
+        for step in range(1, 10):
+            with prof.phase("forward"):
+                pass
+            prof.step()
+            written = path.read_text().count("\n")
+            # records of steps 0..(last multiple of 4 below `step`) are on disk, none after
+            last_flush = step - step % 4
+            assert written == 2 * last_flush, step
+    finally:
+        prof.stop()
+    assert path.read_text().count("\n") == 2 * 9
+
+
+def test_stop_with_no_steps_writes_nothing_but_a_file(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path), rank=0, world_size=1)
+    with prof:
+        pass
+    assert read_records(tmp_path) == []
+
+
+def test_a_restart_appends(tmp_path: Path) -> None:
+    for _ in range(2):
+        prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+        run_loop(prof, 1)
+    assert len(read_records(tmp_path)) == 2 * (len(PHASES) + 1)
+
+
+# -- device events, with a clock the test drives -----------------------------------------
+
+
+class FakeClock:
+    """A device whose progress the test sets: mark n is done once `position` > n; marks are 1 ms apart."""
+
+    def __init__(self) -> None:
+        self.issued = 0
+        self.position = 0
+        self.synchronized = 0
+        self.released: list[int] = []
+
+    def mark(self) -> int:
+        self.issued += 1
+        return self.issued - 1
+
+    def done(self, mark: int) -> bool:
+        return mark < self.position
+
+    def elapsed_ms(self, start: int, end: int) -> float:
+        return float(end - start)
+
+    def release(self, mark: int) -> None:
+        self.released.append(mark)
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+        self.position = self.issued
+
+    def catch_up(self) -> None:
+        self.position = self.issued
+
+
+def fake_timer(tmp_path: Path, clock: FakeClock, **fields: Any) -> PhaseTimer:
+    config = TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1, **fields)
+    info = RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, host="h")
+    return PhaseTimer(config, str(tmp_path), info, clock=clock)
+
+
+def timed(timer: PhaseTimer, name: str, inner: int = 0) -> None:
+    span = timer.enter(name, "compute", None, ranged=False)
+    assert span is not None
+    for i in range(inner):
+        timed(timer, f"{name}.{i}")
+    timer.exit(span, error=False)
+
+
+def test_device_times_are_read_only_once_the_device_passed_them(tmp_path: Path) -> None:
+    clock = FakeClock()
+    timer = fake_timer(tmp_path, clock)
+    timer.start()  # mark 0: step 0 begins
+    timed(timer, "fwd", inner=1)  # marks 1 (fwd), 2 (fwd.0), 3 (fwd.0 end), 4 (fwd end)
+    timer.step()  # mark 5: step 0 ends; flush with the device still at 0
+    assert timer.pending == 3
+    assert timer.path.read_text() == ""
+    clock.position = 4  # past fwd.0 (2..3), not past fwd's end (4)
+    timer.step()  # flush again: fwd.0 resolves
+    lines = [json.loads(s) for s in timer.path.read_text().splitlines()]
+    assert [(r["phase"], r["gpu_ms"]) for r in lines] == [("fwd.0", 1.0)]
+    assert timer.pending >= 2
+    assert clock.synchronized == 0  # the training thread never waited for the device
+    timer.stop()
+    assert clock.synchronized == 1
+    records = {(r["step"], r["phase"]): r["gpu_ms"] for r in read_records(tmp_path)}
+    assert records[(0, "fwd")] == 3.0
+    assert records[(0, "step")] == 5.0
+    assert timer.pending == 0
+
+
+def test_resolved_marks_go_back_to_the_clock(tmp_path: Path) -> None:
+    clock = FakeClock()
+    timer = fake_timer(tmp_path, clock)
+    timer.start()
+    for _ in range(5):
+        timed(timer, "a")
+        clock.catch_up()
+        timer.step()
+    timer.stop()
+    # every mark but the step stop() cut short is released once resolved; that one at stop
+    assert sorted(clock.released) == list(range(clock.issued))
+
+
+def test_the_pending_bound_drops_the_oldest_and_reports_it(tmp_path: Path) -> None:
+    clock = FakeClock()
+    timer = fake_timer(tmp_path, clock, max_pending_events=6)  # at most 3 spans pending
+    timer.start()
+    for name in ("p0", "p1", "p2", "p3", "p4"):
+        timed(timer, name)  # the device never moves
+    assert timer.pending == 3
+    clock.catch_up()
+    timer.step()
+    timer.stop()
+    records = read_records(tmp_path)
+    gpu = {r["phase"]: r["gpu_ms"] for r in records}
+    assert gpu["p0"] is None and gpu["p1"] is None  # dropped to keep the bound
+    assert gpu["p2"] == gpu["p3"] == gpu["p4"] == 1.0
+    assert records[0]["dropped"] == 2
+    assert all("dropped" not in r for r in records[1:])
+
+
+def test_marks_the_device_already_passed_are_not_dropped(tmp_path: Path) -> None:
+    clock = FakeClock()
+    timer = fake_timer(tmp_path, clock, max_pending_events=4)
+    timer.start()
+    for name in ("p0", "p1", "p2", "p3"):
+        timed(timer, name)
+        clock.catch_up()  # a device that keeps up
+    timer.step()
+    timer.stop()
+    records = read_records(tmp_path)
+    assert all(r["gpu_ms"] is not None for r in records)
+    assert all("dropped" not in r for r in records)
+
+
+class _FakeEvent:
+    created = 0
+
+    def __init__(self, enable_timing: bool) -> None:
+        assert enable_timing
+        _FakeEvent.created += 1
+        self.recorded = 0
+
+    def record(self) -> None:
+        self.recorded += 1
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: _FakeEvent) -> float:
+        return 0.5
+
+
+def test_cuda_events_come_from_a_reused_pool(tmp_path: Path) -> None:
+    fake_torch = SimpleNamespace(cuda=SimpleNamespace(Event=_FakeEvent, synchronize=lambda: None))
+    clock = CudaEventClock(fake_torch)  # type: ignore[arg-type]
+    timer = fake_timer(tmp_path, clock)  # type: ignore[arg-type]
+    _FakeEvent.created = 0
+    timer.start()
+    for _ in range(100):
+        for name in PHASES:
+            timed(timer, name)
+        timer.step()
+    timer.stop()
+    # one step's worth of events (5 phases + the step, 2 marks each) serves all 100 steps
+    assert _FakeEvent.created <= 2 * (len(PHASES) + 1) + 2
+    assert clock.pooled == _FakeEvent.created
+    assert len(read_records(tmp_path)) == 100 * (len(PHASES) + 1)
+    assert {r["gpu_ms"] for r in read_records(tmp_path)} == {0.5}
+
+
+# -- the decorator forms -------------------------------------------------------------
+
+
+def test_profiler_phase_as_a_decorator_times_every_sampled_call(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=2), rank=0, world_size=1)
+
+    @prof.phase("work", kind="io", part=1)
+    def work(x: int) -> int:
+        return x + 1
+
+    with prof:
+        for i in range(4):
+            assert work(i) == i + 1
+            prof.step()
+    recs = [r for r in read_records(tmp_path) if r["phase"] == "work"]
+    assert [r["step"] for r in recs] == [0, 2]
+    assert recs[0]["kind"] == "io"
+    assert recs[0]["meta"] == {"part": 1}
+
+
+class Model:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @rankscope.annotate("method")
+    def method(self, x: int) -> int:
+        self.calls += 1
+        return x * 2
+
+    @staticmethod
+    @rankscope.annotate("static")
+    def static(x: int) -> int:
+        return x * 3
+
+    @rankscope.annotate("static_outer")
+    @staticmethod
+    def static_outer(x: int) -> int:
+        return x * 5
+
+    @classmethod
+    @rankscope.annotate("klass")
+    def klass(cls, x: int) -> str:
+        return f"{cls.__name__}{x}"
+
+    @rankscope.annotate("klass_outer")
+    @classmethod
+    def klass_outer(cls, x: int) -> str:
+        return f"{cls.__name__}:{x}"
+
+
+@rankscope.annotate("plain", role="actor", color="red")
+def plain(x: int) -> int:
+    """Doubles x."""
+    return 2 * x
+
+
+@rankscope.annotate("coro", kind="comm")
+async def coro(x: int) -> int:
+    await asyncio.sleep(0)
+    return x - 1
+
+
+def test_annotate_without_an_active_profiler_is_a_no_op() -> None:
+    assert rankscope.current() is None
+    assert plain(2) == 4
+    assert plain.__name__ == "plain" and plain.__doc__ == "Doubles x."
+    assert Model().method(3) == 6
+    assert asyncio.run(coro(1)) == 0
+
+
+def test_annotate_uses_the_active_profiler_in_every_form(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    model = Model()
+    with prof:
+        assert rankscope.current() is prof
+        assert plain(1) == 2
+        assert model.method(2) == 4
+        assert Model.static(2) == 6
+        assert model.static_outer(2) == 10
+        assert Model.klass(1) == "Model1"
+        assert model.klass_outer(2) == "Model:2"
+        assert asyncio.run(coro(5)) == 4
+        prof.step()
+    assert rankscope.current() is None
+    recs = {r["phase"]: r for r in read_records(tmp_path)}
+    assert set(recs) == {
+        "plain",
+        "method",
+        "static",
+        "static_outer",
+        "klass",
+        "klass_outer",
+        "coro",
+        "step",
+    }
+    assert recs["plain"]["meta"] == {"role": "actor", "color": "red"}
+    assert recs["coro"]["kind"] == "comm"
+    assert model.calls == 1
+
+
+def test_annotate_rejects_a_bad_name() -> None:
+    with pytest.raises(ConfigError, match=r"^name="):
+        rankscope.annotate("")
+
+
+def test_a_second_profiler_started_becomes_current(tmp_path: Path) -> None:
+    first = Profiler(timer_config(tmp_path / "a"), rank=0, world_size=1)
+    second = Profiler(timer_config(tmp_path / "b"), rank=0, world_size=1)
+    with first:
+        with second:
+            assert rankscope.current() is second
+        assert rankscope.current() is None
+
+
+# -- ranges in traces --------------------------------------------------------------------
+
+
+def test_timer_phases_show_in_a_users_own_torch_profiler(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp, prof:
+        with prof.phase("timed_and_traced"):
+            torch.ones(4).sum()
+        prof.step()
+    names = [e.name for e in tp.events()]
+    assert names.count("timed_and_traced") == 1
+
+
+def test_a_phase_traced_by_capture_is_ranged_once(tmp_path: Path) -> None:
+    config = rankscope.ProfileConfig(
+        output_dir=tmp_path,
+        trace=rankscope.TraceConfig(enable=True, schedule=rankscope.Schedule(warmup=0, active=1)),
+        timer=TimerConfig(enable=True, every_n_steps=1),
+    )
+    prof = Profiler(config, rank=0, world_size=1)
+    with prof:
+        with prof.phase("both"):
+            torch.ones(4).sum()
+        prof.step()
+        prof.step()
+    from ._helpers import read_trace
+
+    trace = read_trace(tmp_path / "traces" / "step-000000-000000" / "rank-00000.pt.trace.json.gz")
+    spans = [e for e in trace["traceEvents"] if e.get("name") == "both" and e.get("ph") == "X"]
+    assert len(spans) == 1
+    assert {r["phase"] for r in read_records(tmp_path)} == {"both", "step"}
+
+
+def test_phases_inside_torch_compile_do_not_break_the_graph(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def f(x: torch.Tensor) -> torch.Tensor:
+        with prof.phase("compiled"):
+            return x * 2
+
+    with prof:
+        with prof.phase("outside"):
+            assert torch.equal(f(torch.ones(2)), torch.full((2,), 2.0))
+        prof.step()
+    assert {r["phase"] for r in read_records(tmp_path)} == {"outside", "step"}
+
+
+@rankscope.annotate("annotated_in_compile")
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@pytest.mark.parametrize("active", [False, True])
+def test_annotated_functions_inside_torch_compile(tmp_path: Path, active: bool) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    compiled = torch.compile(lambda x: _double(x) + 1, fullgraph=True, backend="eager")
+    with contextlib.ExitStack() as stack:
+        if active:
+            stack.enter_context(prof)
+        assert torch.equal(compiled(torch.ones(2)), torch.full((2,), 3.0))
+
+
+# -- faults ----------------------------------------------------------------------------
+
+
+def test_an_unwritable_run_dir_warns_once_and_training_goes_on(
+    read_only_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    prof = Profiler(timer_config(read_only_dir / "run", every_n_steps=1), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        run_loop(prof, 5)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "phase timer off" in warnings[0].getMessage()
+    assert not (read_only_dir / "run").exists()
+
+
+def test_a_full_disk_mid_run_warns_once_and_training_goes_on(
+    small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    prof = Profiler(
+        timer_config(small_disk, every_n_steps=1, flush_every_n_steps=1), rank=0, world_size=1
+    )
+    steps = 0
+    with caplog.at_level(logging.WARNING, logger="rankscope"), prof:
+        for _ in range(400):  # ~6 records of ~200 bytes a step: 64 KiB fills in ~50 steps
+            with prof.phase("forward", pad="x" * 100):
+                pass
+            prof.step()
+            steps += 1
+    assert steps == 400
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "No space left" in warnings[0].getMessage()
+    assert not prof._timer.enabled  # type: ignore[union-attr]
+    lines = (small_disk / "timings" / "rank-00000.jsonl").read_text().splitlines()
+    assert lines
+    for line in lines[:-1]:
+        json.loads(line)  # whole lines, except perhaps a torn last one
+
+
+def test_a_device_clock_that_raises_turns_the_timer_off(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class BrokenClock(FakeClock):
+        def mark(self) -> int:
+            if self.issued >= 3:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return super().mark()
+
+    timer = fake_timer(tmp_path, BrokenClock())
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        timer.start()
+        for _ in range(3):
+            span = timer.enter("forward", "compute", None, ranged=False)
+            if span is not None:
+                timer.exit(span, error=False)
+            timer.step()
+        timer.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "illegal memory access" in warnings[0]
+    assert not timer.enabled
+
+
+@pytest.mark.gpu
+def test_cuda_device_times(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    a = torch.randn(2048, 2048, device="cuda")
+    with prof:
+        for _ in range(3):
+            with prof.phase("matmul"):
+                for _ in range(10):
+                    a = (a @ a).tanh_()
+            prof.step()
+    records = read_records(tmp_path)
+    matmul = [r for r in records if r["phase"] == "matmul"]
+    assert len(matmul) == 3
+    assert all(r["gpu_ms"] is not None and r["gpu_ms"] > 0 for r in matmul)
