@@ -172,11 +172,8 @@ def main() -> None:
             f"sampled on CPU with its write: {rows['sampled phase(), with its write'] / 1000:.2f} us (goal < 10 us)"
         )
         times = macro(Path(tmp) / "macro", args.quick, args.device)
-        records = sum(1 for _ in (Path(tmp) / "macro" / "every1" / "timings").glob("*.jsonl"))
     base_ms = statistics.median(times["no profiler"])
-    print(
-        f"\nmacro ({args.device}, {len(times['no profiler'])} steps per variant, interleaved; {records} timing file):"
-    )
+    print(f"\nmacro ({args.device}, {len(times['no profiler'])} steps per variant, interleaved):")
     print(f"{'variant':<24} {'median ms':>10} {'mean ms':>9} {'overhead':>9}")
     for name, values in times.items():
         med = statistics.median(values)

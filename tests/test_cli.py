@@ -26,7 +26,18 @@ def test_demo_runs_a_two_rank_capture(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not (
         tmp_path / "run" / "traces" / "step-000003-000004" / "rank-00001.pt.trace.json.gz"
     ).exists()
-    assert sorted(p.name for p in (tmp_path / "run" / "meta").iterdir()) == ["rank-00000.json"]
+    # every rank is timed (so every rank writes its meta), on steps 0, 2, 4 of 6
+    assert sorted(p.name for p in (tmp_path / "run" / "meta").iterdir()) == [
+        "rank-00000.json",
+        "rank-00001.json",
+    ]
+    for rank in (0, 1):
+        lines = (tmp_path / "run" / "timings" / f"rank-{rank:05d}.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        assert sorted({r["step"] for r in records}) == [0, 2, 4]
+        assert len(records) == 3 * 5  # 4 phases and the step record, on each sampled step
+        assert f"timings/rank-{rank:05d}.jsonl" in out
+    assert "median host ms" in out
 
 
 def test_demo_rejects_too_few_steps(capsys: pytest.CaptureFixture[str]) -> None:

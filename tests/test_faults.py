@@ -210,7 +210,7 @@ def test_phases_from_another_thread_never_drive_the_profiler(tmp_path: Path) -> 
         trace_config(tmp_path, target="phase:update", schedule=sched), rank=0, world_size=1
     )
     with prof:
-        worker = threading.Thread(target=lambda: prof.phase("update").__enter__().__exit__())
+        worker = threading.Thread(target=lambda: prof.phase("update").__enter__().__exit__(None, None, None))
         worker.start()
         worker.join()
         assert not torch.autograd._profiler_enabled()

@@ -50,7 +50,7 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ..demo._capture_demo import load_summary, run_capture_demo
+    from ..demo._capture_demo import load_summary, phase_medians, run_capture_demo
 
     if args.ranks < 1 or args.steps < 5:
         print(
@@ -61,7 +61,7 @@ def _demo(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     print(
         f"rankscope demo: training a small MLP with DDP on {args.ranks} CPU processes (gloo), "
-        f"{args.steps} steps; rank 0 traced for steps 3-4 ...",
+        f"{args.steps} steps; every rank timed on every other step, rank 0 traced for steps 3-4 ...",
         flush=True,
     )
     started = time.perf_counter()
@@ -85,6 +85,12 @@ def _demo(args: argparse.Namespace) -> int:
                 f"  {item['name'][:44]:<44} {item['count']:>6} "
                 f"{item['total_us'] / 1000:>9.2f} {item['share']:>6.1%}"
             )
+    for timing_file in result.timings:
+        medians = phase_medians(timing_file)
+        print(f"\ntimings         {timing_file.relative_to(result.run_dir)}")
+        print(f"  {'phase':<20} {'records':>8} {'median host ms':>15}")
+        for name, (count, median) in medians.items():
+            print(f"  {name:<20} {count:>8} {median:>15.3f}")
     if not result.traces:
         print("no trace was written; run with -v to see why", file=sys.stderr)
         return 1

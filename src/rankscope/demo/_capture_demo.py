@@ -1,4 +1,4 @@
-"""A small DDP job on CPU processes over gloo, with rank 0 traced for two steps."""
+"""A small DDP job on CPU processes over gloo: every rank timed, rank 0 traced for two steps."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._config import ProfileConfig, Schedule, TraceConfig
+from .._config import ProfileConfig, Schedule, TimerConfig, TraceConfig
 from .._torch import import_torch
 
 __all__ = ["DemoResult", "run_capture_demo"]
@@ -25,15 +25,18 @@ class DemoResult:
     traces: list[Path] = field(default_factory=list)
     summaries: list[Path] = field(default_factory=list)
     meta: list[Path] = field(default_factory=list)
+    timings: list[Path] = field(default_factory=list)
 
 
 def demo_config(run_dir: Path) -> ProfileConfig:
-    """Rank 0 traced for steps 3-4, after two idle steps and one warm-up step."""
+    """Every rank timed on every other step; rank 0 traced for steps 3-4, after two idle
+    steps and one warm-up step."""
     return ProfileConfig(
         output_dir=run_dir,
         trace=TraceConfig(
             enable=True, ranks="0", schedule=Schedule(wait=2, warmup=1, active=2, repeat=1)
         ),
+        timer=TimerConfig(enable=True, ranks="all", every_n_steps=2),
     )
 
 
@@ -54,6 +57,7 @@ def run_capture_demo(run_dir: Path, world_size: int = 2, steps: int = 8) -> Demo
         traces=sorted(run_dir.glob("traces/*/rank-*.pt.trace.json*")),
         summaries=sorted(run_dir.glob("traces/*/rank-*.summary.json")),
         meta=sorted(run_dir.glob("meta/rank-*.json")),
+        timings=sorted(run_dir.glob("timings/rank-*.jsonl")),
     )
 
 
@@ -78,7 +82,7 @@ def _train(rank: int, world_size: int, init: str, run_dir: str, steps: int) -> N
         generator = torch.Generator().manual_seed(rank)
         with Profiler(demo_config(Path(run_dir))) as prof:
             for _ in range(steps):
-                with prof.phase("host_to_device"):
+                with prof.phase("host_to_device", kind="data"):
                     x = torch.randn(32, 64, generator=generator)
                     y = torch.randint(0, 8, (32,), generator=generator)
                 with prof.phase("forward"):
@@ -97,3 +101,13 @@ def load_summary(path: Path) -> dict[str, Any]:
     with open(path, encoding="utf-8") as fh:
         data: dict[str, Any] = json.load(fh)
     return data
+
+
+def phase_medians(path: Path) -> dict[str, tuple[int, float]]:
+    """Per phase in one rank's timings file: (records, median host ms)."""
+    times: dict[str, list[float]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            record = json.loads(line)
+            times.setdefault(record["phase"], []).append(record["cpu_ms"])
+    return {name: (len(v), sorted(v)[len(v) // 2]) for name, v in times.items()}

@@ -1,0 +1,96 @@
+"""Timing records written by hand must read back as the JSON they claim to be."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rankscope.timing._record import RECORD_VERSION, Span, format_record
+
+META = st.dictionaries(
+    st.text(max_size=8),
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+        ),
+        max_leaves=6,
+    ),
+    max_size=4,
+)
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rank=st.integers(0, 100_000),
+    step=st.integers(0, 10**9),
+    phase=st.text(min_size=1, max_size=20),
+    kind=st.text(min_size=1, max_size=8),
+    thread=st.none() | st.text(max_size=10),
+    meta=st.none() | META,
+    start_ns=st.integers(0, 2**63 - 1),
+    cpu_ns=st.integers(0, 10**13),
+    gpu_ms=st.none() | st.floats(min_value=0, max_value=1e7, allow_nan=False),
+    depth=st.integers(0, 50),
+    error=st.booleans(),
+    dropped=st.integers(0, 10**6),
+)
+def test_a_record_reads_back_as_what_was_recorded(
+    *,
+    rank: int,
+    step: int,
+    phase: str,
+    kind: str,
+    thread: str | None,
+    meta: dict[str, Any] | None,
+    start_ns: int,
+    cpu_ns: int,
+    gpu_ms: float | None,
+    depth: int,
+    error: bool,
+    dropped: int,
+) -> None:
+    span = Span(step, phase, kind, meta, depth, thread)
+    span.start_ns, span.cpu_ns, span.error = start_ns, cpu_ns, error
+    line = format_record(rank, span, gpu_ms, dropped)
+    assert line.endswith("}\n") and "\n" not in line[:-1]
+    # strict JSON: no NaN or Infinity, whatever the user's meta held
+    got = json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    expected: dict[str, Any] = {
+        "v": RECORD_VERSION,
+        "rank": rank,
+        "step": step,
+        "phase": phase,
+        "kind": kind,
+        "start_ns": start_ns,
+        "cpu_ms": cpu_ns / 1e6,
+        "gpu_ms": gpu_ms,
+        "depth": depth,
+        "error": error,
+    }
+    if thread is not None:
+        expected["thread"] = thread
+    if dropped:
+        expected["dropped"] = dropped
+    got_meta = got.pop("meta", None)
+    assert got == expected
+    if not meta:
+        assert got_meta is None
+    elif _finite(meta):
+        assert got_meta == meta
+    else:
+        assert set(got_meta) == set(meta)  # kept, with the values JSON cannot hold as strings
