@@ -210,7 +210,9 @@ def test_phases_from_another_thread_never_drive_the_profiler(tmp_path: Path) -> 
         trace_config(tmp_path, target="phase:update", schedule=sched), rank=0, world_size=1
     )
     with prof:
-        worker = threading.Thread(target=lambda: prof.phase("update").__enter__().__exit__(None, None, None))
+        worker = threading.Thread(
+            target=lambda: prof.phase("update").__enter__().__exit__(None, None, None)
+        )
         worker.start()
         worker.join()
         assert not torch.autograd._profiler_enabled()
@@ -232,3 +234,40 @@ def test_phase_inside_torch_compile_fullgraph(tmp_path: Path) -> None:
         with prof:
             assert torch.equal(fwd(torch.ones(3)), torch.full((3,), 2.0))
             prof.step()
+
+
+def test_windows_that_outrun_the_worker_are_skipped_not_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import threading
+
+    from rankscope.capture import _capture, _worker
+
+    release = threading.Event()
+    real = _worker.TraceFinalizer._finalize
+
+    def slow(job: Any) -> str | None:
+        release.wait(60)  # a worker far behind the loop
+        return real(job)
+
+    monkeypatch.setattr(_worker.TraceFinalizer, "_finalize", staticmethod(slow))
+    # repeat=0 with one-step cycles: a window ends every other step, forever
+    sched = Schedule(wait=0, warmup=1, active=1, repeat=0)
+    prof = Profiler(trace_config(tmp_path, schedule=sched), rank=0, world_size=1)
+    model, opt = tiny_model()
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        prof.start()
+        for _ in range(20):
+            tiny_step(model, opt, prof)
+            prof.step()
+        capture = prof._capture
+        assert capture is not None
+        assert capture._finalizer.backlog == _capture.MAX_BACKLOG
+        release.set()
+        prof.stop()
+    traces = [f for f in final_files(tmp_path) if f.endswith(".pt.trace.json.gz")]
+    assert len(traces) == _capture.MAX_BACKLOG  # the rest were skipped, not queued
+    assert not [p for p in tmp_path.rglob("*raw*")]  # and left no raw exports behind
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "still being compressed" in warnings[0]

@@ -18,11 +18,14 @@ from ._finalize import FinalizeJob
 from ._schedule import Action, action_at, last_step, window_start
 from ._worker import TraceFinalizer
 
-__all__ = ["STOP_TIMEOUT_S", "TraceCapture"]
+__all__ = ["MAX_BACKLOG", "STOP_TIMEOUT_S", "TraceCapture"]
 
 logger = logging.getLogger(__name__)
 
 _CYCLE_ENDS = (Action.NONE, Action.RECORD_AND_SAVE)
+
+MAX_BACKLOG = 3
+"""Windows waiting to be compressed, at most; a window that ends past it is not saved."""
 
 STOP_TIMEOUT_S = 600.0
 """How long stop() waits for traces still being compressed before it returns anyway."""
@@ -51,6 +54,7 @@ class TraceCapture:
         self._stopping = False
         self._phase_calls = 0
         self._windows = 0  # windows exported so far
+        self._skipped = 0  # windows not saved because the worker fell behind
         self._owner = threading.get_ident()  # the thread that drives torch.profiler
         self._export_error: Exception | None = None  # raised inside torch's on_trace_ready
         self._phase_window: str | None = None  # the open window of a phase target
@@ -247,6 +251,21 @@ class TraceCapture:
 
     def _export(self, prof: Any, window: str) -> None:
         """Export on the calling thread (torch.profiler's own cost), finalise in the background."""
+        backlog = self._finalizer.backlog
+        if backlog >= MAX_BACKLOG:
+            # Windows end faster than they are saved (repeat=0 with short cycles and big
+            # traces): queueing more would grow disk use and the wait at stop() without end.
+            self._skipped += 1
+            if self._skipped == 1:
+                logger.warning(
+                    "rankscope: trace window %s on rank %d not saved: %d earlier windows are "
+                    "still being compressed (windows end faster than they can be saved; raise "
+                    "schedule.wait or lower schedule.repeat); later windows are skipped the same way",
+                    window,
+                    self._rank,
+                    backlog,
+                )
+            return
         cfg = self._config
         trace = trace_path(self._run_dir, window, self._rank, cfg.gzip)
         raw = temp_name(trace_path(self._run_dir, window, self._rank, False), f"raw-{os.getpid()}")

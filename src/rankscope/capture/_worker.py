@@ -50,6 +50,12 @@ class TraceFinalizer:
             self._pending.append(job)
         self._jobs.put(job)
 
+    @property
+    def backlog(self) -> int:
+        """Jobs submitted and not finished yet."""
+        with self._idle:
+            return len(self._pending)
+
     def drain(self, timeout: float) -> bool:
         """Wait until every submitted job is done; False if `timeout` ran out first."""
         deadline = time.monotonic() + timeout
