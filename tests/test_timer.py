@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -694,3 +696,213 @@ def test_cuda_device_times(tmp_path: Path) -> None:
     matmul = [r for r in records if r["phase"] == "matmul"]
     assert len(matmul) == 3
     assert all(r["gpu_ms"] is not None and r["gpu_ms"] > 0 for r in matmul)
+
+
+# -- found in review -----------------------------------------------------------------
+
+
+def test_interleaved_coroutines_keep_their_own_depth(tmp_path: Path) -> None:
+    @rankscope.annotate("a")
+    async def a() -> None:
+        await asyncio.sleep(0.01)
+
+    @rankscope.annotate("b")
+    async def b() -> None:
+        await asyncio.sleep(0.02)
+
+    async def both() -> None:
+        await asyncio.gather(a(), b())
+
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    with prof:
+        asyncio.run(both())
+        with prof.phase("after"):
+            pass
+        prof.step()
+        with prof.phase("next"):
+            pass
+        prof.step()
+    assert {r["phase"]: r["depth"] for r in read_records(tmp_path)} == {
+        "a": 0,
+        "b": 0,
+        "after": 0,
+        "next": 0,
+        "step": 0,
+    }
+
+
+def test_names_and_meta_that_are_not_valid_unicode_are_written(tmp_path: Path) -> None:
+    odd = os.fsdecode(b"shard-\xff.bin")  # a lone surrogate, as file names decode
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    with prof:
+        with prof.phase(odd, file=odd):
+            pass
+        with prof.phase("fine"):
+            pass
+        prof.step()
+    recs = {r["phase"]: r for r in read_records(tmp_path)}
+    assert set(recs) == {odd, "fine", "step"}
+    assert recs[odd]["meta"] == {"file": odd}
+
+
+class _NoStr:
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+    __repr__ = __str__
+
+
+def test_a_name_or_meta_whose_str_raises_does_not_stop_the_timer(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    with prof:
+        with prof.phase(_NoStr()):  # type: ignore[arg-type]
+            pass
+        with prof.phase("m", bad=_NoStr(), nan=float("nan")):
+            pass
+        prof.step()
+    assert prof._timer is not None and prof._timer._warned is False
+    recs = {r["phase"]: r for r in read_records(tmp_path)}
+    assert "<unprintable _NoStr>" in recs
+    assert recs["m"]["meta"]["bad"] == "<unprintable _NoStr>"
+
+
+def test_meta_is_taken_when_the_phase_ends(tmp_path: Path) -> None:
+    prof = Profiler(
+        timer_config(tmp_path, every_n_steps=1, flush_every_n_steps=100), rank=0, world_size=1
+    )
+    seen: list[int] = []
+    with prof:
+        for i in range(3):
+            seen.append(i)
+            with prof.phase("p", seen=seen):
+                pass
+            prof.step()
+    assert [r["meta"]["seen"] for r in read_records(tmp_path) if r["phase"] == "p"] == [
+        [0],
+        [0, 1],
+        [0, 1, 2],
+    ]
+
+
+def test_meta_never_reads_a_tensor(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    with prof:
+        with prof.phase("p", t=torch.zeros(2, 3)):
+            pass
+        prof.step()
+    meta = next(r["meta"] for r in read_records(tmp_path) if r["phase"] == "p")
+    assert meta == {"t": "<Tensor shape=[2, 3] dtype=torch.float32 device=cpu>"}
+
+
+def test_a_long_step_is_written_once_enough_records_wait(tmp_path: Path) -> None:
+    from rankscope.timing import _timer
+
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    path = tmp_path / "timings" / "rank-00000.jsonl"
+    with prof:
+        for _ in range(_timer._FLUSH_RECORDS + 10):  # one step that never ends
+            with prof.phase("item"):
+                pass
+        assert path.read_text().count("\n") == _timer._FLUSH_RECORDS
+        assert prof._timer is not None and len(prof._timer._ready) == 10
+
+
+def test_a_restart_after_a_torn_line_starts_on_a_new_line(tmp_path: Path) -> None:
+    path = tmp_path / "timings" / "rank-00000.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"v":1,"rank":0,"step":3,"phase":"forw')  # a crash mid-line
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    run_loop(prof, 1)
+    lines = path.read_text().splitlines()
+    assert lines[0] == '{"v":1,"rank":0,"step":3,"phase":"forw'
+    assert [json.loads(line)["phase"] for line in lines[1:]] == [*PHASES, "step"]
+
+
+def test_a_phase_never_takes_a_step_that_is_not_sampled(tmp_path: Path) -> None:
+    config = TimerConfig(enable=True, every_n_steps=2)
+    info = RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, host="h")
+    timer = PhaseTimer(config, str(tmp_path), info, clock=None)
+    assert timer.start() is True
+    assert timer.enter("a", "compute", None, ranged=False) is not None
+    assert timer.step() is False  # step 1: a phase entered now, even by a thread that
+    assert timer.enter("b", "compute", None, ranged=False) is None  # saw step 0, is not timed
+    timer.stop()
+
+
+def test_generators_cannot_be_decorated() -> None:
+    def gen() -> Any:
+        yield 1
+
+    async def agen() -> Any:
+        yield 1
+
+    for fn in (gen, agen):
+        with pytest.raises(ConfigError, match=r"^fn=.*generator"):
+            rankscope.annotate("g")(fn)
+
+
+def test_a_phase_object_entered_twice_records_both(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    with prof:
+        again = prof.phase("again")
+        with again, again:
+            pass
+        with prof.phase("later"):
+            pass
+        prof.step()
+    recs = read_records(tmp_path)
+    assert sorted((r["phase"], r["depth"]) for r in recs) == [
+        ("again", 0),
+        ("again", 1),
+        ("later", 0),
+        ("step", 0),
+    ]
+
+
+def test_a_timings_file_removed_mid_run_is_written_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    prof = Profiler(
+        timer_config(tmp_path, every_n_steps=1, flush_every_n_steps=1), rank=0, world_size=1
+    )
+    path = tmp_path / "timings" / "rank-00000.jsonl"
+    with caplog.at_level(logging.WARNING, logger="rankscope"), prof:
+        with prof.phase("before"):
+            pass
+        prof.step()
+        path.unlink()
+        with prof.phase("after"):
+            pass
+        prof.step()
+    assert [json.loads(line)["phase"] for line in path.read_text().splitlines()] == [
+        "after",
+        "step",
+    ]
+    assert any("was removed" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_writes_nothing_for_its_parent(tmp_path: Path) -> None:
+    prof = Profiler(
+        timer_config(tmp_path, every_n_steps=1, flush_every_n_steps=100), rank=0, world_size=1
+    )
+    with prof:
+        with prof.phase("parent"):
+            pass
+        pid = os.fork()
+        if pid == 0:  # the child: a data-loader worker that exits through atexit
+            code = 0
+            try:
+                if rankscope.current() is not None:
+                    code = 3
+                with prof.phase("child"):
+                    pass
+                prof.step()
+                atexit._run_exitfuncs()
+            except BaseException:
+                code = 4
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        prof.step()
+    assert sorted(r["phase"] for r in read_records(tmp_path)) == ["parent", "step"]

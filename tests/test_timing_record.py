@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rankscope.timing._record import RECORD_VERSION, Span, format_record
+from rankscope.timing._record import RECORD_VERSION, Span, format_record, meta_json
 
 META = st.dictionaries(
     st.text(max_size=8),
@@ -38,7 +38,8 @@ def _finite(value: Any) -> bool:
 @given(
     rank=st.integers(0, 100_000),
     step=st.integers(0, 10**9),
-    phase=st.text(min_size=1, max_size=20),
+    # any code points, lone surrogates too (names decoded with surrogateescape)
+    phase=st.text(st.characters(codec=None), min_size=1, max_size=20),
     kind=st.text(min_size=1, max_size=8),
     thread=st.none() | st.text(max_size=10),
     meta=st.none() | META,
@@ -64,10 +65,11 @@ def test_a_record_reads_back_as_what_was_recorded(
     error: bool,
     dropped: int,
 ) -> None:
-    span = Span(step, phase, kind, meta, depth, thread)
+    span = Span(step, phase, kind, meta_json(meta), depth, thread)
     span.start_ns, span.cpu_ns, span.error = start_ns, cpu_ns, error
     line = format_record(rank, span, gpu_ms, dropped)
     assert line.endswith("}\n") and "\n" not in line[:-1]
+    line.encode("utf-8")  # always writable as UTF-8
     # strict JSON: no NaN or Infinity, whatever the user's meta held
     got = json.loads(line, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     expected: dict[str, Any] = {

@@ -8,6 +8,7 @@ import functools
 import inspect
 import json
 import logging
+import os
 import sys
 import weakref
 from collections.abc import Callable, Mapping
@@ -98,6 +99,7 @@ class Profiler:
                 json.dumps(self.config.to_dict()),
             )
         _Active.profiler = self
+        _STARTED.add(self)
         capture, timer = self._capture, self._timer
         if capture is None and timer is None:
             return
@@ -134,6 +136,7 @@ class Profiler:
         self._state = "stopped"
         if _Active.profiler is self:
             _Active.profiler = None
+        _STARTED.discard(self)
         capture, self._live = self._live, None
         timer, self._timing = self._timing, None
         self._sampling = False
@@ -144,6 +147,22 @@ class Profiler:
             timer.stop()
         if capture is not None:
             capture.stop()
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child (a data-loader worker): let go of the parent's run, silently.
+
+        The parent's records and windows are the parent's to write; the child writes
+        nothing, and its exit does not stop the parent's profiler.
+        """
+        self._state = "stopped"
+        self._live = None
+        timer, self._timing = self._timing, None
+        self._sampling = False
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
+        if timer is not None:
+            timer.forget_after_fork()
 
     def __enter__(self) -> Profiler:
         self.start()
@@ -196,19 +215,25 @@ class Phase:
         self._name = name
         self._kind = kind
         self._meta = meta
-        self._open: _Opened | None = None
+        self._open: list[_Opened] | None = None  # a stack: the same object may be re-entered
 
     def __enter__(self) -> Phase:
         profiler = self._profiler
         capture = profiler._live
         if capture is not None or profiler._sampling:
-            self._open = self._start(profiler, capture)
+            opened = self._start(profiler, capture)
+            if self._open is None:
+                self._open = [opened]
+            else:
+                self._open.append(opened)
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        opened = self._open
-        if opened is not None:
-            self._open = None
+        stack = self._open
+        if stack:
+            opened = stack.pop()
+            if not stack:
+                self._open = None
             _finish(opened, exc_type is not None)
 
     def _start(self, profiler: Profiler, capture: TraceCapture | None) -> _Opened:
@@ -251,6 +276,20 @@ class _NoPhase:
 
     def __call__(self, fn: F) -> F:
         return fn
+
+
+_STARTED: weakref.WeakSet[Profiler] = weakref.WeakSet()  # started and not stopped
+
+
+def _after_fork_in_child() -> None:
+    _Active.profiler = None
+    for profiler in list(_STARTED):
+        profiler._forget_after_fork()
+    _STARTED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Active:
@@ -311,6 +350,14 @@ def _decorate(fn: F, make: Callable[[], AbstractContextManager[Any]]) -> F:
     """Wrap `fn` so every call runs inside a fresh phase; keeps static/class methods and coroutines."""
     if isinstance(fn, (staticmethod, classmethod)):
         return type(fn)(_decorate(fn.__func__, make))
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise ConfigError(
+            "fn",
+            getattr(fn, "__qualname__", fn),
+            "a function or a coroutine function",
+            "a generator's body runs after the call returns, so the phase would time only "
+            "the call; put `with prof.phase(...)` around the loop that consumes it",
+        )
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["RECORD_VERSION", "Span", "format_record"]
+__all__ = ["RECORD_VERSION", "Span", "format_record", "meta_json", "safe_str"]
 
 RECORD_VERSION = 1
 
@@ -14,7 +14,7 @@ STEP_PHASE = "step"
 
 
 class Span:
-    """One timed phase (or step), from entry until it is written."""
+    """One timed phase (or step), from entry until it is written. `meta` is JSON text."""
 
     __slots__ = (
         "cpu_ns",
@@ -24,8 +24,10 @@ class Span:
         "error",
         "kind",
         "meta",
+        "nvtx",
         "phase",
         "range",
+        "raw_meta",
         "start_ns",
         "step",
         "t0",
@@ -37,7 +39,7 @@ class Span:
         step: int,
         phase: str,
         kind: str,
-        meta: dict[str, Any] | None,
+        meta: str | None,
         depth: int,
         thread: str | None,
     ) -> None:
@@ -54,6 +56,8 @@ class Span:
         self.dev_start: Any = None
         self.dev_end: Any = None
         self.range: Any = None  # a record_function range this span opened, if any
+        self.nvtx: Any = None  # the NVTX range this span opened, if any
+        self.raw_meta: dict[str, Any] | None = None  # the user's meta until the span ends
 
 
 def format_record(rank: int, span: Span, gpu_ms: float | None, dropped: int) -> str:
@@ -72,7 +76,7 @@ def format_record(rank: int, span: Span, gpu_ms: float | None, dropped: int) -> 
     if span.thread is not None:
         line += f',"thread":{_quoted(span.thread)}'
     if span.meta:
-        line += f',"meta":{_meta_json(span.meta)}'
+        line += f',"meta":{span.meta}'
     if dropped:
         # Device times lost to the pending bound since the previous record.
         line += f',"dropped":{dropped}'
@@ -86,28 +90,54 @@ _QUOTED_MAX = 4096  # names are few; a run that makes up new ones each step stop
 def _quoted(text: str) -> str:
     quoted = _QUOTED.get(text)
     if quoted is None:
-        quoted = json.dumps(text, ensure_ascii=False)
+        # ASCII escapes: a lone surrogate (a file name decoded with surrogateescape)
+        # stays valid JSON and never fails to encode.
+        quoted = json.dumps(text)
         if len(_QUOTED) < _QUOTED_MAX:
             _QUOTED[text] = quoted
     return quoted
 
 
-def _meta_json(meta: dict[str, Any]) -> str:
+def meta_json(meta: dict[str, Any] | None) -> str | None:
+    """User meta as JSON text, taken when the phase ends so later changes to it do not leak in.
+
+    Never raises: values JSON cannot hold become strings (tensors by shape, never by
+    value: reading a CUDA tensor would wait for the device).
+    """
+    if not meta:
+        return None
     try:
-        return json.dumps(
-            meta, separators=(",", ":"), default=str, allow_nan=False, ensure_ascii=False
-        )
+        return json.dumps(meta, separators=(",", ":"), default=_describe, allow_nan=False)
     except (ValueError, TypeError, RecursionError):
-        # NaN or infinity, a circular or too deep value, a non-string key somewhere in
-        # user meta: keep the record, as strictly valid JSON.
-        strict = {str(k): _strict(v) for k, v in meta.items()}
-        return json.dumps(strict, separators=(",", ":"), default=str, ensure_ascii=False)
+        # NaN or infinity, a circular or too deep value, a non-string key somewhere.
+        strict = {safe_str(k): _strict(v) for k, v in meta.items()}
+        return json.dumps(strict, separators=(",", ":"), default=_describe)
+
+
+def safe_str(value: object) -> str:
+    """str(value), or a stand-in when str() itself fails."""
+    if type(value) is str:
+        return value
+    try:
+        return str(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
+def _describe(value: object) -> str:
+    shape, device = getattr(value, "shape", None), getattr(value, "device", None)
+    if shape is not None and device is not None:
+        return f"<{type(value).__name__} shape={list(shape)} dtype={getattr(value, 'dtype', '?')} device={device}>"
+    return safe_str(value)
 
 
 def _strict(value: Any) -> Any:
     """`value` if it is valid JSON as it stands, else its repr ('nan', '[1, inf]')."""
     try:
-        json.dumps(value, default=str, allow_nan=False)
+        json.dumps(value, default=_describe, allow_nan=False)
     except (ValueError, TypeError, RecursionError):
-        return repr(value)
+        try:
+            return repr(value)
+        except Exception:
+            return f"<unprintable {type(value).__name__}>"
     return value

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -15,7 +17,7 @@ from .._layout import timing_path
 from .._ranks import RankInfo
 from .._torch import import_torch
 from ._clock import CudaEventClock, DeviceClock
-from ._record import STEP_PHASE, Span, format_record
+from ._record import STEP_PHASE, Span, format_record, meta_json, safe_str
 from ._sampling import is_sampled
 
 __all__ = ["AUTO", "PhaseTimer"]
@@ -57,13 +59,19 @@ class PhaseTimer:
         self._nvtx: Any = torch.cuda.nvtx if cuda else None
         self._profiler_enabled = torch.autograd._profiler_enabled
         self._record_function = torch.profiler.record_function
-        self._local = threading.local()  # per thread: the depth of the next phase
+        # The depth of the next phase, per thread and per asyncio task: coroutines that
+        # run interleaved on one thread must not see each other's nesting.
+        self._depth: contextvars.ContextVar[int] = contextvars.ContextVar(
+            "rankscope_depth", default=0
+        )
         self._owner = threading.get_ident()
         self._lock = threading.Lock()  # guards the spans below, which phases on any thread add to
+        self._write_lock = threading.Lock()  # one flush writes at a time
         self._ready: list[tuple[Span, float | None]] = []  # finished, waiting to be written
         self._pending: deque[Span] = deque()  # finished, device time not yet known
         self._dropped = 0  # device times given up since the last record written
         self._step = 0
+        self._sampled: int | None = None  # the current step while it is sampled, else None
         self._step_span: Span | None = None
         self._file: Any = None
         self._warned = False
@@ -78,6 +86,7 @@ class PhaseTimer:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open until stop()
+            self._end_torn_line()
         except OSError as exc:
             self.fault(f"cannot open {self.path} ({exc.strerror or exc})")
             return False
@@ -116,6 +125,7 @@ class PhaseTimer:
             self.fault("stop() failed to write the last records", exc)
             return
         self.enabled = False
+        self._sampled = None
         self._close()
 
     # -- phases (any thread) -------------------------------------------------------
@@ -123,23 +133,24 @@ class PhaseTimer:
     def enter(self, name: str, kind: str, meta: dict[str, Any] | None, ranged: bool) -> Span | None:
         """Open a span for a phase on a sampled step. `ranged`: a record_function range is
         already open for it (capture opened one), so the timer does not open another."""
-        if not self.enabled:
+        step = self._sampled  # read once: step() may move on while this thread runs
+        if step is None or not self.enabled:
             return None
         try:
-            local = self._local
-            depth: int = getattr(local, "depth", 0)
+            depth = self._depth.get()
             ident = threading.get_ident()
             thread = None if ident == self._owner else threading.current_thread().name
-            span = Span(self._step, str(name), str(kind), meta, depth, thread)
+            span = Span(step, safe_str(name), safe_str(kind), None, depth, thread)
+            span.raw_meta = meta
             if not ranged and self._profiler_enabled():
                 # Someone's torch.profiler is running: give it a range of the same name.
                 span.range = self._record_function(span.phase)
                 span.range.__enter__()
             if self._nvtx is not None:
-                self._nvtx.range_push(span.phase)
+                span.nvtx = self._nvtx.range_start(span.phase)
             if self._clock is not None:
                 span.dev_start = self._clock.mark()
-            local.depth = depth + 1
+            self._depth.set(depth + 1)
             span.start_ns = time.time_ns()
             span.t0 = time.perf_counter_ns()
             return span
@@ -155,14 +166,18 @@ class PhaseTimer:
             span.error = error
             if self._clock is not None and span.dev_start is not None and self.enabled:
                 span.dev_end = self._clock.mark()
-            if self._nvtx is not None:
-                self._nvtx.range_pop()
+            if span.nvtx is not None:
+                self._nvtx.range_end(span.nvtx)
+                span.nvtx = None
             if span.range is not None:
                 span.range.__exit__(None, None, None)
                 span.range = None
-            self._local.depth = span.depth
+            self._depth.set(span.depth)
             if self.enabled:
-                self._queue(span)
+                span.meta = meta_json(span.raw_meta)
+                span.raw_meta = None
+                if self._queue(span):
+                    self._flush()
         except Exception as exc:
             self.fault(f"phase {span.phase!r} failed to end", exc)
 
@@ -171,6 +186,7 @@ class PhaseTimer:
     def fault(self, what: str, exc: BaseException | None = None) -> None:
         """Log one warning and turn the timer off for the rest of the run."""
         self.enabled = False
+        self._sampled = None
         if not self._warned:
             self._warned = True
             cause = f": {type(exc).__name__}: {exc}" if exc is not None else ""
@@ -190,7 +206,9 @@ class PhaseTimer:
     def _begin_step(self, step: int) -> bool:
         self._step = step
         if not is_sampled(self._config, step):
+            self._sampled = None
             return False
+        self._sampled = step
         span = Span(step, STEP_PHASE, STEP_PHASE, None, 0, None)
         if self._clock is not None:
             span.dev_start = self._clock.mark()
@@ -206,15 +224,17 @@ class PhaseTimer:
             span.dev_end = self._clock.mark()
         self._queue(span)
 
-    def _queue(self, span: Span) -> None:
+    def _queue(self, span: Span) -> bool:
+        """Hold a finished span; True when so many wait that they should be written now."""
         with self._lock:
             if span.dev_end is None:
                 self._ready.append((span, None))
-                return
-            self._pending.append(span)
-            if 2 * len(self._pending) > self._config.max_pending_events:
-                self._resolve()
-                self._shed()
+            else:
+                self._pending.append(span)
+                if 2 * len(self._pending) > self._config.max_pending_events:
+                    self._resolve()
+                    self._shed()
+            return len(self._ready) >= _FLUSH_RECORDS
 
     def _resolve(self) -> None:
         """Move every span whose marks the device has passed to the ready list (lock held)."""
@@ -247,22 +267,51 @@ class PhaseTimer:
     def _flush(self) -> None:
         with self._lock:
             self._resolve()
+            if not self._ready:
+                return
             ready, self._ready = self._ready, []
             dropped, self._dropped = self._dropped, 0
-        if not ready:
-            self._dropped += dropped
-            return
         lines = []
         for span, gpu_ms in ready:
             lines.append(format_record(self._rank, span, gpu_ms, dropped))
             dropped = 0
-        self._write("".join(lines).encode("utf-8"))
+        with self._write_lock:
+            self._write("".join(lines).encode("utf-8", "backslashreplace"))
 
     def _write(self, data: bytes) -> None:
+        file = self._file
+        if file is None:
+            return
+        if os.fstat(file.fileno()).st_nlink == 0:
+            # Someone removed the file mid-run: what we write would vanish with it.
+            logger.warning("rankscope: %s was removed during the run; writing a new one", self.path)
+            self._close()
+            file = self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open until stop()
         view = memoryview(data)
         while view:
-            written = self._file.write(view)
+            written = file.write(view)
             view = view[written:]
+
+    def _end_torn_line(self) -> None:
+        """A crash may have left half a line at the end: start ours on a line of their own."""
+        file = self._file
+        size = os.fstat(file.fileno()).st_size
+        if size:
+            with open(self.path, "rb") as fh:
+                fh.seek(size - 1)
+                if fh.read(1) != b"\n":
+                    file.write(b"\n")
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: drop the parent's records unwritten and stop, silently."""
+        self.enabled = False
+        self._sampled = None
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+        self._write_lock = threading.Lock()
+        self._ready = []
+        self._pending = deque()
+        self._step_span = None
+        self._close()
 
     def _close(self) -> None:
         file, self._file = self._file, None
