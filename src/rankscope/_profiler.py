@@ -133,20 +133,25 @@ class Profiler:
         """Close and save an open window and wait for background work. Safe to call twice."""
         if self._state != "started":
             return
-        self._state = "stopped"
         if _Active.profiler is self:
             _Active.profiler = None
         _STARTED.discard(self)
+        capture, timer = self._detach()
+        if timer is not None:
+            timer.stop()
+        if capture is not None:
+            capture.stop()
+
+    def _detach(self) -> tuple[TraceCapture | None, PhaseTimer | None]:
+        """End the run for step() and phase() (and the atexit hook); return what was live."""
+        self._state = "stopped"
         capture, self._live = self._live, None
         timer, self._timing = self._timing, None
         self._sampling = False
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
             self._at_exit = None
-        if timer is not None:
-            timer.stop()
-        if capture is not None:
-            capture.stop()
+        return capture, timer
 
     def _forget_after_fork(self) -> None:
         """In a forked child (a data-loader worker): let go of the parent's run, silently.
@@ -154,13 +159,7 @@ class Profiler:
         The parent's records and windows are the parent's to write; the child writes
         nothing, and its exit does not stop the parent's profiler.
         """
-        self._state = "stopped"
-        self._live = None
-        timer, self._timing = self._timing, None
-        self._sampling = False
-        if self._at_exit is not None:
-            atexit.unregister(self._at_exit)
-            self._at_exit = None
+        _, timer = self._detach()
         if timer is not None:
             timer.forget_after_fork()
 

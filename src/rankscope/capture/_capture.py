@@ -357,12 +357,7 @@ class TraceCapture:
         prof, self._prof = self._prof, None
         if prof is not None:
             prof.on_trace_ready = None
-        autograd = self._torch.autograd
-        try:
-            if autograd._profiler_enabled():
-                autograd._disable_profiler()
-        except Exception:
-            logger.debug("rankscope: disabling the autograd profiler failed", exc_info=True)
+        self._disable_autograd_profiler()
 
     def fault(self, what: str) -> None:
         """Turn capture off for the rest of the run: one warning naming `what`, profiler stopped."""
@@ -403,6 +398,10 @@ class TraceCapture:
             prof.stop()
         except Exception:
             logger.debug("rankscope: stopping a faulty profiler failed", exc_info=True)
+        self._disable_autograd_profiler()
+
+    def _disable_autograd_profiler(self) -> None:
+        """Switch off the profiler torch keeps on this thread, whatever state it is in."""
         autograd = self._torch.autograd
         try:
             if autograd._profiler_enabled():
