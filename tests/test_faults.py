@@ -132,8 +132,12 @@ def test_finaliser_failure_in_the_background_stops_later_windows(
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         assert _loop(prof) == STEPS
     warned = _warnings(caplog)
-    assert len(warned) == 1, warned
-    assert "writing a trace failed" in warned[0]
+    failed = [w for w in warned if "writing a trace failed" in w]
+    assert len(failed) == 1, warned
+    # Windows may also have outrun the failing worker before its first failure came back:
+    # that is its own warning, given once.
+    others = [w for w in warned if w not in failed]
+    assert len(others) <= 1 and all("still being compressed" in w for w in others), warned
     assert [f for f in final_files(tmp_path) if f.startswith("traces/")] == []
     assert prof._capture.enabled is False
 
