@@ -1,0 +1,213 @@
+"""Reading the timer's JSONL files back: whole runs, torn and bad lines, fuzzed input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rankscope import TraceError
+from rankscope.analysis._timings import read_rank_timings, read_timings
+
+settings.register_profile("timings", deadline=None, max_examples=200)
+
+
+def _record(rank: int, step: int, phase: str = "forward", **extra: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "v": 1,
+        "rank": rank,
+        "step": step,
+        "phase": phase,
+        "kind": "compute",
+        "start_ns": 1_700_000_000_000_000_000 + step,
+        "cpu_ms": 1.5 + step,
+        "gpu_ms": None,
+        "depth": 0,
+        "error": False,
+    }
+    record.update(extra)
+    return record
+
+
+def _write(run_dir: Path, rank: int, lines: list[str], end: str = "\n") -> Path:
+    path = run_dir / "timings" / f"rank-{rank:05d}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + end if lines else "", encoding="utf-8")
+    return path
+
+
+def _rows(timings: Any) -> list[tuple[Any, ...]]:
+    return [
+        (
+            timings.step[i],
+            timings.names[timings.phase[i]],
+            timings.kinds[timings.kind[i]],
+            timings.start_ns[i],
+            timings.cpu_ms[i],
+            None if math.isnan(timings.gpu_ms[i]) else timings.gpu_ms[i],
+            timings.depth[i],
+            bool(timings.error[i]),
+        )
+        for i in range(len(timings))
+    ]
+
+
+def _expected(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            r["step"],
+            r["phase"],
+            r["kind"],
+            r["start_ns"],
+            r["cpu_ms"],
+            r["gpu_ms"],
+            r["depth"],
+            r["error"],
+        )
+        for r in records
+    ]
+
+
+def test_a_real_run_reads_back_record_for_record(tmp_path: Path) -> None:
+    import rankscope
+
+    config = rankscope.ProfileConfig(
+        output_dir=tmp_path, timer=rankscope.TimerConfig(enable=True, every_n_steps=2)
+    )
+    for rank in range(3):
+        prof = rankscope.Profiler(config, rank=rank, world_size=3)
+        with prof:
+            for _ in range(6):
+                with (
+                    prof.phase("forward"),
+                    prof.phase("inner", kind="comm", meta_key=[1, {"a": 2}]),
+                ):
+                    pass
+                prof.step()
+    run = read_timings(tmp_path)
+    assert sorted(run.ranks) == [0, 1, 2]
+    assert run.skipped == []
+    for rank, timings in run.ranks.items():
+        path = tmp_path / "timings" / f"rank-{rank:05d}.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(records) == 3 * 3
+        assert _rows(timings) == _expected(records)
+
+
+def test_a_torn_last_line_is_skipped_and_said(tmp_path: Path) -> None:
+    lines = [json.dumps(_record(0, s)) for s in range(3)]
+    _write(tmp_path, 0, [*lines, lines[0][:40]], end="")
+    run = read_timings(tmp_path)
+    assert len(run.ranks[0]) == 3
+    assert len(run.skipped) == 1 and "last line is cut short" in run.skipped[0]
+    assert "rank-00000.jsonl:4" in run.skipped[0]
+
+
+def test_a_bad_line_in_the_middle_is_skipped_with_its_number(tmp_path: Path) -> None:
+    good = [json.dumps(_record(1, s)) for s in range(4)]
+    _write(
+        tmp_path,
+        1,
+        [good[0], "{not json", good[1], "[1, 2]", good[2], json.dumps(_record(7, 9)), good[3]],
+    )
+    run = read_timings(tmp_path)
+    assert [row[0] for row in _rows(run.ranks[1])] == [0, 1, 2, 3]
+    assert [s.split(": ", 1)[0].rsplit(":", 1)[1] for s in run.skipped] == ["2", "4", "6"]
+    assert "rank 7 in the file of rank 1" in run.skipped[2]
+
+
+def test_unknown_fields_are_ignored_and_missing_ones_named(tmp_path: Path) -> None:
+    incomplete = _record(0, 1)
+    del incomplete["cpu_ms"]
+    _write(tmp_path, 0, [json.dumps(_record(0, 0, future_field={"x": 1})), json.dumps(incomplete)])
+    run = read_timings(tmp_path)
+    assert len(run.ranks[0]) == 1
+    assert "without cpu_ms" in run.skipped[0]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda root: root / "missing", "no such directory"),
+        (lambda root: (root / "file").touch() or root / "file", "not a directory"),
+        (lambda root: root, "no timings"),
+        (lambda root: (root / "timings").mkdir() or root, "no timings"),
+    ],
+)
+def test_a_run_without_timings_is_a_named_error(tmp_path: Path, make: Any, message: str) -> None:
+    target = make(tmp_path)
+    with pytest.raises(TraceError, match=message) as info:
+        read_timings(target)
+    assert str(target) in str(info.value)
+
+
+def test_files_that_give_nothing_are_said_and_the_rest_is_read(tmp_path: Path) -> None:
+    _write(tmp_path, 0, [json.dumps(_record(0, 0))])
+    _write(tmp_path, 1, [])
+    (tmp_path / "timings" / "rank-x.jsonl").write_text("{}\n")
+    run = read_timings(tmp_path)
+    assert sorted(run.ranks) == [0]
+    assert any("rank-00001.jsonl: no records" in s for s in run.skipped)
+    assert any("rank-x.jsonl: not a timings file" in s for s in run.skipped)
+
+
+def test_nothing_usable_at_all_is_a_named_error(tmp_path: Path) -> None:
+    _write(tmp_path, 0, ["garbage"])
+    with pytest.raises(TraceError, match=r"no usable timings.*not valid JSON"):
+        read_timings(tmp_path)
+
+
+RECORD = st.builds(
+    _record,
+    rank=st.just(0),
+    step=st.integers(0, 10**6),
+    phase=st.text(max_size=12),
+    depth=st.integers(0, 5),
+    gpu_ms=st.none() | st.floats(0, 1e6),
+    meta=st.dictionaries(st.text(max_size=3), st.integers() | st.text(max_size=5), max_size=2),
+)
+GARBAGE = st.binary(max_size=40).filter(lambda b: b"\n" not in b)
+
+
+@settings(
+    settings.get_profile("timings"), suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(items=st.lists(st.one_of(RECORD, GARBAGE), max_size=30), batch=st.sampled_from([1, 3, 4096]))
+def test_good_lines_are_read_exactly_whatever_lies_between(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, items: list[Any], batch: int
+) -> None:
+    from rankscope.analysis import _timings
+
+    monkeypatch.setattr(_timings, "_BATCH", batch)
+    path = tmp_path / "rank-00000.jsonl"
+    path.write_bytes(
+        b"".join((json.dumps(i).encode() if isinstance(i, dict) else i) + b"\n" for i in items)
+    )
+    timings = read_rank_timings(path)
+    # 40 bytes cannot hold a whole record, so no garbage line passes for one: every record
+    # line is read, in order, and every garbage line that is not blank is said once.
+    good = [i for i in items if isinstance(i, dict)]
+    assert _rows(timings) == _expected(good)
+    garbage = [i for i in items if isinstance(i, bytes) and i.strip()]
+    assert len(timings.skipped) == len(garbage)
+
+
+@settings(
+    settings.get_profile("timings"), suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.binary(max_size=400))
+def test_arbitrary_bytes_give_only_trace_errors(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "timings" / "rank-00000.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    try:
+        run = read_timings(tmp_path)
+    except TraceError as exc:
+        assert str(tmp_path) in str(exc)
+    else:
+        assert len(run.ranks[0]) >= 1
