@@ -292,10 +292,7 @@ class ProfileConfig:
 def _trace_from_dict(data: object) -> TraceConfig:
     if isinstance(data, TraceConfig):
         return data
-    if not isinstance(data, Mapping):
-        raise ConfigError("trace", data, "a mapping of TraceConfig fields")
-    _check_keys("trace.", data, TraceConfig)
-    kwargs = dict(data)
+    kwargs = _section("trace", data, TraceConfig)
     schedule = kwargs.get("schedule")
     if isinstance(schedule, Mapping):
         _check_keys("trace.schedule.", schedule, Schedule)
@@ -309,10 +306,15 @@ def _trace_from_dict(data: object) -> TraceConfig:
 def _timer_from_dict(data: object) -> TimerConfig:
     if isinstance(data, TimerConfig):
         return data
+    return TimerConfig(**_section("timer", data, TimerConfig))
+
+
+def _section(name: str, data: object, cls: type) -> dict[str, Any]:
+    """The fields of one nested block (`trace:`, `timer:`), checked to be a mapping of known keys."""
     if not isinstance(data, Mapping):
-        raise ConfigError("timer", data, "a mapping of TimerConfig fields")
-    _check_keys("timer.", data, TimerConfig)
-    return TimerConfig(**data)
+        raise ConfigError(name, data, f"a mapping of {cls.__name__} fields")
+    _check_keys(f"{name}.", data, cls)
+    return dict(data)
 
 
 def _check_keys(prefix: str, data: Mapping[str, Any], cls: type) -> None:

@@ -44,7 +44,7 @@ class RankTimings:
     cpu_ms: array[float] = field(default_factory=lambda: array("d"))
     gpu_ms: array[float] = field(default_factory=lambda: array("d"))
     """Device time, NaN where the record has none."""
-    depth: array[int] = field(default_factory=lambda: array("i"))
+    depth: array[int] = field(default_factory=lambda: array("q"))
     error: array[int] = field(default_factory=lambda: array("b"))
     skipped: list[str] = field(default_factory=list)
     """What was left out of this file and why, one line each (a torn last line, a bad line)."""
@@ -192,7 +192,7 @@ def _add(out: RankTimings, record: Any, names: dict[str, int], kinds: dict[str, 
     depth, error = record.get("depth", 0), record.get("error", False)
     out.step.append(step)
     out.start_ns.append(start_ns)
-    out.depth.append(depth if depth < 2**31 else 2**31 - 1)
+    out.depth.append(depth)
     out.phase.append(out._intern(out.names, names, phase))
     out.kind.append(out._intern(out.kinds, kinds, kind))
     out.cpu_ms.append(float(cpu_ms))

@@ -323,8 +323,3 @@ class PhaseTimer:
     def pending(self) -> int:
         """Spans whose device time is not known yet."""
         return len(self._pending)
-
-    @property
-    def step_index(self) -> int:
-        """The step now running, counting step() calls from 0."""
-        return self._step
