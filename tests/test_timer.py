@@ -414,7 +414,8 @@ class _FakeEvent:
         _FakeEvent.created += 1
         self.recorded = 0
 
-    def record(self) -> None:
+    def record(self, stream: object) -> None:
+        assert stream is _FakeStream.made[_FakeStream.current], "recorded on the current stream"
         self.recorded += 1
 
     def query(self) -> bool:
@@ -424,17 +425,40 @@ class _FakeEvent:
         return 0.5
 
 
+class _FakeStream:
+    current = (0, 0, 1)
+    made: dict[tuple[int, int, int], _FakeStream] = {}
+
+    def __init__(self, stream_id: int, device_index: int, device_type: int) -> None:
+        key = (stream_id, device_index, device_type)
+        assert key not in _FakeStream.made, "a Stream object is made once per stream"
+        _FakeStream.made[key] = self
+
+
+def _fake_cuda_torch() -> SimpleNamespace:
+    return SimpleNamespace(
+        cuda=SimpleNamespace(Event=_FakeEvent, Stream=_FakeStream, synchronize=lambda: None),
+        _C=SimpleNamespace(
+            _cuda_getDevice=lambda: _FakeStream.current[1],
+            _cuda_getCurrentStream=lambda device: _FakeStream.current,
+        ),
+    )
+
+
 def test_cuda_events_come_from_a_reused_pool(tmp_path: Path) -> None:
-    fake_torch = SimpleNamespace(cuda=SimpleNamespace(Event=_FakeEvent, synchronize=lambda: None))
-    clock = CudaEventClock(fake_torch)  # type: ignore[arg-type]
+    clock = CudaEventClock(_fake_cuda_torch())  # type: ignore[arg-type]
     timer = fake_timer(tmp_path, clock)  # type: ignore[arg-type]
     _FakeEvent.created = 0
+    _FakeStream.made.clear()
     timer.start()
-    for _ in range(100):
+    for i in range(100):
+        # the user switches streams now and then: marks follow the current one
+        _FakeStream.current = (i % 3, 0, 1)
         for name in PHASES:
             timed(timer, name)
         timer.step()
     timer.stop()
+    assert sorted(_FakeStream.made) == [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
     # one step's worth of events (5 phases + the step, 2 marks each) serves all 100 steps
     assert _FakeEvent.created <= 2 * (len(PHASES) + 1) + 2
     assert clock.pooled == _FakeEvent.created
@@ -696,6 +720,21 @@ def test_cuda_device_times(tmp_path: Path) -> None:
     matmul = [r for r in records if r["phase"] == "matmul"]
     assert len(matmul) == 3
     assert all(r["gpu_ms"] is not None and r["gpu_ms"] > 0 for r in matmul)
+
+
+@pytest.mark.gpu
+def test_cuda_device_time_is_taken_on_the_current_stream(tmp_path: Path) -> None:
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    side = torch.cuda.Stream()
+    with prof:
+        for _ in range(2):
+            with torch.cuda.stream(side), prof.phase("sleep_on_side_stream"):
+                torch.cuda._sleep(50_000_000)  # tens of ms of GPU time on `side` alone
+            prof.step()
+    sleeps = [r for r in read_records(tmp_path) if r["phase"] == "sleep_on_side_stream"]
+    assert len(sleeps) == 2
+    # marks on the default stream would bracket nothing and read about 0 ms
+    assert all(r["gpu_ms"] > 5 for r in sleeps), sleeps
 
 
 # -- found in review -----------------------------------------------------------------
