@@ -11,7 +11,7 @@ import os
 import threading
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -427,7 +427,7 @@ class _FakeEvent:
 
 class _FakeStream:
     current = (0, 0, 1)
-    made: dict[tuple[int, int, int], _FakeStream] = {}
+    made: ClassVar[dict[tuple[int, int, int], _FakeStream]] = {}
 
     def __init__(self, stream_id: int, device_index: int, device_type: int) -> None:
         key = (stream_id, device_index, device_type)
