@@ -11,7 +11,7 @@ $(BIN)/python:
 
 # Stamp files: reinstall only when the project's dependencies change.
 $(VENV)/.installed: $(BIN)/python pyproject.toml constraints-dev.txt
-	$(PIP) install -q -c constraints-dev.txt -e ".[torch]"
+	$(PIP) install -q -c constraints-dev.txt -e ".[torch,cli]"
 	touch $@
 
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml constraints-dev.txt
@@ -26,7 +26,12 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
-test: lint
+# The HTML report is tested in a real browser: Debian's chromium, installed once.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+
+test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed-dev
