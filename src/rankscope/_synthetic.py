@@ -233,7 +233,7 @@ def write_trace(
     rng = random.Random(seed * 7919 + rank)
     truth = TraceTruth(path=path, rank=rank, base_time_ns=base_time_ns)
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "wb") as raw, io.TextIOWrapper(raw, "utf-8") as out:  # type: ignore[operator]
+    with opener(path, "wb") as raw, io.TextIOWrapper(raw, "utf-8") as out:
         header: dict[str, Any] = {
             "schemaVersion": 1,
             "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world_size},
