@@ -211,3 +211,120 @@ def test_arbitrary_bytes_give_only_trace_errors(tmp_path: Path, data: bytes) -> 
         assert str(tmp_path) in str(exc)
     else:
         assert len(run.ranks[0]) >= 1
+
+
+# -- the column path for the timer's own lines ----------------------------------------
+
+
+def _timer_line(
+    rank: int, step: int, phase: str, cpu_ns: int, gpu_ms: float | None, **kw: Any
+) -> str:
+    from rankscope.timing._record import Span, format_record
+
+    span = Span(step, phase, kw.get("kind", "compute"), kw.get("meta"), kw.get("depth", 0), None)
+    span.start_ns = kw.get("start_ns", 1_790_000_000_000_000_000 + step)
+    span.cpu_ns = cpu_ns
+    span.error = kw.get("error", False)
+    return format_record(rank, span, gpu_ms, 0)
+
+
+def _columns(timings: Any) -> tuple[Any, ...]:
+    return (
+        timings.names,
+        timings.kinds,
+        timings.step.tolist(),
+        timings.phase.tolist(),
+        timings.kind.tolist(),
+        timings.start_ns.tolist(),
+        timings.cpu_ms.tolist(),
+        [None if math.isnan(v) else v for v in timings.gpu_ms.tolist()],
+        timings.depth.tolist(),
+        timings.error.tolist(),
+        timings.skipped,
+    )
+
+
+def test_the_timers_own_lines_are_read_as_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rankscope.analysis import _timings
+
+    lines = [
+        _timer_line(3, s, name, 1_234_567 * (s + 1), None if s % 2 else 0.25 * s, error=s == 4)
+        for s in range(6)
+        for name in ("forward", "bäckward \u2603", 'q"uote\\')
+    ]
+    path = tmp_path / "rank-00003.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    expected = _columns(_timings._read_any_lines(path.read_bytes(), 3, path))
+
+    def refuse(*args: Any) -> None:
+        raise AssertionError("the line-by-line reader was used")
+
+    monkeypatch.setattr(_timings, "_read_any_lines", refuse)
+    got = _columns(read_rank_timings(path))
+    assert got == expected
+    assert got[0] == ["forward", "bäckward \u2603", 'q"uote\\']
+    assert got[-2][12:15] == [True, True, True]  # step 4 raised
+    assert sum(got[-2]) == 3
+
+
+TIMER_LINE = st.builds(
+    _timer_line,
+    rank=st.sampled_from([0, 0, 0, 1]),
+    step=st.integers(0, 10**6),
+    phase=st.text(max_size=8),
+    cpu_ns=st.integers(0, 10**15),
+    gpu_ms=st.none() | st.floats(allow_nan=False) | st.floats(0, 1e3),
+    depth=st.integers(0, 3),
+    start_ns=st.integers(0, 2**63 - 1),
+    meta=st.sampled_from([None] * 9 + ['{"k":[1,2]}']),
+    error=st.booleans(),
+)
+
+
+@settings(
+    settings.get_profile("timings"), suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lines=st.lists(TIMER_LINE, max_size=20)
+    | st.lists(
+        st.one_of(TIMER_LINE, GARBAGE.map(lambda b: b.decode("latin-1") + "\n")), max_size=20
+    )
+)
+def test_the_column_path_reads_exactly_what_json_reads(tmp_path: Path, lines: list[str]) -> None:
+    from rankscope.analysis import _timings
+
+    path = tmp_path / "rank-00000.jsonl"
+    path.write_bytes("".join(lines).encode("utf-8", "surrogatepass"))
+    body = path.read_bytes()
+    assert _columns(read_rank_timings(path)) == _columns(_timings._read_any_lines(body, 0, path))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "usable"),
+    [
+        ("step", 2**63 - 1, True),
+        ("step", 2**63, False),
+        ("start_ns", 9_223_372_036_854_775_807, True),
+        ("start_ns", 9_223_372_036_854_775_808, False),
+        ("start_ns", 10**19, False),
+        ("start_ns", 10**20, False),
+    ],
+)
+def test_integers_past_int64_are_skipped_on_both_paths(
+    tmp_path: Path, field: str, value: int, usable: bool
+) -> None:
+    from rankscope.analysis import _timings
+
+    fields = {"step": 1, "start_ns": 5, field: value}
+    lines = [
+        _timer_line(0, 0, "a", 10, None),
+        _timer_line(0, cpu_ns=20, phase="b", gpu_ms=1.0, **fields),
+    ]
+    path = tmp_path / "rank-00000.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    got = read_rank_timings(path)
+    assert _columns(got) == _columns(_timings._read_any_lines(path.read_bytes(), 0, path))
+    assert len(got) == (2 if usable else 1)
+    assert bool(got.skipped) is not usable
