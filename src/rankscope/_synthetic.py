@@ -80,6 +80,7 @@ def write_timings(
     spikes: float = 0.0,
     gpu: bool = False,
     seed: int = 0,
+    clock_skew_ms: float = 0.0,
     write_meta: bool = True,
     only_ranks: Iterable[int] | None = None,
 ) -> Path:
@@ -89,12 +90,15 @@ def write_timings(
     chance that one rank's phase on one step takes 1.5-3x as long (a shared machine's
     hiccups: not a straggler). `only_ranks` writes files for those ranks alone (the
     meta still says the whole world size), as a run with missing ranks would look.
+    `clock_skew_ms` sets each rank's wall clock off by up to that much (hosts whose
+    clocks disagree); durations are unaffected.
     """
     root = Path(run_dir)
     rng = random.Random(seed)
     slow = list(slowdowns)
     hit = {(s.rank, s.phase): s for s in slow}
     writing = set(range(ranks) if only_ranks is None else only_ranks)
+    skew = [int(rng.uniform(-clock_skew_ms, clock_skew_ms) * 1e6) for _ in range(ranks)]
     files = {}
     for rank in sorted(writing):
         path = timing_path(root, rank)
@@ -125,10 +129,12 @@ def write_timings(
                     ends = [starts[r] + work[r] for r in range(ranks)]
                 for rank in writing:
                     span = _span(step, spec.name, spec.kind, starts[rank], ends[rank])
+                    span.start_ns += skew[rank]
                     lines[rank].append(format_record(rank, span, _gpu_ms(span, gpu), 0))
                 clock = [end + 20_000 for end in ends]  # the Python between phases
             for rank in writing:
                 span = _span(step, STEP_PHASE, STEP_PHASE, step_start[rank], clock[rank])
+                span.start_ns += skew[rank]
                 lines[rank].append(format_record(rank, span, _gpu_ms(span, gpu), 0))
                 files[rank].write("".join(lines[rank]))
             # Unsampled steps in between: every rank's clock moves on alike.

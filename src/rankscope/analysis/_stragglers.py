@@ -1,0 +1,468 @@
+"""Finding the rank that holds a job back, and telling it from the ranks that wait for it.
+
+For every (rank, phase) and sampled step: the ratio of the rank's time to the cross-rank
+median (with two ranks, to the faster one). A pair is a finding when it is above
+`threshold` at `min_persistence` of its sampled steps (from the step where that began,
+when it began part-way) and the time lost is not negligible against the step.
+
+Waiting is told apart by when ranks arrive. A phase that ends in a collective (kind
+"comm", or a phase whose ranks leave it together although they entered it apart, such as
+a DDP backward with its gradient all-reduce inside) lasts longer on the ranks that
+arrive early: their excess there is waiting, and the rank that arrives last is the one
+they wait for. Arrival is the host wall clock at phase entry, corrected by each rank's
+clock offset where comm phases show one; with device times it is the device time spent
+in the step before the phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._errors import ConfigError
+from ._matrix import STEP, PhaseMatrices, phase_matrices
+from ._timings import RunTimings
+
+__all__ = ["StragglerFinding", "StragglerReport", "find_stragglers", "format_ranks"]
+
+Matrix = npt.NDArray[np.float64]
+
+# A phase is taken to end in a collective at a step when its exits spread across ranks
+# by less than this share of how far its entries spread...
+_SYNC_SPREAD = 0.25
+# ...judged only at steps where entries spread by at least this share of its time.
+_CONCLUSIVE = 0.05
+# A finding's excess is waiting when arriving early explains at least this share of it.
+_EXPLAINED = 0.5
+
+
+@dataclass(frozen=True)
+class StragglerFinding:
+    """One (rank, phase) that is persistently above the others."""
+
+    rank: int
+    phase: str
+    kind: str
+    role: str
+    """"slow": the rank itself is slow here; "waits": it waits here for `waits_for`."""
+    median_ratio: float
+    """Its time over the reference, median over the steps from `since_step` on."""
+    share_above: float
+    """The share of those steps above the threshold."""
+    lost_ms: float
+    """Time above the reference, summed over those steps."""
+    steps: int
+    since_step: int
+    waits_for: tuple[int, ...] = ()
+    """For "waits": the ranks that arrived last, most often first."""
+    ratios: tuple[float | None, ...] = ()
+    """The ratio at every sampled step (None where the rank has no record)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["waits_for"] = list(self.waits_for)
+        out["ratios"] = list(self.ratios)
+        return out
+
+
+@dataclass(frozen=True)
+class RankPhase:
+    """Every (rank, phase) over the whole run: the table behind the findings."""
+
+    rank: int
+    phase: str
+    median_ratio: float
+    share_above: float
+    lost_ms: float
+
+
+@dataclass
+class StragglerReport:
+    """What `find_stragglers` found, and with which settings."""
+
+    threshold: float
+    min_persistence: float
+    min_share: float
+    reference: str
+    """"median" (the cross-rank median) or "faster rank" (two ranks)."""
+    time: str
+    ranks: list[int]
+    steps: list[int]
+    phases: list[str]
+    sync_phases: list[str]
+    """Phases found to end in a collective (or declared comm)."""
+    findings: list[StragglerFinding] = field(default_factory=list)
+    table: list[RankPhase] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+    """The findings in words, one sentence per slow rank (or group of waiting ranks)."""
+
+    def to_dict(self, table: bool = True) -> dict[str, Any]:
+        out = {
+            "threshold": self.threshold,
+            "min_persistence": self.min_persistence,
+            "min_share": self.min_share,
+            "reference": self.reference,
+            "time": self.time,
+            "ranks": self.ranks,
+            "steps": self.steps,
+            "phases": self.phases,
+            "sync_phases": self.sync_phases,
+            "summary": self.summary,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+        if table:
+            out["table"] = [asdict(row) for row in self.table]
+        return out
+
+
+def find_stragglers(
+    timings: RunTimings | PhaseMatrices,
+    *,
+    threshold: float = 1.10,
+    min_persistence: float = 0.5,
+    min_share: float = 0.01,
+    time: str = "host",
+) -> StragglerReport:
+    """Name the persistently slow (rank, phase) pairs and the ranks that wait for them.
+
+    `min_share` drops findings whose median excess is below that share of the median
+    step time (a 0.1 ms phase 20% slower costs nothing). Steps need two ranks or more.
+    """
+    _check(threshold, min_persistence, min_share)
+    m = timings if isinstance(timings, PhaseMatrices) else phase_matrices(timings, time)
+    reference = "median" if len(m.ranks) > 2 else "faster rank"
+    report = StragglerReport(
+        threshold=threshold,
+        min_persistence=min_persistence,
+        min_share=min_share,
+        reference=reference,
+        time=m.time,
+        ranks=m.ranks,
+        steps=m.steps,
+        phases=[p for p in m.phases if p != STEP],
+        sync_phases=[],
+    )
+    if len(m.ranks) < 2 or not m.steps:
+        return report
+    arrive, leave = _arrivals(m)
+    floor = min_share * _step_ms(m)
+    for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True)):
+        if phase == STEP:
+            continue
+        d = m.ms[p]
+        ref = _reference(d, reference)
+        sync = kind == "comm" or _ends_together(arrive[p], leave[p], d)
+        if sync:
+            report.sync_phases.append(phase)
+            # In a phase that ends in a collective a rank can only take longer by
+            # arriving earlier: measure each rank against the last one to arrive.
+            last = _last_arrivals(arrive[p])
+            ref_w = np.take_along_axis(d, np.maximum(last, 0)[None, :], axis=0)[0]
+            ref_w = np.where(last >= 0, ref_w, np.nan)
+        ratio, excess = _against(d, ref)
+        report.table.extend(_table(m.ranks, phase, ratio, excess, threshold=threshold, floor=floor))
+        if sync:
+            ratio, excess = _against(d, ref_w[None, :])
+        # Only rows with enough steps above can hold a finding; on a clean run that is few.
+        above = np.sum((ratio > threshold) & (excess >= floor), axis=1)
+        steps = np.sum(np.isfinite(ratio), axis=1)
+        needed = min_persistence * max(3, math.ceil(0.2 * steps.max()))
+        # How often a rank is above here by chance: the share of the typical other rank.
+        shares = above / np.maximum(steps, 1)
+        tests = len(m.ranks) * len(m.phases) * max(1, len(m.steps))
+        for r in np.flatnonzero(above >= needed).tolist():
+            row = _row(ratio[r], excess[r], threshold, floor)
+            onset = row.onset(min_persistence)
+            if onset is None or row.median_excess(onset) < floor:
+                continue
+            chance = float(np.median(np.delete(shares, r)))
+            if not sync and not row.beyond_chance(onset, chance, tests):
+                continue
+            waits_for: tuple[int, ...] = ()
+            if sync:
+                window = last[row.valid[onset:]]
+                waits_for = _often(window, r)
+                # Waiting for whoever is late this time is jitter, not a straggler: the
+                # same rank must arrive last far more often than one in len(ranks).
+                late = int(np.sum(window == waits_for[0])) if waits_for else 0
+                if _binomial_tail(late, len(window), 1 / len(m.ranks)) >= 0.01 / tests:
+                    continue
+            report.findings.append(
+                StragglerFinding(
+                    rank=m.ranks[r],
+                    phase=phase,
+                    kind=kind,
+                    role="waits" if sync else "slow",
+                    median_ratio=row.median_ratio(onset),
+                    share_above=row.share(onset),
+                    lost_ms=row.lost(onset),
+                    steps=len(row.valid) - onset,
+                    since_step=m.steps[int(row.valid[onset])],
+                    waits_for=tuple(m.ranks[i] for i in waits_for),
+                    ratios=tuple(None if math.isnan(v) else round(float(v), 4) for v in ratio[r]),
+                )
+            )
+    report.findings.sort(key=lambda f: (-f.lost_ms, f.rank, f.phase))
+    report.summary = _sentences(report)
+    return report
+
+
+def _check(threshold: float, min_persistence: float, min_share: float) -> None:
+    if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 1):
+        raise ConfigError("threshold", threshold, "a number > 1 (1.10: 10% above the reference)")
+    if not (isinstance(min_persistence, (int, float)) and 0 < min_persistence <= 1):
+        raise ConfigError("min_persistence", min_persistence, "a share of steps in (0, 1]")
+    if not (isinstance(min_share, (int, float)) and 0 <= min_share < 1):
+        raise ConfigError("min_share", min_share, "a share of the step time in [0, 1)")
+
+
+def _reference(d: Matrix, reference: str) -> Matrix:
+    """Per step, the cross-rank median (or the faster of two); NaN with fewer than two ranks."""
+    present = np.sum(~np.isnan(d), axis=0)
+    with np.errstate(invalid="ignore"), _quiet():
+        ref = np.nanmedian(d, axis=0) if reference == "median" else np.nanmin(d, axis=0)
+    return np.where(present >= 2, ref, np.nan)
+
+
+def _step_ms(m: PhaseMatrices) -> float:
+    if STEP in m.phases:
+        values = m.ms[m.index(STEP)]
+    else:
+        tops = [m.ms[p] for p, depth in enumerate(m.depths) if depth == 0]
+        values = np.nansum(np.stack(tops), axis=0) if tops else np.zeros(0)
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) if finite.size else 0.0
+
+
+def _arrivals(m: PhaseMatrices) -> tuple[list[Matrix], list[Matrix]]:
+    """Per phase, when each rank entered and left it, on one clock for all ranks."""
+    if m.time == "device":
+        # No device timestamps: arrival is the device time the step spent before the phase.
+        arrive, leave = [], []
+        before = np.zeros((len(m.ranks), len(m.steps)))
+        for p, depth in enumerate(m.depths):
+            d = np.nan_to_num(m.ms[p]) * 1e6  # ns, as host arrivals are
+            arrive.append(before.copy())
+            leave.append(before + d)
+            if depth == 0 and m.phases[p] != STEP:
+                before = before + d
+        return arrive, leave
+    offset = _clock_offsets(m)
+    return (
+        [s - offset[:, None] for s in m.start_ns],
+        [e - offset[:, None] for e in m.end_ns],
+    )
+
+
+def _clock_offsets(m: PhaseMatrices) -> npt.NDArray[np.float64]:
+    """Each rank's clock offset (ns), from collectives, which all ranks leave together."""
+    deviations = []
+    for p, kind in enumerate(m.kinds):
+        if kind == "comm":
+            leave = m.end_ns[p]
+            with _quiet():
+                deviations.append(leave - np.nanmedian(leave, axis=0))
+    if not deviations:
+        return np.zeros(len(m.ranks))
+    with _quiet():
+        offset = np.nanmedian(np.concatenate(deviations, axis=1), axis=1)
+    return np.nan_to_num(offset)
+
+
+def _ends_together(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
+    """Ranks leave the phase together though they entered it apart, at most conclusive steps."""
+    with _quiet():
+        entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
+        left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
+        typical = np.nanmedian(d, axis=0) * 1e6
+    conclusive = entered > _CONCLUSIVE * typical
+    if not conclusive.any():
+        return False
+    together = left[conclusive] < _SYNC_SPREAD * entered[conclusive]
+    return bool(together.mean() >= 0.5)
+
+
+@dataclass
+class _Row:
+    """One (rank, phase) over the steps where it and the reference both exist."""
+
+    valid: npt.NDArray[np.int64]
+    ratio: Matrix
+    excess: Matrix
+    above: npt.NDArray[np.bool_]
+
+    def onset(self, min_persistence: float) -> int | None:
+        """Where a persistent excess began (0: from the start); None where there is none.
+
+        The split that best separates steps above the threshold after it from steps
+        below before it, keeping at least a fifth of the steps (and 3) after it.
+        """
+        n = len(self.valid)
+        shortest = max(3, math.ceil(0.2 * n))
+        if n < shortest:
+            return None
+        above = np.concatenate(([0], np.cumsum(self.above)))
+        starts = np.arange(n - shortest + 1)
+        after = (above[n] - above[starts]) / (n - starts)
+        before = np.divide(above[starts], starts, out=np.zeros(len(starts)), where=starts > 0)
+        best = int(np.argmax(after - before))
+        return best if after[best] >= min_persistence else None
+
+    def beyond_chance(self, onset: int, chance: float, tests: int) -> bool:
+        """The steps above from `onset` on are too many to be noise at rate `chance`.
+
+        A one-sided binomial test at 1% over all the (rank, phase, onset) pairs tried:
+        with 64 noisy ranks, some rank is above 10% at half of some 15-step stretch.
+        """
+        n = len(self.valid) - onset
+        k = int(np.sum(self.above[onset:]))
+        return _binomial_tail(k, n, max(chance, 1.0 / max(n, 1))) < 0.01 / tests
+
+    def median_ratio(self, onset: int) -> float:
+        return round(float(np.median(self.ratio[onset:])), 4)
+
+    def share(self, onset: int) -> float:
+        return round(float(np.mean(self.above[onset:])), 4)
+
+    def lost(self, onset: int) -> float:
+        return round(float(np.sum(np.clip(self.excess[onset:], 0, None))), 3)
+
+    def median_excess(self, onset: int) -> float:
+        return float(np.median(self.excess[onset:]))
+
+    def excess_at(self, onset: int) -> Matrix:
+        return self.excess[onset:]
+
+
+def _binomial_tail(k: int, n: int, q: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, q)."""
+    if k <= 0:
+        return 1.0
+    if q >= 1.0:
+        return 1.0
+    i = np.arange(k, n + 1, dtype=np.float64)
+    log_pmf = (
+        math.lgamma(n + 1)
+        - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in i.tolist()])
+        + i * math.log(q)
+        + (n - i) * math.log1p(-q)
+    )
+    top = float(log_pmf.max())
+    return float(math.exp(top) * np.sum(np.exp(log_pmf - top)))
+
+
+def _row(ratio: Matrix, excess: Matrix, threshold: float, floor: float) -> _Row:
+    valid = np.flatnonzero(np.isfinite(ratio))
+    r, e = ratio[valid], excess[valid]
+    # A step counts as above only when the excess also matters against the step: a
+    # short phase's jitter is often 10% of it and never worth a finding.
+    return _Row(valid=valid, ratio=r, excess=e, above=(r > threshold) & (e >= floor))
+
+
+def _table(
+    ranks: list[int], phase: str, ratio: Matrix, excess: Matrix, *, threshold: float, floor: float
+) -> list[RankPhase]:
+    """Every rank's row for one phase, over all its steps."""
+    with _quiet():
+        median = np.nanmedian(ratio, axis=1)
+        present = np.sum(np.isfinite(ratio), axis=1)
+        above = np.sum((ratio > threshold) & (excess >= floor), axis=1)
+        share = np.where(present > 0, above / np.maximum(present, 1), 0.0)
+        lost = np.nansum(np.clip(excess, 0, None), axis=1)
+    return [
+        RankPhase(rank, phase, round(float(m), 4), round(float(s), 4), round(float(lo), 3))
+        for rank, m, s, lo in zip(ranks, median, share, lost, strict=True)
+    ]
+
+
+def _against(d: Matrix, ref: Matrix) -> tuple[Matrix, Matrix]:
+    """(ratio, excess) of times `d` over a reference, NaN where either is missing."""
+    with _quiet():
+        return np.where(ref > 0, d / ref, np.nan), d - ref
+
+
+def _last_arrivals(arrive: Matrix) -> npt.NDArray[np.int64]:
+    """Per step, the index of the rank that entered last; -1 where fewer than two did."""
+    present = np.sum(~np.isnan(arrive), axis=0)
+    last = np.argmax(np.where(np.isnan(arrive), -np.inf, arrive), axis=0)
+    return np.where(present >= 2, last, -1)
+
+
+def _often(last: npt.NDArray[np.int64], r: int) -> tuple[int, ...]:
+    """Ranks (other than `r`) that arrived last at 30% of these steps or more, most often first."""
+    last = last[(last >= 0) & (last != r)]
+    if not len(last):
+        return ()
+    counts = np.bincount(last)
+    order = np.argsort(-counts, kind="stable")
+    return tuple(int(i) for i in order if counts[i] >= 0.3 * len(last))
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """'rank 3', 'ranks 0, 1, 3' or 'ranks 0-6, 8-15': runs of three or more folded."""
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{ordered[i]}-{ordered[j]}")
+        else:
+            parts.extend(str(r) for r in ordered[i : j + 1])
+        i = j + 1
+    return "ranks " + ", ".join(parts)
+
+
+def _verb(ranks: list[int], singular: str, plural: str) -> str:
+    return f"{format_ranks(ranks)} {singular if len(ranks) == 1 else plural}"
+
+
+def _sentences(report: StragglerReport) -> list[str]:
+    versus = "vs median" if report.reference == "median" else "vs the faster rank"
+    waiting = [f for f in report.findings if f.role == "waits"]
+    told: set[int] = set()
+    out = []
+    for f in report.findings:
+        if f.role != "slow":
+            continue
+        since = "" if f.since_step == report.steps[0] else f" since step {f.since_step}"
+        text = (
+            f"rank {f.rank} is slow in {f.phase} ({f.median_ratio - 1:+.0%} {versus} "
+            f"at {f.share_above:.0%} of sampled steps{since})"
+        )
+        waiters: dict[str, list[int]] = {}
+        for i, w in enumerate(waiting):
+            if w.waits_for and w.waits_for[0] == f.rank and i not in told:
+                waiters.setdefault(w.phase, []).append(w.rank)
+                told.add(i)
+        for phase, ranks in waiters.items():
+            text += f"; {_verb(ranks, 'waits', 'wait')} for it in {phase}"
+        out.append(text)
+    # Waiting with no slow phase to blame: the late rank is slow across phases, or unsampled.
+    rest: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+    for i, w in enumerate(waiting):
+        if i not in told:
+            rest.setdefault((w.phase, w.waits_for[:1]), []).append(w.rank)
+    for (phase, late), ranks in rest.items():
+        whom = f"rank {late[0]}, the last to arrive there" if late else "the last rank to arrive"
+        out.append(f"{_verb(ranks, 'waits', 'wait')} in {phase} for {whom}")
+    return out
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """All-NaN columns are expected (a missing rank, a step with one rank): no warnings."""
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield

@@ -1,0 +1,230 @@
+"""Straggler findings on simulated runs whose answer is known (rankscope._synthetic)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rankscope import ConfigError
+from rankscope._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
+from rankscope.analysis import read_timings
+from rankscope.analysis._matrix import phase_matrices
+from rankscope.analysis._stragglers import find_stragglers, format_ranks
+
+
+def _analyse(tmp_path: Path, **run: Any) -> Any:
+    options = {
+        k: run.pop(k) for k in ("threshold", "min_persistence", "min_share", "time") if k in run
+    }
+    write_timings(tmp_path, **run)
+    return find_stragglers(read_timings(tmp_path), **options)
+
+
+def _roles(report: Any) -> dict[tuple[int, str], str]:
+    return {(f.rank, f.phase): f.role for f in report.findings}
+
+
+def test_a_slow_forward_is_named_and_the_ranks_waiting_in_backward_are_told_apart(
+    tmp_path: Path,
+) -> None:
+    report = _analyse(tmp_path, ranks=4, steps=40, slowdowns=[Slowdown(2, "forward", 0.41)])
+    assert _roles(report) == {
+        (2, "forward"): "slow",
+        (0, "backward"): "waits",
+        (1, "backward"): "waits",
+        (3, "backward"): "waits",
+    }
+    slow = next(f for f in report.findings if f.role == "slow")
+    assert slow.median_ratio == pytest.approx(1.41, abs=0.03)
+    assert slow.share_above == 1.0 and slow.since_step == 0 and slow.steps == 40
+    assert all(f.waits_for == (2,) for f in report.findings if f.role == "waits")
+    assert "backward" in report.sync_phases and "forward" not in report.sync_phases
+    assert report.reference == "median"
+    (sentence,) = report.summary
+    assert re.fullmatch(
+        r"rank 2 is slow in forward \(\+(39|4[0-3])% vs median at 100% of sampled steps\); "
+        r"ranks 0, 1, 3 wait for it in backward",
+        sentence,
+    ), sentence
+
+
+def test_a_straggler_hidden_behind_a_collective_is_blamed_not_its_waiters(tmp_path: Path) -> None:
+    # Rank 1's optimizer is slow; every other rank pays for it inside the loss all-reduce,
+    # where their time is 10x the median of... themselves: the all-reduce is what looks slow.
+    report = _analyse(tmp_path, ranks=4, steps=40, slowdowns=[Slowdown(1, "optimizer", 1.0)])
+    roles = _roles(report)
+    assert roles[(1, "optimizer")] == "slow"
+    assert {r for (r, p), role in roles.items() if role == "slow"} == {1}
+    assert {r for (r, p), role in roles.items() if role == "waits" and p == "loss_allreduce"} == {
+        0,
+        2,
+        3,
+    }
+    assert report.summary[0].startswith("rank 1 is slow in optimizer")
+    assert report.summary[0].endswith("ranks 0, 2, 3 wait for it in loss_allreduce")
+
+
+def test_two_ranks_compare_with_the_faster_and_the_waiter_is_not_called_slow(
+    tmp_path: Path,
+) -> None:
+    report = _analyse(tmp_path, ranks=2, steps=30, slowdowns=[Slowdown(0, "forward", 0.3)])
+    assert report.reference == "faster rank"
+    # Against the faster rank, rank 1's backward is 15% longer at every step: waiting.
+    assert _roles(report) == {(0, "forward"): "slow", (1, "backward"): "waits"}
+    assert report.summary == [report.summary[0].split(";")[0] + "; rank 1 waits for it in backward"]
+    assert "vs the faster rank" in report.summary[0]
+
+
+def test_a_slowdown_that_starts_part_way_says_since_when(tmp_path: Path) -> None:
+    report = _analyse(
+        tmp_path, ranks=8, steps=100, slowdowns=[Slowdown(5, "optimizer", 2.0, from_step=60)]
+    )
+    slow = [f for f in report.findings if f.role == "slow"]
+    assert [(f.rank, f.phase, f.since_step, f.steps) for f in slow] == [(5, "optimizer", 60, 40)]
+    assert "since step 60" in report.summary[0]
+    waits = [f for f in report.findings if f.role == "waits"]
+    assert {f.rank for f in waits} == {0, 1, 2, 3, 4, 6, 7}
+    assert all(f.phase == "loss_allreduce" and f.since_step == 60 for f in waits)
+
+
+def test_skewed_clocks_are_lined_up_through_the_collectives(tmp_path: Path) -> None:
+    # 50 ms of skew is larger than the 12 ms a rank waits: raw timestamps would mislead.
+    report = _analyse(
+        tmp_path,
+        ranks=4,
+        steps=40,
+        slowdowns=[Slowdown(2, "forward", 0.41)],
+        clock_skew_ms=50,
+    )
+    assert _roles(report)[(2, "forward")] == "slow"
+    assert {r for (r, _), role in _roles(report).items() if role == "waits"} == {0, 1, 3}
+
+
+def test_device_times_find_the_same_straggler(tmp_path: Path) -> None:
+    report = _analyse(
+        tmp_path,
+        ranks=4,
+        steps=30,
+        gpu=True,
+        time="device",
+        slowdowns=[Slowdown(3, "forward", 0.5)],
+    )
+    assert report.time == "device"
+    assert _roles(report) == {
+        (3, "forward"): "slow",
+        (0, "backward"): "waits",
+        (1, "backward"): "waits",
+        (2, "backward"): "waits",
+    }
+
+
+def test_an_intermittent_straggler_above_the_persistence_is_found(tmp_path: Path) -> None:
+    report = _analyse(
+        tmp_path, ranks=6, steps=80, slowdowns=[Slowdown(4, "forward", 0.5, share=0.7)]
+    )
+    (slow,) = [f for f in report.findings if f.role == "slow"]
+    assert (slow.rank, slow.phase) == (4, "forward")
+    assert 0.55 <= slow.share_above <= 0.85
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize(
+    ("ranks", "noise", "spikes"),
+    [(2, 0.05, 0.05), (4, 0.08, 0.05), (16, 0.05, 0.02), (64, 0.10, 0.05)],
+)
+def test_a_clean_noisy_run_flags_nothing(
+    tmp_path: Path, seed: int, ranks: int, noise: float, spikes: float
+) -> None:
+    report = _analyse(tmp_path, ranks=ranks, steps=40, noise=noise, spikes=spikes, seed=seed)
+    assert report.findings == [], report.summary
+    assert report.summary == []
+
+
+def test_one_rank_has_nothing_to_compare(tmp_path: Path) -> None:
+    report = _analyse(tmp_path, ranks=1, steps=10)
+    assert report.findings == [] and report.ranks == [0]
+
+
+def test_missing_ranks_and_steps_are_left_out_not_zero(tmp_path: Path) -> None:
+    write_timings(
+        tmp_path,
+        ranks=6,
+        steps=30,
+        slowdowns=[Slowdown(2, "forward", 0.5)],
+        only_ranks=[0, 2, 3, 5],
+    )
+    path = tmp_path / "timings" / "rank-00003.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[: len(lines) // 2]))  # rank 3 stopped half-way
+    report = find_stragglers(read_timings(tmp_path))
+    assert report.ranks == [0, 2, 3, 5]
+    assert _roles(report)[(2, "forward")] == "slow"
+    (row,) = [r for r in report.table if r.rank == 3 and r.phase == "forward"]
+    assert not np.isnan(row.median_ratio)
+
+
+def test_custom_phases_and_a_threshold_of_ones_own(tmp_path: Path) -> None:
+    phases = (
+        PhaseSpec("rollout", "compute", 40.0),
+        PhaseSpec("gather", "comm", 2.0, sync=True),
+        PhaseSpec("train", "compute", 20.0, sync=True),
+    )
+    slow = [Slowdown(1, "rollout", 0.15)]
+    loose = _analyse(tmp_path / "a", ranks=3, steps=40, phases=phases, slowdowns=slow)
+    strict = _analyse(
+        tmp_path / "b", ranks=3, steps=40, phases=phases, slowdowns=slow, threshold=1.2
+    )
+    assert _roles(loose)[(1, "rollout")] == "slow"
+    assert (1, "rollout") not in _roles(strict)  # +15% is under a 20% threshold
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("threshold", 1.0),
+        ("threshold", float("nan")),
+        ("min_persistence", 0),
+        ("min_persistence", 1.5),
+        ("min_share", -0.1),
+        ("time", "wall"),
+    ],
+)
+def test_bad_settings_name_the_option(tmp_path: Path, option: str, value: Any) -> None:
+    write_timings(tmp_path, ranks=2, steps=5)
+    with pytest.raises(ConfigError, match=option):
+        find_stragglers(read_timings(tmp_path), **{option: value})
+
+
+def test_the_table_covers_every_rank_and_phase(tmp_path: Path) -> None:
+    report = _analyse(tmp_path, ranks=3, steps=10)
+    phases = [p.name for p in DDP_PHASES]
+    assert report.phases == phases
+    assert sorted((r.rank, r.phase) for r in report.table) == sorted(
+        (rank, phase) for rank in range(3) for phase in phases
+    )
+    data = report.to_dict()
+    assert data["summary"] == [] and len(data["table"]) == 15
+
+
+def test_phases_come_in_the_order_a_step_runs_them(tmp_path: Path) -> None:
+    write_timings(tmp_path, ranks=2, steps=5)
+    m = phase_matrices(read_timings(tmp_path))
+    assert m.phases == [p.name for p in DDP_PHASES] + ["step"]
+    assert m.kinds == [p.kind for p in DDP_PHASES] + ["step"]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [
+        ([3], "rank 3"),
+        ([0, 1, 3], "ranks 0, 1, 3"),
+        ([0, 1, 2, 3, 5, 6, 7, 8, 10], "ranks 0-3, 5-8, 10"),
+        ([5, 4], "ranks 4, 5"),
+    ],
+)
+def test_rank_lists_read_well(ranks: list[int], text: str) -> None:
+    assert format_ranks(ranks) == text
