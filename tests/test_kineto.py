@@ -41,6 +41,8 @@ def test_kernel_summary_equals_plain_sum_of_dur(real_traces: Path, name: str) ->
         assert got[kernel][0] == count
         assert got[kernel][1] == pytest.approx(total)
     assert summary["total_us"] == pytest.approx(sum(t for _, t in expected.values()))
+    kernel_categories = [c for c in summary["categories"] if c["name"].endswith("tion")]
+    assert sum(c["total_us"] for c in kernel_categories) == pytest.approx(summary["total_us"])
     assert sum(item["share"] for item in summary["items"]) == pytest.approx(1.0)
     totals = [item["total_us"] for item in summary["items"]]
     assert totals == sorted(totals, reverse=True)
@@ -57,42 +59,71 @@ def test_known_kernel_totals_from_the_traces_readme(real_traces: Path) -> None:
         assert summary["count"] == count
 
 
-def test_trace_without_kernels_falls_back_to_top_level_cpu_ops(real_traces: Path) -> None:
+def test_trace_without_kernels_falls_back_to_cpu_ops(real_traces: Path) -> None:
     summary = summarize_trace(real_traces / "cpu-gloo-rank34-of-300.pt.trace.json.gz")
     assert summary["kind"] == "cpu_ops"
     assert summary["rank"] == 34
     assert summary["count"] >= 1
 
 
-def test_top_level_ops_do_not_count_nested_time_twice() -> None:
-    def op(name: str, ts: float, dur: float, tid: int = 1) -> dict[str, object]:
-        return {
-            "ph": "X",
-            "cat": "cpu_op",
-            "name": name,
-            "ts": ts,
-            "dur": dur,
-            "pid": 1,
-            "tid": tid,
-        }
+def _op(name: str, ts: float, dur: float, tid: int = 1) -> dict[str, object]:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
 
+
+def test_cpu_ops_are_ranked_by_self_time_so_nothing_counts_twice() -> None:
     events = [
-        op("aten::linear", 0, 10),
-        op("aten::addmm", 1, 8),  # inside linear
-        op("aten::relu", 12, 3),
-        op("aten::linear", 20, 6),
-        op("aten::addmm", 0, 5, tid=2),  # another thread: top level there
+        _op("aten::linear", 0, 10),
+        _op("aten::addmm", 1, 8),  # inside linear: linear's own time is 2
+        _op("aten::relu", 12, 3),
+        _op("aten::linear", 20, 6),
+        _op("aten::addmm", 0, 5, tid=2),  # another thread: not inside anything there
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 30},
     ]
     summary = summarize_events(events)
     items = {i["name"]: i for i in summary["items"]}
     assert summary["kind"] == "cpu_ops"
-    assert items["aten::linear"]["count"] == 2
-    assert items["aten::linear"]["total_us"] == 16
-    assert items["aten::linear"]["min_us"] == 6
-    assert items["aten::linear"]["max_us"] == 10
-    assert items["aten::addmm"]["count"] == 1  # only the one on thread 2
-    assert summary["total_us"] == 16 + 3 + 5
+    assert (items["aten::linear"]["count"], items["aten::linear"]["total_us"]) == (2, 8)
+    assert (items["aten::linear"]["min_us"], items["aten::linear"]["max_us"]) == (2, 6)
+    assert (items["aten::addmm"]["count"], items["aten::addmm"]["total_us"]) == (2, 13)
+    # Self times add up to the time the threads were busy in ops: 10 + 3 + 6 and 5.
+    assert summary["total_us"] == 24
+    assert [i["name"] for i in summary["items"]] == ["aten::addmm", "aten::linear", "aten::relu"]
+
+
+def test_self_time_of_deep_and_overlapping_ops() -> None:
+    events = [
+        _op("a", 0, 100),
+        _op("b", 10, 50),  # in a
+        _op("c", 20, 10),  # in b
+        _op("d", 35, 10),  # in b, after c
+        _op("e", 70, 20),  # in a, after b ended
+        _op("f", 95, 10),  # starts inside a, ends past it: not held by a
+    ]
+    items = {i["name"]: i["total_us"] for i in summarize_events(events)["items"]}
+    assert items == {"a": 30, "b": 30, "c": 10, "d": 10, "e": 20, "f": 10}
+
+
+def test_kernels_by_category_add_memory_time() -> None:
+    def kernel(name: str, dur: float, cat: str = "kernel") -> dict[str, object]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": 0, "dur": dur, "pid": 0, "tid": 7}
+
+    summary = summarize_events(
+        [
+            kernel("sm90_gemm", 30),
+            kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 50),
+            kernel("elementwise", 10),
+            kernel("Memcpy HtoD (Pinned -> Device)", 7, "gpu_memcpy"),
+            kernel("Memset (Device)", 1, "gpu_memset"),
+        ]
+    )
+    assert summary["total_us"] == 90  # kernels only: memory ops are not kernels
+    categories = {c["name"]: (c["count"], c["total_us"]) for c in summary["categories"]}
+    assert categories == {
+        "communication": (1, 50),
+        "computation": (2, 40),
+        "memcpy": (1, 7),
+        "memset": (1, 1),
+    }
 
 
 def test_malformed_events_are_skipped() -> None:
