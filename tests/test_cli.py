@@ -19,7 +19,7 @@ def test_demo_runs_a_two_rank_capture(tmp_path: Path, capsys: pytest.CaptureFixt
     with gzip.open(trace, "rt") as fh:
         info = json.load(fh)["distributedInfo"]
     assert (info["rank"], info["world_size"]) == (0, 2)
-    assert "top-level CPU ops" in out  # the window's summary is printed
+    assert "CPU ops by self time" in out  # the window's summary is printed
     assert str(tmp_path / "run") in out
     assert "rank-00000.pt.trace.json.gz" in out
     assert "perfetto" in out.lower()
@@ -43,3 +43,160 @@ def test_demo_runs_a_two_rank_capture(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_demo_rejects_too_few_steps(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--steps", "2"]) == 2
     assert "--steps" in capsys.readouterr().err
+
+
+# -- the analysis commands ------------------------------------------------------------
+
+
+def _straggler_run(root: Path) -> Path:
+    from rankscope._synthetic import Slowdown, write_run_traces, write_timings
+
+    write_timings(root, ranks=4, steps=20, slowdowns=[Slowdown(2, "forward", 0.41)])
+    write_run_traces(root, "step-000003-000004", [0, 2], world_size=4, size_bytes=60_000)
+    return root
+
+
+def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_stragglers_names_the_rank_in_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _straggler_run(tmp_path)
+    code, out, err = _run_cli(["stragglers", str(run)], capsys)
+    assert code == 0, err
+    assert "rank 2 is slow in forward" in out and "ranks 0, 1, 3 wait for it in backward" in out
+    code, out, _ = _run_cli(["stragglers", str(run), "--json"], capsys)
+    data = json.loads(out)
+    assert {(f["rank"], f["role"]) for f in data["findings"]} == {
+        (2, "slow"),
+        (0, "waits"),
+        (1, "waits"),
+        (3, "waits"),
+    }
+    assert len(data["findings"][0]["ratios"]) == 20  # the ratio at every sampled step
+    assert len(data["table"]) == 4 * 5
+
+
+def test_kernels_prints_the_top_kernels_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _straggler_run(tmp_path)
+    code, out, err = _run_cli(["kernels", str(run), "--top", "3"], capsys)
+    assert code == 0, err
+    assert "GPU kernels: " in out and "in 2 trace(s)" in out
+    assert "more (--top N, or --json)" in out
+    code, out, _ = _run_cli(["kernels", str(run), "--by", "category", "--json"], capsys)
+    (table,) = json.loads(out)["tables"]
+    assert {i["name"] for i in table["items"]} == {"computation", "communication", "memcpy"}
+
+
+def test_report_writes_html_and_prints_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _straggler_run(tmp_path)
+    code, out, err = _run_cli(["report", str(run)], capsys)
+    assert code == 0, err
+    assert "ranks: 4 of 4" in out and "rank 2 is slow in forward" in out
+    assert "Top GPU kernels, window step-000003-000004" in out
+    html = run / "report.html"
+    assert html.is_file() and str(html) in out
+    code, out, _ = _run_cli(
+        ["report", str(run), "--json", "--no-html", "--threshold", "1.5"], capsys
+    )
+    data = json.loads(out)
+    assert data["stragglers"]["threshold"] == 1.5 and data["stragglers"]["summary"] == []
+    assert "html" not in data
+
+
+def _truncated_gz(path: Path) -> Path:
+    path.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X"}]}')[:-9])
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["stragglers", "{tmp}/absent"], "{tmp}/absent: no such directory"),
+        (["stragglers", "{tmp}"], "no timings"),
+        (["report", "{tmp}"], "nothing to report"),
+        (["kernels", "{tmp}/absent.json.gz"], "absent.json.gz: no such file or directory"),
+        (["kernels", "{tmp}/empty"], "empty: no trace files"),
+        (["kernels", "{tmp}"], "no readable trace"),
+        (["kernels", "{tmp}/cut.json.gz"], "cut.json.gz: truncated or corrupt gzip"),
+        (["kernels", "{tmp}/notjson.json"], "notjson.json: not valid JSON"),
+        (["kernels", "{tmp}/nottrace.json"], "nottrace.json: not a trace"),
+        (["kernels", "{tmp}", "--top", "0"], "--top: expected a number >= 1"),
+        (["stragglers", "{tmp}", "--threshold", "abc"], "--threshold: invalid float value"),
+        (["merge", "{tmp}/absent.json", "-o", "{tmp}/out.json"], "absent.json"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notjson.json").write_text("{nope")
+    (tmp_path / "nottrace.json").write_text('{"hello": 1}')
+    _truncated_gz(tmp_path / "cut.json.gz")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    code, out, err = _run_cli(argv, capsys)
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert message.format(tmp=tmp_path) in err
+    assert "Traceback" not in err
+
+
+def test_partial_input_is_read_and_what_was_skipped_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rankscope._synthetic import Slowdown, write_timings
+
+    write_timings(
+        tmp_path,
+        ranks=5,
+        steps=20,
+        slowdowns=[Slowdown(1, "forward", 0.5)],
+        only_ranks=[0, 1, 2, 3],
+    )
+    timings = tmp_path / "timings"
+    with open(timings / "rank-00002.jsonl", "r+") as fh:  # a bad line in the middle
+        lines = fh.readlines()
+        fh.seek(0)
+        fh.writelines([*lines[:10], "not json\n", *lines[10:]])
+    (timings / "rank-3.jsonl").write_text(
+        (timings / "rank-00003.jsonl").read_text()
+    )  # rank 3 twice
+    code, out, err = _run_cli(["stragglers", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "rank 1 is slow in forward" in out
+    assert "rank-00002.jsonl:11: not valid JSON" in out
+    assert "rank 3 is claimed by 2 files" in out
+    assert "rank 4: no timings" in out and "rank 3: no timings" in out
+
+
+def test_without_rich_the_cli_names_the_extra_and_json_still_works(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    run = _straggler_run(tmp_path)
+    code = textwrap.dedent(
+        f"""
+        import sys
+        class _NoRich:
+            def find_spec(self, name, path=None, target=None):
+                if name == "rich" or name.startswith("rich."):
+                    raise ImportError(f"No module named {{name!r}}")
+        sys.meta_path.insert(0, _NoRich())
+        from rankscope.cli import main
+        print("json:", main(["kernels", {str(run)!r}, "--json"]))
+        print("terminal:", main(["kernels", {str(run)!r}]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert "json: 0" in done.stdout and "terminal: 2" in done.stdout
+    assert 'pip install "rankscope[cli]"' in done.stderr

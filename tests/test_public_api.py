@@ -3,6 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import rankscope
 
@@ -64,3 +65,41 @@ except ImportError as exc:
     )
     assert done.returncode == 0, done.stderr
     assert 'pip install "rankscope[torch]"' in done.stdout
+
+
+def test_analysis_names_are_sorted_and_each_loads() -> None:
+    from rankscope import analysis
+
+    assert analysis.__all__ == sorted(analysis.__all__)
+    assert set(analysis.__all__) == set(analysis._WHERE)
+    for name in analysis.__all__:
+        assert getattr(analysis, name) is not None, name
+
+
+def test_analysis_runs_without_torch_and_summaries_without_numpy(tmp_path: Path) -> None:
+    from rankscope._synthetic import Slowdown, write_run_traces, write_timings
+
+    write_timings(tmp_path, ranks=3, steps=12, slowdowns=[Slowdown(1, "forward", 0.5)])
+    write_run_traces(tmp_path, "step-000003-000004", [0, 1], world_size=3, size_bytes=50_000)
+    trace = next(tmp_path.glob("traces/*/rank-00000.pt.trace.json.gz"))
+    done = _python(
+        _BLOCK_TORCH
+        + f"""
+import json, sys
+from rankscope.analysis import summarize_trace
+summarize_trace({str(trace)!r})
+print("numpy after summary:", "numpy" in sys.modules)
+from rankscope.analysis import build_report, find_stragglers, kernel_report, merge_traces, read_timings, render_html
+report = build_report({str(tmp_path)!r})
+assert report["stragglers"]["summary"], report["stragglers"]
+html = render_html(report)
+merge_traces(sorted(__import__("pathlib").Path({str(tmp_path)!r}).glob("traces/*/*.gz")), {str(tmp_path / "merged.json.gz")!r})
+from rankscope.cli import main
+for argv in (["stragglers", {str(tmp_path)!r}, "--json"], ["kernels", {str(tmp_path)!r}, "--json"], ["report", {str(tmp_path)!r}, "--json"]):
+    assert main(argv) == 0, argv
+print("torch:", "torch" in sys.modules)
+"""
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "numpy after summary: False" in done.stdout
+    assert "torch: False" in done.stdout

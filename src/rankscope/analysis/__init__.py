@@ -1,15 +1,86 @@
-"""Analysis of run directories and traces. Imports no torch."""
+"""Analysis of run directories and traces: stragglers, kernels, merged timelines, reports.
 
-from ._kineto import load_trace, scan_trace, summarize_events, summarize_trace
-from ._timings import RankTimings, RunTimings, read_rank_timings, read_timings
+Imports no torch: analysis runs anywhere. Names load on first use, so the trace
+finaliser (which needs only the summaries) never pays for numpy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._html import render_html
+    from ._kernels import KernelReport, KernelTable, find_traces, kernel_report
+    from ._kineto import load_trace, scan_trace, summarize_events, summarize_trace
+    from ._matrix import PhaseMatrices, phase_matrices
+    from ._merge import MergeResult, merge_traces
+    from ._report import build_report
+    from ._run import RunMeta, read_run_meta
+    from ._stragglers import StragglerFinding, StragglerReport, find_stragglers
+    from ._timings import RankTimings, RunTimings, read_rank_timings, read_timings
 
 __all__ = [
+    "KernelReport",
+    "KernelTable",
+    "MergeResult",
+    "PhaseMatrices",
     "RankTimings",
+    "RunMeta",
     "RunTimings",
+    "StragglerFinding",
+    "StragglerReport",
+    "build_report",
+    "find_stragglers",
+    "find_traces",
+    "kernel_report",
     "load_trace",
+    "merge_traces",
+    "phase_matrices",
     "read_rank_timings",
+    "read_run_meta",
     "read_timings",
+    "render_html",
     "scan_trace",
     "summarize_events",
     "summarize_trace",
 ]
+
+_WHERE = {
+    "render_html": "_html",
+    "KernelReport": "_kernels",
+    "KernelTable": "_kernels",
+    "find_traces": "_kernels",
+    "kernel_report": "_kernels",
+    "load_trace": "_kineto",
+    "scan_trace": "_kineto",
+    "summarize_events": "_kineto",
+    "summarize_trace": "_kineto",
+    "PhaseMatrices": "_matrix",
+    "phase_matrices": "_matrix",
+    "MergeResult": "_merge",
+    "merge_traces": "_merge",
+    "build_report": "_report",
+    "RunMeta": "_run",
+    "read_run_meta": "_run",
+    "StragglerFinding": "_stragglers",
+    "StragglerReport": "_stragglers",
+    "find_stragglers": "_stragglers",
+    "RankTimings": "_timings",
+    "RunTimings": "_timings",
+    "read_rank_timings": "_timings",
+    "read_timings": "_timings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

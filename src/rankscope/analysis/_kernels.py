@@ -77,11 +77,12 @@ def find_traces(sources: Iterable[str | os.PathLike[str]], window: str | None = 
     for source in sources:
         path = Path(source)
         if path.is_dir():
-            # A run directory: its traces, not its meta or timings.
-            top = path / "traces" if (path / "traces").is_dir() else path
+            # A run directory: its traces, never its meta or timings.
+            run = any((path / part).is_dir() for part in ("traces", "timings", "meta"))
+            top = path / "traces" if run else path
             inside = sorted(
                 p
-                for p in top.rglob("*")
+                for p in (top.rglob("*") if top.is_dir() else ())
                 if p.is_file() and _TRACE_NAME.match(p.name) and not _NOT_TRACES.match(p.name)
             )
             if window is not None:

@@ -1,44 +1,155 @@
-"""`rankscope` entry point. The CLI owns the terminal: logging handlers and printing live here."""
+"""`rankscope` entry point. The CLI owns the terminal: logging handlers and printing live here.
+
+Every command takes `--json` (one JSON document on stdout, no terminal extras needed);
+bad input is one line on stderr and exit code 2, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
-from .._errors import RankscopeError
+from .._errors import ConfigError, RankscopeError
 from .._version import __version__
 
 __all__ = ["main"]
 
+EXIT_BAD_INPUT = 2
+_OPTIONS = {"threshold", "min_persistence", "min_share"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its complaint on one line like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="rankscope", description="Profile distributed PyTorch training safely."
-    )
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a bad argument (already said)
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    _configure_logging(args.verbose)
+    command: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return command(args)
+    except ConfigError as exc:
+        # Name the option the user typed, not the keyword argument it became.
+        what = (
+            f"--{exc.field.replace('_', '-')} {exc.value!r}" if exc.field in _OPTIONS else str(exc)
+        )
+        if exc.field in _OPTIONS:
+            what += f" is not valid; accepted: {exc.accepted}"
+        print(f"rankscope {args.command}: {what}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RankscopeError as exc:
+        print(f"rankscope {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"rankscope {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ImportError as exc:
+        print(f"rankscope {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rankscope", description="Profile distributed PyTorch training safely.")
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="log rankscope's INFO messages"
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
     demo = commands.add_parser("demo", help="run a real multi-rank capture on CPU processes")
     demo.add_argument(
         "--out", type=Path, default=None, help="run directory (default: runs/demo-TIME)"
     )
     demo.add_argument("--ranks", type=int, default=2, help="number of processes (default: 2)")
     demo.add_argument("--steps", type=int, default=8, help="training steps (default: 8)")
-    args = parser.parse_args(argv)
-    _configure_logging(args.verbose)
-    try:
-        if args.command == "demo":
-            return _demo(args)
-    except RankscopeError as exc:
-        print(f"rankscope: {exc}", file=sys.stderr)
-        return 2
-    return 2
+    demo.set_defaults(run=_demo)
+
+    report = commands.add_parser("report", help="the run at a glance, and RUN_DIR/report.html")
+    report.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    report.add_argument("--no-html", action="store_true", help="do not write the HTML report")
+    report.add_argument(
+        "-o", "--output", type=Path, help="HTML path (default: RUN_DIR/report.html)"
+    )
+    _straggler_options(report)
+    _json_option(report)
+    report.set_defaults(run=_report)
+
+    stragglers = commands.add_parser(
+        "stragglers", help="which rank is slow in which phase, and who waits for it"
+    )
+    stragglers.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    _straggler_options(stragglers)
+    stragglers.add_argument("--all", action="store_true", help="list every finding (default: 20)")
+    _json_option(stragglers)
+    stragglers.set_defaults(run=_stragglers)
+
+    kernels = commands.add_parser("kernels", help="the top kernels (or CPU ops) of traces")
+    kernels.add_argument("sources", nargs="+", type=Path, metavar="TRACE_OR_DIR")
+    kernels.add_argument("--top", type=_positive, default=20, help="rows to show (default: 20)")
+    kernels.add_argument("--by", choices=("name", "category"), default="name")
+    kernels.add_argument("--window", help="only traces of this window (step-000003-000004)")
+    _json_option(kernels)
+    kernels.set_defaults(run=_kernels)
+
+    merge = commands.add_parser("merge", help="one timeline from several ranks' traces")
+    merge.add_argument("sources", nargs="+", type=Path, metavar="TRACE")
+    merge.add_argument(
+        "-o", "--output", type=Path, required=True, help="the merged trace (.json or .json.gz)"
+    )
+    _json_option(merge)
+    merge.set_defaults(run=_merge)
+    return parser
+
+
+def _straggler_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=1.10,
+        help="a rank's time over the reference that counts as slow (default: 1.10)",
+    )
+    parser.add_argument(
+        "--min-persistence",
+        type=float,
+        default=0.5,
+        help="share of sampled steps above the threshold to report (default: 0.5)",
+    )
+    parser.add_argument(
+        "--min-share",
+        type=float,
+        default=0.01,
+        help="ignore excess below this share of the step time (default: 0.01)",
+    )
+    parser.add_argument(
+        "--time",
+        choices=("host", "device"),
+        default="host",
+        help="compare host times (cpu_ms) or device times (gpu_ms) (default: host)",
+    )
+
+
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text}")
+    return value
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -49,6 +160,142 @@ def _configure_logging(verbose: bool) -> None:
     log.setLevel(logging.INFO if verbose else logging.WARNING)
 
 
+def _print_json(data: Any) -> None:
+    # One line: reports of 1000 ranks are large, and scripts read them with a parser.
+    json.dump(data, sys.stdout, separators=(",", ":"))
+    sys.stdout.write("\n")
+
+
+def _terminal(command: str) -> Any:
+    """The rich renderer, or an ImportError that says which extra brings it."""
+    try:
+        from . import _render
+    except ImportError as exc:
+        raise ImportError(
+            f'terminal output needs rich: pip install "rankscope[cli]" (or use --json) ({exc})'
+        ) from None
+    return _render
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ..analysis._html import render_html
+    from ..analysis._report import build_report
+
+    render = None if args.json else _terminal("report")
+    with _progress(render, "reading") as progress:
+        report = build_report(
+            args.run_dir,
+            threshold=args.threshold,
+            min_persistence=args.min_persistence,
+            min_share=args.min_share,
+            time_base=args.time,
+            progress=progress,
+        )
+    html = None
+    if not args.no_html:
+        html = args.output or Path(report["run_dir"]) / "report.html"
+        html.write_text(render_html(report), encoding="utf-8")
+        report["html"] = str(html)
+    if render is None:
+        _print_json(report)
+    else:
+        render.report(report, html)
+    return 0
+
+
+def _stragglers(args: argparse.Namespace) -> int:
+    from ..analysis._matrix import phase_matrices
+    from ..analysis._run import read_run_meta
+    from ..analysis._stragglers import find_stragglers
+    from ..analysis._timings import read_timings
+
+    render = None if args.json else _terminal("stragglers")
+    meta = read_run_meta(args.run_dir)
+    with _progress(render, "reading") as progress:
+        timings = read_timings(
+            args.run_dir, progress=progress and (lambda d, t: progress("timings", d, t))
+        )
+    found = find_stragglers(
+        phase_matrices(timings, args.time),
+        threshold=args.threshold,
+        min_persistence=args.min_persistence,
+        min_share=args.min_share,
+    )
+    skipped = meta.skipped + timings.skipped
+    skipped += [f"rank {r}: no timings" for r in meta.missing(sorted(timings.ranks))]
+    if render is None:
+        _print_json({**found.to_dict(), "skipped": skipped})
+    else:
+        render.stragglers(found, skipped, limit=None if args.all else 20)
+    return 0
+
+
+def _kernels(args: argparse.Namespace) -> int:
+    from ..analysis._kernels import kernel_report
+
+    render = None if args.json else _terminal("kernels")
+    with _progress(render, "reading") as progress:
+        found = kernel_report(
+            args.sources,
+            by=args.by,
+            window=args.window,
+            progress=_stage(progress, "traces"),
+        )
+    if render is None:
+        _print_json(found.to_dict(args.top))
+    else:
+        render.kernels(found, args.top)
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from ..analysis._merge import merge_traces
+
+    render = None if args.json else _terminal("merge")
+    with _progress(render, "merging") as progress:
+        total = sum(p.stat().st_size for p in args.sources if p.is_file())
+        step = _stage(progress, "bytes")
+        result = merge_traces(
+            args.sources,
+            args.output,
+            progress=None if step is None else lambda done: step(done, total),
+        )
+    if render is None:
+        _print_json(result.to_dict())
+    else:
+        render.merged(result)
+    return 0
+
+
+def _stage(
+    progress: Callable[[str, int, int], None] | None, stage: str
+) -> Callable[[int, int], None] | None:
+    """A (done, total) callback for one stage of a progress display, if there is one."""
+    if progress is None:
+        return None
+    return lambda done, total: progress(stage, done, total)
+
+
+class _progress:
+    """A progress bar on stderr while reading, where there is a terminal to draw it on."""
+
+    def __init__(self, render: Any, what: str) -> None:
+        self._bar = render.Progress(what) if render is not None and sys.stderr.isatty() else None
+
+    def __enter__(self) -> Callable[[str, int, int], None] | None:
+        if self._bar is None:
+            return None
+        self._bar.__enter__()
+        return self._bar.update  # type: ignore[no-any-return]
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from ..demo._capture_demo import load_summary, phase_medians, run_capture_demo
 
@@ -57,7 +304,7 @@ def _demo(args: argparse.Namespace) -> int:
             "rankscope demo: needs --ranks >= 1 and --steps >= 5 (the window is steps 3-4)",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_BAD_INPUT
     out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     print(
         f"rankscope demo: training a small MLP with DDP on {args.ranks} CPU processes (gloo), "
@@ -76,9 +323,9 @@ def _demo(args: argparse.Namespace) -> int:
         )
     for summary_file in result.summaries:
         summary = load_summary(summary_file)
-        what = "GPU kernels" if summary["kind"] == "gpu_kernels" else "top-level CPU ops"
+        what = "GPU kernels" if summary["kind"] == "gpu_kernels" else "CPU ops by self time"
         print(f"summary         {summary_file.relative_to(result.run_dir)}")
-        print(f"\n  rank {summary['rank']}, window {summary['window']}: {what} by total time")
+        print(f"\n  rank {summary['rank']}, window {summary['window']}: {what}")
         print(f"  {'name':<44} {'count':>6} {'total ms':>9} {'share':>6}")
         for item in summary["items"][:8]:
             print(

@@ -1,0 +1,238 @@
+"""The run at a glance: one JSON-safe dict that the terminal, `--json` and the HTML report share."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._errors import TraceError
+from ._kernels import find_traces, kernel_report
+from ._matrix import STEP, PhaseMatrices, phase_matrices
+from ._run import read_run_meta
+from ._stragglers import find_stragglers
+from ._timings import read_timings
+
+__all__ = ["REPORT_VERSION", "build_report"]
+
+REPORT_VERSION = 1
+# Heatmap cells per metric at most; longer runs are shown in bins of consecutive steps.
+_MAX_CELLS = 250_000
+_MIN_COLUMNS = 50
+_TOP_KERNELS = 15
+
+Progress = Callable[[str, int, int], None]
+
+
+def build_report(
+    run_dir: str | os.PathLike[str],
+    *,
+    threshold: float = 1.10,
+    min_persistence: float = 0.5,
+    min_share: float = 0.01,
+    time_base: str = "host",
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Read a run directory's timings, meta and traces and say what they show.
+
+    A run with timings but no traces (or the other way round) is reported with what it
+    has; a TraceError when it has neither. What could not be read is listed under
+    "skipped", never dropped silently.
+    """
+    meta = read_run_meta(run_dir)
+    root = meta.root.resolve()
+    report: dict[str, Any] = {
+        "v": REPORT_VERSION,
+        "run_dir": str(root),
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    skipped = list(meta.skipped)
+    timings_error = None
+    try:
+        timings = read_timings(root, progress=_stage(progress, "timings"))
+    except TraceError as exc:
+        timings, timings_error = None, str(exc)
+    present = sorted(timings.ranks) if timings is not None else sorted(meta.meta)
+    missing = meta.missing(present)
+    report["ranks"] = {
+        "world_size": meta.world_size
+        if meta.world_size is not None
+        else len(present) + len(missing),
+        "present": present,
+        "missing": missing,
+        "hosts": {str(r): h for r, h in meta.hosts.items()},
+    }
+    if timings is not None:
+        skipped.extend(timings.skipped)
+        skipped.extend(f"rank {r}: no timings" for r in missing)
+        m = phase_matrices(timings, time_base)
+        stragglers = find_stragglers(
+            m, threshold=threshold, min_persistence=min_persistence, min_share=min_share
+        )
+        report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
+        report["time"] = m.time
+        report["phases"] = _phase_stats(m)
+        report["heatmaps"] = _heatmaps(m)
+        report["breakdown"] = _breakdown(m)
+        strag = stragglers.to_dict(table=False)
+        for finding in strag["findings"]:
+            del finding["ratios"]  # per step, per finding: the heatmap shows them
+        report["stragglers"] = strag
+    kernels_error = None
+    try:
+        report["kernels"] = _kernels(root, progress)
+    except TraceError as exc:
+        kernels_error = str(exc)
+    if timings_error is not None and kernels_error is not None:
+        raise TraceError(
+            f"{root}: nothing to report (no timings: {timings_error}; no traces: {kernels_error})"
+        )
+    if "kernels" in report:
+        skipped.extend(report["kernels"].pop("skipped"))
+    report["skipped"] = skipped
+    return report
+
+
+def _stage(progress: Progress | None, stage: str) -> Callable[[int, int], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total: progress(stage, done, total)
+
+
+def _round(value: float) -> float | None:
+    """Four significant digits, None for NaN: the HTML embeds every value."""
+    if not math.isfinite(value):
+        return None
+    return float(f"{value:.4g}")
+
+
+def _phase_stats(m: PhaseMatrices) -> list[dict[str, Any]]:
+    out = []
+    for phase, kind, ms in zip(m.phases, m.kinds, m.ms, strict=True):
+        cells = ms[np.isfinite(ms)]
+        out.append(
+            {
+                "name": phase,
+                "kind": kind,
+                "records": int(cells.size),
+                "median_ms": _round(float(np.median(cells))) if cells.size else None,
+                "p90_ms": _round(float(np.percentile(cells, 90))) if cells.size else None,
+            }
+        )
+    return out
+
+
+def _heatmaps(m: PhaseMatrices) -> dict[str, Any]:
+    n_r, n_s = len(m.ranks), len(m.steps)
+    width = n_s
+    if n_r * n_s > _MAX_CELLS:
+        width = max(_MIN_COLUMNS, _MAX_CELLS // max(n_r, 1))
+    bins = math.ceil(n_s / width) if width < n_s else 1
+    order = [m.index(STEP)] if STEP in m.phases else []
+    order += [p for p, name in enumerate(m.phases) if name != STEP]
+    metrics = []
+    for p in order:
+        values = m.ms[p]
+        if bins > 1:
+            values = _bin_columns(values, bins)
+        label = "step time" if m.phases[p] == STEP else f"{m.phases[p]} ({m.kinds[p]})"
+        metrics.append(
+            {
+                "name": m.phases[p],
+                "label": label,
+                "unit": "ms",
+                "values": _rows(values),
+            }
+        )
+    return {
+        "ranks": m.ranks,
+        "steps": m.steps[::bins],
+        "steps_per_column": bins,
+        "metrics": metrics,
+    }
+
+
+def _rows(values: np.ndarray) -> list[list[float | None]]:
+    """Microsecond precision (short JSON numbers), None for NaN."""
+    return [[None if math.isnan(v) else v for v in row] for row in np.round(values, 3).tolist()]
+
+
+def _bin_columns(values: np.ndarray, bins: int) -> np.ndarray:
+    """Mean of each run of `bins` consecutive columns (NaN ignored)."""
+    n_r, n_s = values.shape
+    padded = np.full((n_r, math.ceil(n_s / bins) * bins), np.nan)
+    padded[:, :n_s] = values
+    shaped = padded.reshape(n_r, -1, bins)
+    with np.errstate(invalid="ignore"):
+        count = np.sum(np.isfinite(shaped), axis=2)
+        total = np.nansum(shaped, axis=2)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _breakdown(m: PhaseMatrices) -> dict[str, Any]:
+    """Per rank, the median time of each top-level phase over sampled steps."""
+    chosen = [
+        p
+        for p, (name, depth) in enumerate(zip(m.phases, m.depths, strict=True))
+        if name != STEP and depth == 0
+    ]
+    columns = []
+    for p in chosen:
+        ms = m.ms[p]
+        with np.errstate(invalid="ignore"):
+            present = np.isfinite(ms).any(axis=1)
+            median = np.full(len(m.ranks), np.nan)
+            if present.any():
+                median[present] = np.nanmedian(ms[present], axis=1)
+        columns.append(median)
+    rows = np.stack(columns, axis=1) if columns else np.zeros((len(m.ranks), 0))
+    return {
+        "ranks": m.ranks,
+        "phases": [m.phases[p] for p in chosen],
+        "kinds": [m.kinds[p] for p in chosen],
+        "median_ms": [[_round(v) for v in row] for row in rows.tolist()],
+    }
+
+
+def _kernels(root: Path, progress: Progress | None) -> dict[str, Any]:
+    traces = find_traces([root])
+    windows: dict[str, list[Path]] = {}
+    for path in traces:
+        windows.setdefault(path.parent.name, []).append(path)
+    out: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    done = 0
+    for window, paths in sorted(windows.items()):
+        try:
+            found = kernel_report(paths)
+        except TraceError as exc:
+            skipped.append(str(exc))
+            continue
+        finally:
+            done += len(paths)
+            if progress is not None:
+                progress("traces", done, len(traces))
+        skipped.extend(found.skipped)
+        for table in found.tables:
+            summary = table.to_dict(_TOP_KERNELS)
+            out.append(
+                {
+                    "window": window,
+                    "ranks": sorted(
+                        {
+                            t["rank"]
+                            for t in found.traces
+                            if t["kind"] == table.kind and t["rank"] is not None
+                        }
+                    ),
+                    "kind": table.kind,
+                    "total_us": table.total_us,
+                    "items": summary["items"],
+                }
+            )
+    return {"windows": out, "skipped": skipped}

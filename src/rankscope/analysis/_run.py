@@ -1,0 +1,75 @@
+"""What a run directory says about its ranks: the meta files, the world size, who is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._errors import TraceError
+
+__all__ = ["RunMeta", "read_run_meta"]
+
+_META_FILE = re.compile(r"rank-(\d+)\.json")
+
+
+@dataclass
+class RunMeta:
+    """The ranks' meta files, and what they tell together."""
+
+    root: Path
+    meta: dict[int, dict[str, Any]]
+    world_size: int | None
+    """The world size the meta files state (the largest, if they disagree); None without meta."""
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def hosts(self) -> dict[int, str]:
+        return {r: str(m["host"]) for r, m in self.meta.items() if isinstance(m.get("host"), str)}
+
+    def missing(self, present: set[int] | list[int]) -> list[int]:
+        """Ranks below the world size that `present` lacks (below max+1 without meta)."""
+        have = set(present)
+        size = self.world_size if self.world_size is not None else max(have, default=-1) + 1
+        return [r for r in range(size) if r not in have]
+
+
+def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
+    """Read RUN_DIR/meta/rank-*.json; unreadable files are skipped and said."""
+    root = Path(run_dir)
+    if not root.exists():
+        raise TraceError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise TraceError(f"{root}: not a directory (expected a run directory)")
+    meta: dict[int, dict[str, Any]] = {}
+    skipped: list[str] = []
+    sizes: set[int] = set()
+    folder = root / "meta"
+    for path in sorted(folder.glob("rank-*.json")) if folder.is_dir() else []:
+        named = _META_FILE.fullmatch(path.name)
+        if named is None:
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            skipped.append(f"{path}: not readable meta ({type(exc).__name__})")
+            continue
+        rank = int(named.group(1))
+        if not isinstance(data, dict) or data.get("rank") != rank:
+            skipped.append(f"{path}: not the meta of rank {rank}")
+            continue
+        if rank in meta:
+            skipped.append(f"{path}: a second meta file for rank {rank}; ignored")
+            continue
+        meta[rank] = data
+        size = data.get("world_size")
+        if isinstance(size, int) and not isinstance(size, bool) and size > rank:
+            sizes.add(size)
+    if len(sizes) > 1:
+        skipped.append(
+            f"{folder}: the ranks disagree on the world size ({sorted(sizes)}); using the largest"
+        )
+    return RunMeta(root=root, meta=meta, world_size=max(sizes) if sizes else None, skipped=skipped)

@@ -1,0 +1,7 @@
+"""`python -m rankscope.cli`: the same as the `rankscope` command."""
+
+import sys
+
+from ._main import main
+
+sys.exit(main())

@@ -1,0 +1,222 @@
+"""Terminal output of the analysis commands (rich, from the `cli` extra).
+
+Names from traces go into Text objects, never markup: a kernel name like
+`void f<[T]>()` must print as it is.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as _RichProgress
+from rich.table import Table
+from rich.text import Text
+
+from ..analysis._kernels import KernelReport
+from ..analysis._stragglers import StragglerReport
+
+__all__ = ["Progress", "kernels", "merged", "report", "stragglers"]
+
+# Piped output has no width to fit: wide enough that kernel names stay readable.
+_console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+_NAME_WIDTH = 60
+
+
+class Progress:
+    """A transient bar per stage ("timings", "traces"), on stderr."""
+
+    def __init__(self, what: str) -> None:
+        self._bar = _RichProgress(
+            TextColumn(f"{what} {{task.description}}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self._tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> Progress:
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.__exit__(None, None, None)
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        task = self._tasks.get(stage)
+        if task is None:
+            task = self._tasks[stage] = self._bar.add_task(stage, total=total)
+        self._bar.update(task, completed=done, total=total)
+
+
+def _name(text: str, width: int = _NAME_WIDTH) -> Text:
+    return Text(text if len(text) <= width else text[: width - 1] + "…", no_wrap=True)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _skipped(lines: list[str], limit: int = 5) -> None:
+    if not lines:
+        return
+    _console.print(f"\n[yellow]Skipped input ({len(lines)}):[/yellow]")
+    for line in lines[:limit]:
+        _console.print(Text(f"  {line}"))
+    if len(lines) > limit:
+        _console.print(f"  ... and {len(lines) - limit} more (all of them in --json)")
+
+
+def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int | None) -> Table:
+    table = Table(
+        box=box.SIMPLE_HEAD, title=f"Findings (ratio to the {reference})", title_justify="left"
+    )
+    for column in (
+        "rank",
+        "phase",
+        "role",
+        "median ratio",
+        "steps above",
+        "time lost ms",
+        "since step",
+        "waits for",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("phase", "role", "waits for") else "right"
+        )
+    for f in findings[:limit]:
+        table.add_row(
+            str(f["rank"]),
+            _name(f["phase"], 30),
+            f["role"],
+            f"{f['median_ratio']:.2f}",
+            f"{f['share_above']:.0%}",
+            f"{f['lost_ms']:.1f}",
+            str(f["since_step"]),
+            ", ".join(str(r) for r in f["waits_for"]),
+        )
+    return table
+
+
+def _sentences(summary: list[str], threshold: float, persistence: float) -> None:
+    if summary:
+        for sentence in summary:
+            _console.print(Text(f"  {sentence}", style="bold"))
+    else:
+        _console.print(
+            f"  No straggler: no rank is {threshold - 1:.0%} above the others "
+            f"at {persistence:.0%} of sampled steps."
+        )
+
+
+def report(data: dict[str, Any], html: Path | None) -> None:
+    ranks = data["ranks"]
+    _console.print(Text(f"rankscope report: {data['run_dir']}", style="bold"))
+    missing = f", missing {_rank_list(ranks['missing'])}" if ranks["missing"] else ""
+    _console.print(f"ranks: {len(ranks['present'])} of {ranks['world_size']}{missing}")
+    steps = data.get("steps")
+    if steps:
+        _console.print(
+            f"sampled steps: {len(steps['sampled'])} (steps {steps['first']}-{steps['last']}), "
+            f"{data['time']} time"
+        )
+        table = Table(
+            box=box.SIMPLE_HEAD, title="Phases across ranks and sampled steps", title_justify="left"
+        )
+        for column in ("phase", "kind", "records", "median ms", "p90 ms"):
+            table.add_column(column, justify="left" if column in ("phase", "kind") else "right")
+        for p in data["phases"]:
+            table.add_row(
+                _name(p["name"], 30),
+                p["kind"],
+                str(p["records"]),
+                _ms(p["median_ms"]),
+                _ms(p["p90_ms"]),
+            )
+        _console.print(table)
+        strag = data["stragglers"]
+        _console.print("[bold]Stragglers[/bold]")
+        _sentences(strag["summary"], strag["threshold"], strag["min_persistence"])
+        if strag["findings"]:
+            _console.print(_findings_table(strag["findings"], strag["reference"], 10))
+    else:
+        _console.print("no timings in this run (was the timer on?)")
+    for window in data.get("kernels", {}).get("windows", []):
+        what = "GPU kernels" if window["kind"] == "gpu_kernels" else "CPU ops by self time"
+        title = f"Top {what}, window {window['window']}, {_rank_list(window['ranks'])}"
+        _console.print(_items_table(window["items"][:10], title))
+    _skipped(data.get("skipped", []))
+    if html is not None:
+        _console.print(Text(f"\nHTML report: {html}"))
+
+
+def stragglers(found: StragglerReport, skipped: list[str], limit: int | None) -> None:
+    _console.print(
+        f"[bold]Stragglers[/bold] over {len(found.ranks)} ranks and {len(found.steps)} sampled steps "
+        f"({found.time} time; threshold {found.threshold:.2f}, persistence {found.min_persistence:.0%})"
+    )
+    _sentences(found.summary, found.threshold, found.min_persistence)
+    if found.findings:
+        rows = [f.to_dict() for f in found.findings]
+        _console.print(_findings_table(rows, found.reference, limit))
+        if limit is not None and len(rows) > limit:
+            _console.print(f"  ... {len(rows) - limit} more findings (--all, or --json)")
+    if found.sync_phases:
+        _console.print(f"phases that end in a collective: {', '.join(found.sync_phases)}")
+    _skipped(skipped)
+
+
+def _items_table(items: list[dict[str, Any]], title: str) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
+    for column in ("name", "count", "total ms", "mean us", "min us", "max us", "share"):
+        table.add_column(column, justify="left" if column == "name" else "right")
+    for item in items:
+        table.add_row(
+            _name(item["name"]),
+            str(item["count"]),
+            f"{item['total_us'] / 1000:.3f}",
+            f"{item['mean_us']:.1f}",
+            f"{item['min_us']:.1f}",
+            f"{item['max_us']:.1f}",
+            f"{item['share']:.1%}",
+        )
+    return table
+
+
+def kernels(found: KernelReport, top: int) -> None:
+    for table in found.tables:
+        what = "GPU kernels" if table.kind == "gpu_kernels" else "CPU ops by self time"
+        by = "" if table.by == "name" or table.kind == "cpu_ops" else " by category"
+        title = (
+            f"{what}{by}: {table.count} in {table.traces} trace(s), "
+            f"{table.total_us / 1000:.3f} ms in all"
+        )
+        _console.print(_items_table(table.items[:top], title))
+        if len(table.items) > top:
+            _console.print(f"  ... {len(table.items) - top} more (--top N, or --json)")
+    _skipped(found.skipped)
+
+
+def merged(result: Any) -> None:
+    data = result.to_dict()
+    _console.print(
+        Text(
+            f"merged {len(data.get('ranks', []))} ranks ({_rank_list(data.get('ranks', []))}) "
+            f"into {data['output']}"
+        )
+    )
+    _console.print(
+        "Open it at https://ui.perfetto.dev ('Open trace file'); each rank is its own group."
+    )
+
+
+def _rank_list(ranks: list[int]) -> str:
+    from ..analysis._stragglers import format_ranks
+
+    return format_ranks(ranks) if ranks else "no ranks"

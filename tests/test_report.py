@@ -1,0 +1,104 @@
+"""The report's data: what a run directory shows, with timings, traces, or only one of them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rankscope import TraceError
+from rankscope._synthetic import Slowdown, write_run_traces, write_timings
+from rankscope.analysis import _report as report_module
+from rankscope.analysis import build_report, read_run_meta
+
+
+def _run(root: Path, **timings: object) -> Path:
+    write_timings(root, **{"ranks": 4, "steps": 20, **timings})  # type: ignore[arg-type]
+    write_run_traces(root, "step-000003-000004", [0, 2], world_size=4, size_bytes=60_000)
+    return root
+
+
+def test_a_run_with_a_straggler_and_traces(tmp_path: Path) -> None:
+    report = build_report(_run(tmp_path, slowdowns=[Slowdown(2, "forward", 0.41)]))
+    json.dumps(report, allow_nan=False)  # plain JSON, no NaN
+    assert report["ranks"] == {
+        "world_size": 4,
+        "present": [0, 1, 2, 3],
+        "missing": [],
+        "hosts": {str(r): "node000" for r in range(4)},
+    }
+    assert report["steps"]["sampled"] == list(range(20))
+    assert [p["name"] for p in report["phases"]] == [
+        "host_to_device",
+        "forward",
+        "backward",
+        "optimizer",
+        "loss_allreduce",
+        "step",
+    ]
+    forward = next(p for p in report["phases"] if p["name"] == "forward")
+    assert forward["records"] == 80 and 29 < forward["median_ms"] < 44
+    heat = report["heatmaps"]
+    assert heat["ranks"] == [0, 1, 2, 3] and heat["steps"] == list(range(20))
+    assert heat["metrics"][0]["name"] == "step"
+    fwd = next(m for m in heat["metrics"] if m["name"] == "forward")
+    assert len(fwd["values"]) == 4 and all(len(row) == 20 for row in fwd["values"])
+    assert min(fwd["values"][2]) > max(fwd["values"][0])  # the slow rank stands out
+    assert report["breakdown"]["phases"] == [p["name"] for p in report["phases"][:-1]]
+    assert report["stragglers"]["summary"][0].startswith("rank 2 is slow in forward")
+    assert all("ratios" not in f for f in report["stragglers"]["findings"])
+    (window,) = report["kernels"]["windows"]
+    assert window["window"] == "step-000003-000004" and window["ranks"] == [0, 2]
+    assert window["kind"] == "gpu_kernels" and 0 < len(window["items"]) <= 15
+    assert report["skipped"] == []
+
+
+def test_missing_ranks_and_bad_lines_are_said(tmp_path: Path) -> None:
+    write_timings(tmp_path, ranks=6, steps=10, only_ranks=[0, 1, 3])
+    with open(tmp_path / "timings" / "rank-00001.jsonl", "a") as fh:
+        fh.write("{garbage\n")
+    report = build_report(tmp_path)
+    assert report["ranks"]["missing"] == [2, 4, 5] and report["ranks"]["world_size"] == 6
+    assert "rank 2: no timings" in report["skipped"]
+    assert any("rank-00001.jsonl:" in s and "not valid JSON" in s for s in report["skipped"])
+    assert "kernels" not in report  # no traces: the rest still reported
+
+
+def test_traces_without_timings_still_report_kernels(tmp_path: Path) -> None:
+    write_run_traces(tmp_path, "step-000001-000002", [0], world_size=1, size_bytes=30_000)
+    report = build_report(tmp_path)
+    assert "stragglers" not in report and "heatmaps" not in report
+    assert report["kernels"]["windows"][0]["items"]
+
+
+def test_an_empty_directory_has_nothing_to_report(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="nothing to report") as info:
+        build_report(tmp_path)
+    assert "no timings" in str(info.value) and "no trace files" in str(info.value)
+
+
+def test_long_runs_are_binned_into_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report_module, "_MAX_CELLS", 100)
+    monkeypatch.setattr(report_module, "_MIN_COLUMNS", 5)
+    write_timings(tmp_path, ranks=4, steps=60, noise=0.0)
+    heat = build_report(tmp_path)["heatmaps"]
+    assert heat["steps_per_column"] == 3
+    assert heat["steps"] == list(range(0, 60, 3))
+    assert all(len(row) == 20 for m in heat["metrics"] for row in m["values"])
+
+
+def test_meta_files_that_disagree_or_lie_are_said(tmp_path: Path) -> None:
+    write_timings(tmp_path, ranks=3, steps=2)
+    meta = tmp_path / "meta"
+    (meta / "rank-00001.json").write_text(json.dumps({"rank": 1, "world_size": 8}))
+    (meta / "rank-00002.json").write_text(json.dumps({"rank": 5}))
+    (meta / "rank-2.json").write_text("{")
+    found = read_run_meta(tmp_path)
+    assert found.world_size == 8
+    assert sorted(found.meta) == [0, 1]
+    said = " | ".join(found.skipped)
+    assert "rank-00002.json: not the meta of rank 2" in said
+    assert "rank-2.json: not readable meta" in said
+    assert "disagree on the world size ([3, 8])" in said
+    assert found.missing([0, 1, 2]) == [3, 4, 5, 6, 7]
