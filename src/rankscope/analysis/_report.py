@@ -88,6 +88,9 @@ def build_report(
         report["kernels"] = _kernels(root, progress)
     except TraceError as exc:
         kernels_error = str(exc)
+    else:
+        if not report["kernels"]["windows"]:
+            kernels_error = "; ".join(report["kernels"]["skipped"]) or "none readable"
     if timings_error is not None and kernels_error is not None:
         raise TraceError(
             f"{root}: nothing to report (no timings: {timings_error}; no traces: {kernels_error})"
