@@ -35,6 +35,9 @@ RESULTS = BENCH / ".results"
 SHARED_TRACES = ROOT.parent / "shared" / "data" / "traces"
 HTA_VENV = RESULTS / "hta-venv"
 HTA_VERSION = "0.5.0"
+# HTA 0.5.0 predates pandas 3, whose stricter assignment breaks its parser on traces of
+# more than 32767 events ("Invalid value ... for dtype 'int16'").
+HTA_PACKAGES = [f"HolisticTraceAnalysis=={HTA_VERSION}", "pandas<3"]
 
 # Runs `BODY` (which sets `result`), then prints wall time and peak RSS as JSON.
 _HARNESS = """
@@ -50,7 +53,7 @@ print(json.dumps({{"wall": wall, "rss_mb": (me + kids) / 1024, "result": result}
 _FLOOR = """
 import gzip, json, pathlib
 result = 0
-for path in sorted(pathlib.Path({dir!r}).iterdir()):
+for path in sorted(pathlib.Path({dir!r}).glob("*.json*")):
     data = path.read_bytes()
     if data[:2] == b"\\x1f\\x8b":
         data = gzip.decompress(data)
@@ -93,7 +96,7 @@ def _hta_python() -> str | None:
         )
         subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True)
         done = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", f"HolisticTraceAnalysis=={HTA_VERSION}"],
+            [str(python), "-m", "pip", "install", "-q", *HTA_PACKAGES],
             capture_output=True,
             text=True,
             check=False,
@@ -103,6 +106,26 @@ def _hta_python() -> str | None:
             shutil.rmtree(HTA_VENV, ignore_errors=True)
             return None
     return str(python)
+
+
+_REAL_SETS = {
+    "real: 128-rank NCCL job, ranks 0 and 1": [
+        "gpu-128rank-sampled-rank0.json.gz",
+        "gpu-128rank-sampled-rank1.json.gz",
+    ],
+    "real: AlexNet on one GPU": ["gpu-alexnet-1rank.json.gz"],
+}
+
+
+def _linked(label: str, names: list[str]) -> Path:
+    """A folder of links to some of the shared real traces (the shared folder mixes jobs)."""
+    folder = RESULTS / "traces" / ("real-" + "".join(c if c.isalnum() else "-" for c in label))
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        link = folder / name
+        if not link.exists():
+            link.symlink_to(SHARED_TRACES / name)
+    return folder
 
 
 def _generated(size_mb: int) -> Path:
@@ -138,12 +161,13 @@ def kernels(quick: bool, hta: bool) -> None:
     print("== kernel summary: rankscope vs HolisticTraceAnalysis vs the floor")
     sets: list[tuple[str, Path]] = []
     if SHARED_TRACES.is_dir():
-        sets.append(("real traces (6 files)", SHARED_TRACES))
+        # HTA reads a folder as one job, one trace per rank: give it real jobs.
+        for label, names in _REAL_SETS.items():
+            sets.append((label, _linked(label, names)))
     else:
         print(f"  (real traces not found at {SHARED_TRACES}; skipped)")
-    sets.append(("generated 50 MB", _generated(50)))
-    if not quick:
-        sets.append(("generated 500 MB", _generated(500)))
+    for size_mb in (4,) if quick else (50, 500):
+        sets.append((f"generated {size_mb} MB", _generated(size_mb)))
     hta_python = _hta_python() if hta else None
     for label, folder in sets:
         print(f"-- {label}: {_raw_mb(folder):.0f} MB of JSON in {folder}")

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
         ("capture_stall.py", ["--quick"], "stall vs raw export:"),
         ("unselected_cost.py", [], "unselected phase() vs nullcontext():"),
         ("timer_overhead.py", ["--quick"], "timer every 10 steps:"),
+        ("analysis.py", ["--quick", "--no-hta"], "rankscope stragglers --json, end to end:"),
     ],
 )
 def test_benchmark_runs(script: str, args: list[str], expect: str) -> None:

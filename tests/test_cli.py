@@ -129,6 +129,7 @@ def _truncated_gz(path: Path) -> Path:
         (["kernels", "{tmp}/cut.json.gz"], "cut.json.gz: truncated or corrupt gzip"),
         (["kernels", "{tmp}/notjson.json"], "notjson.json: not valid JSON"),
         (["kernels", "{tmp}/nottrace.json"], "nottrace.json: not a trace"),
+        (["kernels", "{tmp}/numbers.json"], "numbers.json: not a trace (event 1 is a number"),
         (["kernels", "{tmp}", "--top", "0"], "--top: expected a number >= 1"),
         (["stragglers", "{tmp}", "--threshold", "abc"], "--threshold: invalid float value"),
         (["merge", "{tmp}/absent.json", "-o", "{tmp}/out.json"], "absent.json"),
@@ -140,6 +141,7 @@ def test_bad_input_is_one_line_and_exit_code_2(
     (tmp_path / "empty").mkdir()
     (tmp_path / "notjson.json").write_text("{nope")
     (tmp_path / "nottrace.json").write_text('{"hello": 1}')
+    (tmp_path / "numbers.json").write_text("[1, 2]")
     _truncated_gz(tmp_path / "cut.json.gz")
     argv = [a.format(tmp=tmp_path) for a in argv]
     code, out, err = _run_cli(argv, capsys)

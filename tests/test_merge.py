@@ -429,7 +429,7 @@ def test_bad_event_found_by_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyP
     trace["traceEvents"].insert(5, [1, 2])
     _dump(inputs[1], trace)
     monkeypatch.setattr(_merge, "_lane_count", lambda sources: 2)
-    with pytest.raises(TraceError, match=r"rank-00001.*event 6 is not an object"):
+    with pytest.raises(TraceError, match=r"rank-00001.*event 6 is a list, not an object"):
         merge_traces(inputs, tmp_path / "m.json")
     assert _left(tmp_path, inputs) == []
 

@@ -38,16 +38,19 @@ def _scan(path: Path) -> tuple[dict[str, Any], list[Any]]:
     return meta, events
 
 
-@pytest.fixture(params=[1, 7, 1 << 20], ids=["chunk1", "chunk7", "chunk1MiB"])
-def chunk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(_stream, "_CHUNK", request.param)
-    return int(request.param)
+@pytest.fixture(params=[1, 7, 1 << 20, None], ids=["chunk1", "chunk7", "chunk1MiB", "whole"])
+def chunk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int | None:
+    """The streaming reader at several chunk sizes, or (None) the whole-file parse."""
+    if request.param is not None:
+        monkeypatch.setattr(_stream, "_CHUNK", request.param)
+        monkeypatch.setattr(_stream, "_WHOLE", 0)
+    return request.param
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(trace=TRACE, indent=st.sampled_from([None, 1]), compress=st.booleans())
 def test_streaming_equals_a_whole_parse(
-    tmp_path: Path, chunk: int, trace: dict[str, Any], indent: int | None, compress: bool
+    tmp_path: Path, chunk: int | None, trace: dict[str, Any], indent: int | None, compress: bool
 ) -> None:
     text = json.dumps(trace, indent=indent, ensure_ascii=False).encode()
     path = tmp_path / "t.json"
@@ -90,6 +93,9 @@ def test_any_truncation_is_a_trace_error(
         ('{"traceEvents": [{"a": 1} {"b": 2}]}', "expected , or ]"),
         ('{"traceEvents": {"a": 1}}', "no traceEvents list"),
         ('{"other": []}', "no traceEvents list"),
+        ("[1, 2]", r"event 1 is a number, not an object"),
+        ('{"traceEvents": [{"a": 1}, null]}', r"event 2 is null, not an object"),
+        ('{"traceEvents": [{"a": 1}, {}, ["x"]]}', r"event 3 is a list, not an object"),
         ("", "empty"),
         ("   ", "empty"),
     ],
@@ -123,13 +129,14 @@ def test_real_traces_stream_equal_to_a_whole_parse(real_traces: Path) -> None:
 
 @pytest.mark.parametrize("number", ["0.0", "-12.5e-3", "123456", "1E+9"])
 def test_a_number_split_across_chunks_is_read_whole(
-    tmp_path: Path, chunk: int, number: str
+    tmp_path: Path, chunk: int | None, number: str
 ) -> None:
     path = tmp_path / "t.json"
     path.write_text(
-        f'{{"traceEvents": [{number}, {{"ts": {number}}}], "distributedInfo": {number}}}'
+        f'{{"baseTimeNanoseconds": {number}, "traceEvents": [{{"ts": {number}}}], '
+        f'"distributedInfo": {number}}}'
     )
     meta, events = _scan(path)
     value = json.loads(number)
-    assert events == [value, {"ts": value}]
-    assert meta == {"distributedInfo": value}
+    assert events == [{"ts": value}]
+    assert meta == {"baseTimeNanoseconds": value, "distributedInfo": value}

@@ -1,13 +1,20 @@
 """rankscope: safe, cheap profiling for distributed PyTorch training.
 
 Importing rankscope does not import torch; capture imports it when a rank profiles.
+Names load on first use, so `rankscope.analysis` (on a laptop, over a run directory)
+never pays for the profiler's configuration and hooks.
 """
 
-from ._config import ProfileConfig, Schedule, TimerConfig, TraceConfig
-from ._errors import ConfigError, RankscopeError, TraceError
-from ._profiler import Profiler, annotate, current
-from ._ranks import RankInfo, detect_rank_info
+import importlib as _importlib
+import typing as _typing
+
 from ._version import __version__
+
+if _typing.TYPE_CHECKING:
+    from ._config import ProfileConfig, Schedule, TimerConfig, TraceConfig
+    from ._errors import ConfigError, RankscopeError, TraceError
+    from ._profiler import Profiler, annotate, current
+    from ._ranks import RankInfo, detect_rank_info
 
 __all__ = [
     "ConfigError",
@@ -24,3 +31,31 @@ __all__ = [
     "current",
     "detect_rank_info",
 ]
+
+_WHERE = {
+    "ProfileConfig": "_config",
+    "Schedule": "_config",
+    "TimerConfig": "_config",
+    "TraceConfig": "_config",
+    "ConfigError": "_errors",
+    "RankscopeError": "_errors",
+    "TraceError": "_errors",
+    "Profiler": "_profiler",
+    "annotate": "_profiler",
+    "current": "_profiler",
+    "RankInfo": "_ranks",
+    "detect_rank_info": "_ranks",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

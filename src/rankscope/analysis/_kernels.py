@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import platform
 import re
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,6 +212,10 @@ def _summaries(
             if progress is not None:
                 progress(i + 1, len(paths))
         return out
+    import multiprocessing  # here: reading a few small traces needs no pool
+    import platform
+    from concurrent.futures import ProcessPoolExecutor
+
     linux = platform.system() == "Linux"
     context = multiprocessing.get_context("fork" if linux else "spawn")
     results: list[dict[str, Any] | str] = []

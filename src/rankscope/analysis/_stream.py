@@ -2,6 +2,9 @@
 
 A multi-GB trace parsed whole takes several times its size in memory; this reads it in
 chunks and hands each event to a callback, keeping only one chunk and one event alive.
+A trace of a few MB is parsed whole instead, by one C call, which is about twice as
+fast and costs a few tens of MB at most; should that parse fail, the streaming reader
+reads the same bytes again to say exactly what is wrong.
 """
 
 from __future__ import annotations
@@ -20,15 +23,25 @@ from .._errors import TraceError
 __all__ = ["scan_trace"]
 
 _CHUNK = 1 << 20
+# Traces with at most this much JSON are parsed whole.
+_WHOLE = 8 << 20
 # One event (or top-level field) larger than this is not something a trace holds.
 _MAX_VALUE = 256 << 20
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _NUMBER_CHARS = re.compile(r"[0-9eE.+-]*")
 _DECODER = json.JSONDecoder()
+_JSON_KIND = {
+    list: "a list",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
 
 
 def scan_trace(path: str | os.PathLike[str], visit: Callable[[Any], None]) -> dict[str, Any]:
-    """Call `visit` on every element of the trace's traceEvents, in file order.
+    """Call `visit` on every event (a dict) of the trace's traceEvents, in file order.
 
     Returns the other top-level fields (distributedInfo, baseTimeNanoseconds, ...).
     Reads `.json` and `.json.gz` (detected by content). Any fault in the file is a
@@ -40,7 +53,15 @@ def scan_trace(path: str | os.PathLike[str], visit: Callable[[Any], None]) -> di
             compressed = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             read = gzip.GzipFile(fileobj=raw).read if compressed else raw.read
-            return _Scanner(read, name).trace(visit)
+            head = read(_WHOLE + 1)
+            if len(head) <= _WHOLE:
+                whole = _parse_whole(head)
+                if whole is not None:
+                    events, meta = whole
+                    for event in events:
+                        visit(event)
+                    return meta
+            return _Scanner(_after(head, read), name).trace(visit)
     except FileNotFoundError:
         raise TraceError(f"{name}: no such file") from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
@@ -49,6 +70,34 @@ def scan_trace(path: str | os.PathLike[str], visit: Callable[[Any], None]) -> di
         raise TraceError(f"{name}: not valid JSON ({exc})") from None
     except OSError as exc:
         raise TraceError(f"{name}: cannot read ({exc.strerror or exc})") from None
+
+
+def _parse_whole(data: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """The events and other fields of a well-formed trace; None for anything else."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return None
+    if isinstance(doc, list):
+        events, meta = doc, {}
+    elif isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
+        meta = dict(doc)
+        events = meta.pop("traceEvents")
+    else:
+        return None
+    if not all(isinstance(event, dict) for event in events):
+        return None
+    return events, meta
+
+
+def _after(head: bytes, read: Callable[[int], bytes]) -> Callable[[int], bytes]:
+    """`read`, with `head` (already read from it) handed out first."""
+    pending = [head] if head else []
+
+    def read_on(size: int) -> bytes:
+        return pending.pop() if pending else read(size)
+
+    return read_on
 
 
 class _Scanner:
@@ -101,8 +150,14 @@ class _Scanner:
         if self._peek() == "]":
             self._pos += 1
             return
+        number = 0
         while True:
-            visit(self._value())
+            event = self._value()
+            number += 1
+            if not isinstance(event, dict):
+                kind = _JSON_KIND.get(type(event), "a value")
+                raise self._error(f"not a trace (event {number} is {kind}, not an object)")
+            visit(event)
             if self._expect(",]") == "]":
                 return
 
