@@ -11,7 +11,7 @@ import pytest
 
 from rankscope import ConfigError
 from rankscope._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
-from rankscope.analysis import read_timings
+from rankscope.analysis import read_run_meta, read_timings
 from rankscope.analysis._matrix import phase_matrices
 from rankscope.analysis._stragglers import find_stragglers, format_ranks
 
@@ -21,7 +21,8 @@ def _analyse(tmp_path: Path, **run: Any) -> Any:
         k: run.pop(k) for k in ("threshold", "min_persistence", "min_share", "time") if k in run
     }
     write_timings(tmp_path, **run)
-    return find_stragglers(read_timings(tmp_path), **options)
+    hosts = read_run_meta(tmp_path).hosts  # as the CLI passes them
+    return find_stragglers(read_timings(tmp_path), hosts=hosts, **options)
 
 
 def _roles(report: Any) -> dict[tuple[int, str], str]:
@@ -99,9 +100,39 @@ def test_skewed_clocks_are_lined_up_through_the_collectives(tmp_path: Path) -> N
         steps=40,
         slowdowns=[Slowdown(2, "forward", 0.41)],
         clock_skew_ms=50,
+        ranks_per_host=1,
     )
     assert _roles(report)[(2, "forward")] == "slow"
     assert {r for (r, _), role in _roles(report).items() if role == "waits"} == {0, 1, 3}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ranks_woken_one_after_another_on_one_host_are_not_taken_for_late_clocks(
+    tmp_path: Path, seed: int
+) -> None:
+    # Four processes on two cores: after each collective the scheduler wakes them up to a
+    # time slice apart. On one host that is not clock skew: the rank woken last is late
+    # at the next collective, and no other rank is taken for late.
+    lag = _analyse(tmp_path / "in-order", ranks=4, steps=30, resume_lag_ms=9, seed=seed)
+    assert all(f.role == "waits" for f in lag.findings)
+    waited_for = {f.waits_for for f in lag.findings}
+    assert len(waited_for) <= 1  # one rank, the one woken last, or none
+    assert not waited_for & {(f.rank,) for f in lag.findings}
+    # In a new order each time, it is noise: nothing to report.
+    noisy = _analyse(
+        tmp_path / "any-order", ranks=4, steps=30, resume_lag_ms=9, resume_in_order=False, seed=seed
+    )
+    assert noisy.findings == []
+    slow = _analyse(
+        tmp_path / "slow",
+        ranks=4,
+        steps=30,
+        resume_lag_ms=9,
+        resume_in_order=False,
+        seed=seed,
+        slowdowns=[Slowdown(1, "forward", 0.5)],
+    )
+    assert [(f.rank, f.phase) for f in slow.findings if f.role == "slow"] == [(1, "forward")]
 
 
 def test_device_times_find_the_same_straggler(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import typing as _typing
 from ._version import __version__
 
 if _typing.TYPE_CHECKING:
+    from ._args import add_arguments
     from ._config import ProfileConfig, Schedule, TimerConfig, TraceConfig
     from ._errors import ConfigError, RankscopeError, TraceError
     from ._profiler import Profiler, annotate, current
@@ -27,12 +28,14 @@ __all__ = [
     "TraceConfig",
     "TraceError",
     "__version__",
+    "add_arguments",
     "annotate",
     "current",
     "detect_rank_info",
 ]
 
 _WHERE = {
+    "add_arguments": "_args",
     "ProfileConfig": "_config",
     "Schedule": "_config",
     "TimerConfig": "_config",

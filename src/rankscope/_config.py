@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import os
@@ -260,6 +261,18 @@ class ProfileConfig:
         elif isinstance(data, Mapping) and list(data) == ["rankscope"]:
             data = data["rankscope"] or {}
         return cls.from_dict(data)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ProfileConfig:
+        """Build from flags that `rankscope.add_arguments(parser)` added and the parser read.
+
+        `--rankscope-config FILE` is read first, the flags given override it; a bad value
+        raises ConfigError naming the flag. RANKSCOPE_* variables still win, when the
+        Profiler applies them.
+        """
+        from ._args import config_from_args
+
+        return config_from_args(args)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProfileConfig:

@@ -68,7 +68,7 @@ class Slowdown:
     """The fraction of sampled steps affected (chosen at random)."""
 
 
-def write_timings(
+def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
     run_dir: str | os.PathLike[str],
     *,
     ranks: int,
@@ -81,6 +81,9 @@ def write_timings(
     gpu: bool = False,
     seed: int = 0,
     clock_skew_ms: float = 0.0,
+    resume_lag_ms: float = 0.0,
+    resume_in_order: bool = True,
+    ranks_per_host: int = 8,
     write_meta: bool = True,
     only_ranks: Iterable[int] | None = None,
 ) -> Path:
@@ -90,15 +93,27 @@ def write_timings(
     chance that one rank's phase on one step takes 1.5-3x as long (a shared machine's
     hiccups: not a straggler). `only_ranks` writes files for those ranks alone (the
     meta still says the whole world size), as a run with missing ranks would look.
-    `clock_skew_ms` sets each rank's wall clock off by up to that much (hosts whose
-    clocks disagree); durations are unaffected.
+    `clock_skew_ms` sets each host's wall clock off by up to that much (hosts whose
+    clocks disagree; ranks `ranks_per_host` to a host share one); durations are
+    unaffected. `resume_lag_ms` makes ranks leave a collective late by up to that much,
+    as processes on an oversubscribed CPU do, woken one after another: in one order
+    that holds at every step (`resume_in_order`), or in a new order each time.
     """
     root = Path(run_dir)
     rng = random.Random(seed)
     slow = list(slowdowns)
     hit = {(s.rank, s.phase): s for s in slow}
     writing = set(range(ranks) if only_ranks is None else only_ranks)
-    skew = [int(rng.uniform(-clock_skew_ms, clock_skew_ms) * 1e6) for _ in range(ranks)]
+    hosts = (ranks + ranks_per_host - 1) // ranks_per_host
+    # One draw per rank, as before hosts were modelled, so seeds give the runs they gave.
+    draws = [int(rng.uniform(-clock_skew_ms, clock_skew_ms) * 1e6) for _ in range(ranks)]
+    host_skew = draws[:hosts]
+    skew = [host_skew[rank // ranks_per_host] for rank in range(ranks)]
+    # Its own generator: runs without resume lag draw the same numbers as before it existed.
+    lag_rng = random.Random(seed + 1)
+    order = list(range(ranks))
+    lag_rng.shuffle(order)
+    lag_share = [order.index(rank) / max(1, ranks - 1) for rank in range(ranks)]
     files = {}
     for rank in sorted(writing):
         path = timing_path(root, rank)
@@ -125,6 +140,13 @@ def write_timings(
                     # The collective completes when the last rank reaches it.
                     done = max(starts[r] + work[r] for r in range(ranks)) + 50_000
                     ends = [done] * ranks
+                    if resume_lag_ms:
+                        if not resume_in_order:
+                            lag_rng.shuffle(lag_share)
+                        ends = [
+                            done + int(resume_lag_ms * 1e6 * lag_share[r] * lag_rng.uniform(0.5, 1))
+                            for r in range(ranks)
+                        ]
                 else:
                     ends = [starts[r] + work[r] for r in range(ranks)]
                 for rank in writing:
@@ -145,7 +167,7 @@ def write_timings(
             fh.close()
     if write_meta:
         for rank in sorted(writing):
-            _write_meta(root, rank, ranks)
+            _write_meta(root, rank, ranks, ranks_per_host)
     return root
 
 
@@ -160,16 +182,16 @@ def _gpu_ms(span: Span, gpu: bool) -> float | None:
     return round(span.cpu_ns / 1e6 * 0.97, 6) if gpu else None
 
 
-def _write_meta(root: Path, rank: int, world_size: int) -> None:
+def _write_meta(root: Path, rank: int, world_size: int, ranks_per_host: int) -> None:
     path = meta_path(root, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "v": 1,
         "rank": rank,
-        "local_rank": rank % 8,
+        "local_rank": rank % ranks_per_host,
         "world_size": world_size,
-        "local_world_size": min(8, world_size),
-        "host": f"node{rank // 8:03d}",
+        "local_world_size": min(ranks_per_host, world_size),
+        "host": f"node{rank // ranks_per_host:03d}",
         "pid": 1000 + rank,
         "synthetic": True,
     }

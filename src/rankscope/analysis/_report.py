@@ -72,7 +72,11 @@ def build_report(
         skipped.extend(f"rank {r}: no timings" for r in missing)
         m = phase_matrices(timings, time_base)
         stragglers = find_stragglers(
-            m, threshold=threshold, min_persistence=min_persistence, min_share=min_share
+            m,
+            threshold=threshold,
+            min_persistence=min_persistence,
+            min_share=min_share,
+            hosts=meta.hosts,
         )
         report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
         report["time"] = m.time

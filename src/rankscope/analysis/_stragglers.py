@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from ._timings import RunTimings
 __all__ = ["StragglerFinding", "StragglerReport", "find_stragglers", "format_ranks"]
 
 Matrix = npt.NDArray[np.float64]
+Vector = npt.NDArray[np.float64]
 
 # A phase is taken to end in a collective at a step when its exits spread across ranks
 # by less than this share of how far its entries spread...
@@ -129,11 +130,14 @@ def find_stragglers(
     min_persistence: float = 0.5,
     min_share: float = 0.01,
     time: str = "host",
+    hosts: Mapping[int, str] | None = None,
 ) -> StragglerReport:
     """Name the persistently slow (rank, phase) pairs and the ranks that wait for them.
 
     `min_share` drops findings whose median excess is below that share of the median
     step time (a 0.1 ms phase 20% slower costs nothing). Steps need two ranks or more.
+    `hosts` (rank -> host name, from the meta files) says which ranks share a clock;
+    without it every rank's clock may be off.
     """
     _check(threshold, min_persistence, min_share)
     m = timings if isinstance(timings, PhaseMatrices) else phase_matrices(timings, time)
@@ -151,7 +155,7 @@ def find_stragglers(
     )
     if len(m.ranks) < 2 or not m.steps:
         return report
-    arrive, leave = _arrivals(m)
+    arrive, leave = _arrivals(m, hosts)
     floor = min_share * _step_ms(m)
     for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True)):
         if phase == STEP:
@@ -241,7 +245,9 @@ def _step_ms(m: PhaseMatrices) -> float:
     return float(np.median(finite)) if finite.size else 0.0
 
 
-def _arrivals(m: PhaseMatrices) -> tuple[list[Matrix], list[Matrix]]:
+def _arrivals(
+    m: PhaseMatrices, hosts: Mapping[int, str] | None
+) -> tuple[list[Matrix], list[Matrix]]:
     """Per phase, when each rank entered and left it, on one clock for all ranks."""
     if m.time == "device":
         # No device timestamps: arrival is the device time the step spent before the phase.
@@ -254,15 +260,20 @@ def _arrivals(m: PhaseMatrices) -> tuple[list[Matrix], list[Matrix]]:
             if depth == 0 and m.phases[p] != STEP:
                 before = before + d
         return arrive, leave
-    offset = _clock_offsets(m)
+    offset = _clock_offsets(m, hosts)
     return (
         [s - offset[:, None] for s in m.start_ns],
         [e - offset[:, None] for e in m.end_ns],
     )
 
 
-def _clock_offsets(m: PhaseMatrices) -> npt.NDArray[np.float64]:
-    """Each rank's clock offset (ns), from collectives, which all ranks leave together."""
+def _clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Vector:
+    """Each rank's clock offset (ns), from collectives, which all ranks leave together.
+
+    Ranks on one host read one clock: they get one offset, the median of theirs, so a
+    rank that is merely slow to resume after a collective (an oversubscribed CPU) is not
+    taken for a rank whose clock is off. With every rank on one host, there is none.
+    """
     deviations = []
     for p, kind in enumerate(m.kinds):
         if kind == "comm":
@@ -272,8 +283,18 @@ def _clock_offsets(m: PhaseMatrices) -> npt.NDArray[np.float64]:
     if not deviations:
         return np.zeros(len(m.ranks))
     with _quiet():
-        offset = np.nanmedian(np.concatenate(deviations, axis=1), axis=1)
-    return np.nan_to_num(offset)
+        offset = np.nan_to_num(np.nanmedian(np.concatenate(deviations, axis=1), axis=1))
+    if hosts is None:
+        return offset
+    groups: dict[str, list[int]] = {}
+    for i, rank in enumerate(m.ranks):
+        groups.setdefault(hosts.get(rank, f"rank {rank}"), []).append(i)
+    if len(groups) == 1:
+        return np.zeros(len(m.ranks))
+    shared = np.zeros(len(m.ranks))
+    for members in groups.values():
+        shared[members] = np.median(offset[members])
+    return shared
 
 
 def _ends_together(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:

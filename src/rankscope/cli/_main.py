@@ -21,7 +21,18 @@ from .._version import __version__
 __all__ = ["main"]
 
 EXIT_BAD_INPUT = 2
-_OPTIONS = {"threshold", "min_persistence", "min_share"}
+# ConfigError fields that are this CLI's options (the analysis's and the demo's).
+_OPTIONS = {
+    "threshold",
+    "min_persistence",
+    "min_share",
+    "ranks",
+    "steps",
+    "every",
+    "straggler_rank",
+    "straggler_phase",
+    "slowdown",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,12 +80,38 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    demo = commands.add_parser("demo", help="run a real multi-rank capture on CPU processes")
+    demo = commands.add_parser(
+        "demo",
+        help="train with DDP on CPU processes, one rank made slow, and show what rankscope finds",
+    )
     demo.add_argument(
         "--out", type=Path, default=None, help="run directory (default: runs/demo-TIME)"
     )
-    demo.add_argument("--ranks", type=int, default=2, help="number of processes (default: 2)")
-    demo.add_argument("--steps", type=int, default=8, help="training steps (default: 8)")
+    demo.add_argument("--ranks", type=int, default=4, help="processes, 2-16 (default: 4)")
+    demo.add_argument("--steps", type=int, default=60, help="training steps (default: 60)")
+    demo.add_argument(
+        "--every", type=int, default=2, help="time one step in this many (default: 2)"
+    )
+    demo.add_argument(
+        "--straggler-rank",
+        type=_rank_or_none,
+        default=2,
+        metavar="RANK|none",
+        help="the rank to slow down; none for a clean run (default: 2)",
+    )
+    demo.add_argument(
+        "--straggler-phase",
+        default="forward",
+        choices=["host_to_device", "forward", "backward", "optimizer", "loss_allreduce"],
+        help="the phase to slow down (default: forward)",
+    )
+    demo.add_argument(
+        "--slowdown",
+        type=float,
+        default=0.5,
+        help="how much slower that phase is: 0.5 = 1.5x its time (default: 0.5)",
+    )
+    demo.add_argument("--json", action="store_true", help="print the report as JSON for scripts")
     demo.set_defaults(run=_demo)
 
     report = commands.add_parser("report", help="the run at a glance, and RUN_DIR/report.html")
@@ -223,6 +260,7 @@ def _stragglers(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         min_persistence=args.min_persistence,
         min_share=args.min_share,
+        hosts=meta.hosts,
     )
     skipped = meta.skipped + timings.skipped
     skipped += [f"rank {r}: no timings" for r in meta.missing(sorted(timings.ranks))]
@@ -296,53 +334,42 @@ class _progress:
             self._bar.__exit__(*exc)
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from ..demo._capture_demo import load_summary, phase_medians, run_capture_demo
+def _rank_or_none(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank or none") from None
 
-    if args.ranks < 1 or args.steps < 5:
-        print(
-            "rankscope demo: needs --ranks >= 1 and --steps >= 5 (the window is steps 3-4)",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_INPUT
+
+def _demo(args: argparse.Namespace) -> int:
+    from ..analysis._html import render_html
+    from ..analysis._report import build_report
+    from ..demo._job import DemoJob, run_demo
+
+    job = DemoJob(
+        world_size=args.ranks,
+        steps=args.steps,
+        every_n_steps=args.every,
+        straggler_rank=args.straggler_rank,
+        straggler_phase=args.straggler_phase,
+        slowdown=args.slowdown,
+    )
+    render = None if args.json else _terminal("demo")
     out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    print(
-        f"rankscope demo: training a small MLP with DDP on {args.ranks} CPU processes (gloo), "
-        f"{args.steps} steps; every rank timed on every other step, rank 0 traced for steps 3-4 ...",
-        flush=True,
-    )
+    if render is not None:
+        render.demo_start(job, out)
     started = time.perf_counter()
-    result = run_capture_demo(out, world_size=args.ranks, steps=args.steps)
-    print(f"done in {time.perf_counter() - started:.1f} s\n")
-    print(f"run directory   {result.run_dir}")
-    for meta in result.meta:
-        print(f"rank meta       {meta.relative_to(result.run_dir)}")
-    for trace in result.traces:
-        print(
-            f"trace           {trace.relative_to(result.run_dir)}  ({trace.stat().st_size / 1024:.0f} KiB)"
-        )
-    for summary_file in result.summaries:
-        summary = load_summary(summary_file)
-        what = "GPU kernels" if summary["kind"] == "gpu_kernels" else "CPU ops by self time"
-        print(f"summary         {summary_file.relative_to(result.run_dir)}")
-        print(f"\n  rank {summary['rank']}, window {summary['window']}: {what}")
-        print(f"  {'name':<44} {'count':>6} {'total ms':>9} {'share':>6}")
-        for item in summary["items"][:8]:
-            print(
-                f"  {item['name'][:44]:<44} {item['count']:>6} "
-                f"{item['total_us'] / 1000:>9.2f} {item['share']:>6.1%}"
-            )
-    for timing_file in result.timings:
-        medians = phase_medians(timing_file)
-        print(f"\ntimings         {timing_file.relative_to(result.run_dir)}")
-        print(f"  {'phase':<20} {'records':>8} {'median host ms':>15}")
-        for name, (count, median) in medians.items():
-            print(f"  {name:<20} {count:>8} {median:>15.3f}")
-    if not result.traces:
-        print("no trace was written; run with -v to see why", file=sys.stderr)
-        return 1
-    print(
-        "\nOpen a trace: go to https://ui.perfetto.dev, click 'Open trace file' and pick the "
-        ".pt.trace.json.gz file above (Perfetto reads it compressed)."
-    )
+    with _progress(render, "demo") as progress:
+        run_dir = run_demo(job, out, progress=_stage(progress, "training steps"))
+        trained = time.perf_counter() - started
+        report = build_report(run_dir, progress=progress)
+    html = run_dir / "report.html"
+    html.write_text(render_html(report), encoding="utf-8")
+    report["html"] = str(html)
+    if render is None:
+        _print_json(report)
+    else:
+        render.demo_end(job, report, trained, time.perf_counter() - started)
     return 0

@@ -20,7 +20,7 @@ from rich.text import Text
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport
 
-__all__ = ["Progress", "kernels", "merged", "report", "stragglers"]
+__all__ = ["Progress", "demo_end", "demo_start", "kernels", "merged", "report", "stragglers"]
 
 # Piped output has no width to fit: wide enough that kernel names stay readable.
 _console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
@@ -220,3 +220,103 @@ def _rank_list(ranks: list[int]) -> str:
     from ..analysis._stragglers import format_ranks
 
     return format_ranks(ranks) if ranks else "no ranks"
+
+
+# -- the demo ------------------------------------------------------------------
+
+
+def demo_start(job: Any, out: Path) -> None:
+    _console.print(
+        Text(
+            f"rankscope demo: {job.world_size} ranks train a small MLP with DDP on CPU processes "
+            f"(gloo) for {job.steps} steps",
+            style="bold",
+        )
+    )
+    _console.print(
+        "  phases: host_to_device (data), forward, backward (DDP's gradient all-reduce inside), "
+        "optimizer, loss_allreduce (comm)"
+    )
+    if job.straggler_rank is None:
+        _console.print("  injected: nothing (a clean run: rankscope should flag no rank)")
+    else:
+        _console.print(
+            f"  injected: rank {job.straggler_rank} is {job.slowdown:.0%} slower in "
+            f"{job.straggler_phase}"
+        )
+    nth = "every step" if job.every_n_steps == 1 else f"1 step in {job.every_n_steps}"
+    _console.print(
+        f"  timer: every rank, {nth}; trace: steps {job.window_start}-{job.window_start + 1} "
+        f"on {_rank_list(job.traced_ranks)}"
+    )
+    _console.print(Text(f"  run directory: {out}"))
+
+
+def demo_end(job: Any, data: dict[str, Any], trained_s: float, total_s: float) -> None:
+    run = Path(data["run_dir"])
+    _console.print(f"\ntrained in {trained_s:.1f} s, analysed in {total_s - trained_s:.1f} s\n")
+    strag = data.get("stragglers")
+    if strag is None:
+        _console.print("[bold]no timings were written[/bold]; run with -v to see why")
+    else:
+        _console.print(
+            f"[bold]What rankscope found[/bold] ({len(data['steps']['sampled'])} sampled steps "
+            f"x {len(data['ranks']['present'])} ranks)"
+        )
+        _sentences(strag["summary"], strag["threshold"], strag["min_persistence"])
+        _console.print(Text(_verdict(job, strag["findings"]), style="italic"))
+        table = Table(box=box.SIMPLE_HEAD, title="Phases, median ms per rank", title_justify="left")
+        breakdown = data["breakdown"]
+        table.add_column("rank", justify="right")
+        for name in breakdown["phases"]:
+            table.add_column(_name(name, 20), justify="right")
+        for rank, row in zip(breakdown["ranks"], breakdown["median_ms"], strict=True):
+            table.add_row(str(rank), *(_ms(v) for v in row))
+        _console.print(table)
+    windows = data.get("kernels", {}).get("windows", [])
+    for window in windows:
+        what = "GPU kernels" if window["kind"] == "gpu_kernels" else "CPU ops by self time"
+        title = (
+            f"Top {what} in the captured window {window['window']}, {_rank_list(window['ranks'])}"
+        )
+        _console.print(_items_table(window["items"][:8], title))
+    _skipped(data.get("skipped", []))
+    rows = [
+        ("run directory", str(run)),
+        ("HTML report", f"{data['html']}  (open in a browser; works offline)"),
+        ("timings", f"{run / 'timings'}/rank-NNNNN.jsonl, one file per rank"),
+    ]
+    traces = sorted((run / "traces").glob("*/rank-*.pt.trace.json*"))
+    for i, trace in enumerate(traces):
+        rows.append(("traces" if i == 0 else "", str(trace)))
+    if traces:
+        rows.append(("", "open one at https://ui.perfetto.dev ('Open trace file'; .gz as it is)"))
+        pattern = traces[0].parent / "*.pt.trace.json.gz"
+        merged = run / "merged.pt.trace.json.gz"
+        rows.append(("merge them", f"rankscope merge {pattern} -o {merged}"))
+    rows.append(("analyse again", f"rankscope report {run}   /   rankscope stragglers {run}"))
+    _console.print("\n[bold]Where everything is[/bold]")
+    for label, text in rows:
+        line = Text(f"  {label:<14} ")
+        line.append(text)
+        _console.print(line)
+
+
+def _verdict(job: Any, findings: list[dict[str, Any]]) -> str:
+    slow = {(f["rank"], f["phase"]) for f in findings if f["role"] == "slow"}
+    if job.straggler_rank is None:
+        return (
+            "  = a clean run, and nothing was flagged."
+            if not findings
+            else "  ! a clean run, yet something was flagged: this machine is very noisy."
+        )
+    injected = (job.straggler_rank, job.straggler_phase)
+    if injected in slow:
+        return (
+            f"  = that is the slowdown the demo injected (rank {injected[0]}, {injected[1]}), "
+            "told apart from the ranks that wait for it."
+        )
+    return (
+        f"  ! the injected slowdown (rank {injected[0]}, {injected[1]}) was not found as such; "
+        "see the report."
+    )

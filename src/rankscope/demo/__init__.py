@@ -1,5 +1,5 @@
-"""The demo job behind `rankscope demo`: a real multi-rank run on CPU processes over gloo."""
+"""The job behind `rankscope demo`: DDP on CPU processes over gloo, one rank made slow on purpose."""
 
-from ._capture_demo import DemoResult, run_capture_demo
+from ._job import PHASES, DemoJob, run_demo
 
-__all__ = ["DemoResult", "run_capture_demo"]
+__all__ = ["PHASES", "DemoJob", "run_demo"]

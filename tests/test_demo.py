@@ -1,0 +1,112 @@
+"""`rankscope demo`: a real DDP job on spawned CPU processes, then the analysis of it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankscope.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def _demo(tmp_path: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[str, Any]:
+    run = tmp_path / "run"
+    assert main(["demo", "--out", str(run), *argv]) == 0
+    out = capsys.readouterr().out
+    # The terminal shows the report; the same run analysed again gives its data.
+    assert main(["report", str(run), "--json", "--no-html"]) == 0
+    return out, json.loads(capsys.readouterr().out)
+
+
+def test_the_demo_names_the_injected_straggler_and_says_where_everything_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, report = _demo(tmp_path, capsys)  # the defaults: 4 ranks, rank 2 slow in forward
+    run = tmp_path / "run"
+    slow = [f for f in report["stragglers"]["findings"] if f["role"] == "slow"]
+    assert [(f["rank"], f["phase"]) for f in slow] == [(2, "forward")]
+    waiting = {f["rank"] for f in report["stragglers"]["findings"] if f["role"] == "waits"}
+    assert waiting <= {0, 1, 3}
+    assert report["stragglers"]["summary"][0].startswith("rank 2 is slow in forward")
+    assert "rank 2 is slow in forward" in out
+    assert "that is the slowdown the demo injected" in out
+    # Every rank timed on every other step of 60; the five phases and the step record.
+    assert report["ranks"]["present"] == [0, 1, 2, 3]
+    assert report["steps"]["sampled"] == list(range(0, 60, 2))
+    assert [p["name"] for p in report["phases"]] == [
+        "host_to_device",
+        "forward",
+        "backward",
+        "optimizer",
+        "loss_allreduce",
+        "step",
+    ]
+    assert {p["name"]: p["kind"] for p in report["phases"]}["loss_allreduce"] == "comm"
+    # One 2-step window, on rank 0 and on the straggler only.
+    window = run / "traces" / "step-000020-000021"
+    assert sorted(p.name for p in window.glob("*.pt.trace.json.gz")) == [
+        "rank-00000.pt.trace.json.gz",
+        "rank-00002.pt.trace.json.gz",
+    ]
+    with gzip.open(window / "rank-00002.pt.trace.json.gz", "rt") as fh:
+        info = json.load(fh)["distributedInfo"]
+    assert (info["rank"], info["world_size"]) == (2, 4)
+    (top,) = report["kernels"]["windows"]
+    assert top["window"] == "step-000020-000021" and top["ranks"] == [0, 2]
+    assert "CPU ops by self time in the captured window step-000020-000021" in out
+    assert top["items"][0]["name"] in out
+    # Where everything is.
+    assert (run / "report.html").is_file()
+    assert str(run / "report.html") in out
+    assert str(window / "rank-00002.pt.trace.json.gz") in out
+    assert "https://ui.perfetto.dev" in out
+    assert f"rankscope merge {window}/*.pt.trace.json.gz -o" in out
+
+
+def test_a_clean_demo_run_flags_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, report = _demo(tmp_path, capsys, "--straggler-rank", "none")
+    assert report["stragglers"]["findings"] == []
+    assert report["stragglers"]["summary"] == []
+    assert "a clean run, and nothing was flagged" in out
+    window = tmp_path / "run" / "traces" / "step-000020-000021"
+    assert [p.name for p in window.glob("*.pt.trace.json.gz")] == ["rank-00000.pt.trace.json.gz"]
+
+
+def test_two_ranks_and_another_phase(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--ranks", "2", "--steps", "40", "--straggler-rank", "1"]
+    out, report = _demo(
+        tmp_path, capsys, *argv, "--straggler-phase", "optimizer", "--slowdown", "4"
+    )
+    slow = [f for f in report["stragglers"]["findings"] if f["role"] == "slow"]
+    assert [(f["rank"], f["phase"]) for f in slow] == [(1, "optimizer")]
+    assert report["stragglers"]["reference"] == "faster rank"
+    assert "rank 1 is slow in optimizer" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--straggler-rank", "4"],
+            "--straggler-rank 4 is not valid; accepted: a rank from 0 to 3",
+        ),
+        (["--straggler-rank", "x"], "argument --straggler-rank: 'x' is not a rank or none"),
+        (["--straggler-phase", "loss"], "argument --straggler-phase: invalid choice: 'loss'"),
+        (["--ranks", "1"], "--ranks 1 is not valid"),
+        (["--steps", "10"], "--steps 10 is not valid; accepted: an int >= 23"),
+        (["--slowdown", "0"], "--slowdown 0.0 is not valid"),
+    ],
+)
+def test_bad_demo_options_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main(["demo", "--out", str(tmp_path / "run"), *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert message in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
