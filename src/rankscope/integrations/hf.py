@@ -1,0 +1,274 @@
+"""Hugging Face Trainer integration: `RankscopeCallback` profiles a `transformers.Trainer` run.
+
+::
+
+    from rankscope.integrations.hf import RankscopeCallback
+
+    trainer = Trainer(model, args, train_dataset=ds, callbacks=[RankscopeCallback("rankscope.yaml")])
+    trainer.train()
+
+The callback holds one `Profiler` per `train()` call and calls it at the Trainer's
+events; it adds nothing of its own. Steps count optimizer steps (with gradient
+accumulation, one step covers all its micro-batches). Phases, each bounded by two
+events of transformers' Trainer (>= 4.45; checked against 5.23):
+
+- ``between_steps`` (kind "data"): from the end of one optimizer step (``on_step_end``;
+  ``on_train_begin`` for the first) to the beginning of the next (``on_step_begin``):
+  fetching the step's batches (every micro-batch is fetched up front), counting their
+  tokens (an all-gather across ranks by default), and whatever logging, checkpointing
+  and evaluation followed the previous step.
+- ``forward_backward``: ``on_step_begin`` to ``on_pre_optimizer_step``: forward and
+  backward of every micro-batch (DDP's gradient all-reduce runs inside the last
+  backward), then gradient clipping and the gradient norm.
+- ``optimizer``: ``on_pre_optimizer_step`` to ``on_optimizer_step``: ``optimizer.step()``.
+
+TrainerCallback has no event for an exception. A run that ends with one is finished by
+the next ``train()`` of the same callback, by `RankscopeCallback.close()`, or at
+interpreter exit, whichever comes first: the interrupted phase is recorded with
+``"error": true``, an open trace window is closed and saved, and the timings are flushed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+try:
+    import transformers
+    from transformers import TrainerCallback
+except ImportError as exc:
+    raise ImportError(
+        "rankscope.integrations.hf needs transformers, which is not installed: "
+        'pip install "rankscope[hf]"'
+    ) from exc
+
+from .._config import PathLike, ProfileConfig
+from .._errors import ConfigError
+from .._profiler import Profiler
+
+if not hasattr(TrainerCallback, "on_pre_optimizer_step"):
+    # The event that separates the optimizer from forward/backward came in 4.45.
+    raise ImportError(
+        "rankscope.integrations.hf needs transformers>=4.45 (for the on_pre_optimizer_step "
+        f'event); found {transformers.__version__}: pip install "transformers>=4.45"'
+    )
+
+__all__ = ["RankscopeCallback"]
+
+logger = logging.getLogger(__name__)
+
+_BETWEEN_STEPS = "between_steps"
+_FORWARD_BACKWARD = "forward_backward"
+_OPTIMIZER = "optimizer"
+
+_Hook = TypeVar("_Hook", bound=Callable[..., None])
+
+
+class _Interrupted(Exception):
+    """Marks a phase that an exception in training cut short (passed to Phase.__exit__)."""
+
+
+def _guarded(hook: _Hook) -> _Hook:
+    """Run a Trainer event so that a fault inside rankscope never reaches the training loop."""
+
+    @functools.wraps(hook)
+    def run(self: RankscopeCallback, *args: Any, **kwargs: Any) -> None:
+        if self._run is None:
+            return
+        try:
+            hook(self, *args, **kwargs)
+        except Exception as exc:
+            self._fault(hook.__name__, exc)
+
+    return run  # type: ignore[return-value]
+
+
+# TrainerCallback is Any to mypy (transformers is not followed); subclassing it is the point.
+class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
+    """A `transformers.TrainerCallback` that profiles training with a rankscope `Profiler`.
+
+    `config` is a `ProfileConfig`, a mapping as `ProfileConfig.from_dict` takes, a path to
+    a YAML file (`ProfileConfig.from_yaml`), or None for the defaults (everything off
+    unless RANKSCOPE_* variables turn it on). It is checked here, the RANKSCOPE_*
+    variables included: a bad value raises `ConfigError`. Rank and world size come from
+    the Trainer's `TrainingArguments` (`process_index`, `world_size`) when training
+    begins; `rank` and `world_size` override them. `environ` stands in for `os.environ`
+    (tests pass it).
+
+    `profiler` is the Profiler of the current (or last) `train()` call, None before the
+    first; use it to add phases of your own (`with callback.profiler.phase("loss"): ...`).
+    """
+
+    def __init__(
+        self,
+        config: ProfileConfig | Mapping[str, Any] | PathLike | None = None,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config: ProfileConfig = _load_config(config)
+        effective = self.config.with_env(environ)  # a bad RANKSCOPE_* value fails here
+        _check_rank_args(rank, world_size)
+        if world_size is not None:
+            effective.check_world_size(world_size, environ)
+        self.profiler: Profiler | None = None
+        self._run: Profiler | None = None  # the profiler of the run in progress, while it works
+        self._rank = rank
+        self._world_size = world_size
+        self._environ = environ
+        self._phase: AbstractContextManager[Any] | None = None  # the phase the last event opened
+        self._at_exit: Callable[[], None] | None = None
+
+    # -- Trainer events ----------------------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Start a Profiler for this `train()` call; a bad rank selection raises ConfigError."""
+        if self._run is not None:
+            # The previous train() ended with an exception (auto_find_batch_size retries
+            # after an out-of-memory error; a notebook runs the cell again).
+            logger.info("rankscope: the previous train() did not end; closing its run first")
+            self._finish(interrupted=True)
+        if self.profiler is not None:
+            logger.warning(
+                "rankscope: training began again with the same RankscopeCallback (a second "
+                "train(), or auto_find_batch_size retrying); its records go into %s with steps "
+                "counted from 0 again (give each train() its own callback and output_dir)",
+                self.config.output_dir,
+            )
+        rank = args.process_index if self._rank is None else self._rank
+        world_size = args.world_size if self._world_size is None else self._world_size
+        # A ConfigError here (a rank selection beyond the world size) is the user's to see.
+        profiler = Profiler(self.config, rank=rank, world_size=world_size, environ=self._environ)
+        self.profiler = self._run = profiler
+        try:
+            profiler.start()
+            self._at_exit = self._close_at_exit(os.getpid())
+            atexit.register(self._at_exit)  # registered after the Profiler's own: runs first
+            self._open(_BETWEEN_STEPS, "data")
+        except Exception as exc:
+            self._fault("on_train_begin", exc)
+
+    @_guarded
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._open(_FORWARD_BACKWARD)
+
+    @_guarded
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._open(_OPTIMIZER)
+
+    @_guarded
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._close()
+
+    @_guarded
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._close()
+        if self._run is not None:
+            self._run.step()
+        # No between_steps after the last step: it would open a step that never runs.
+        if state.global_step < state.max_steps and not control.should_training_stop:
+            self._open(_BETWEEN_STEPS, "data")
+
+    @_guarded
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._finish(interrupted=False)
+
+    # -- closing -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Finish a run that an exception interrupted: record the phase it was in as an
+        error, close and save an open trace window, flush the timings.
+
+        For code that catches the Trainer's exception and goes on (a notebook); a process
+        that exits does this by itself. Does nothing when no run is open.
+        """
+        if self._run is not None:
+            self._finish(interrupted=True)
+
+    def __enter__(self) -> RankscopeCallback:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- inside ------------------------------------------------------------------------
+
+    def _open(self, name: str, kind: str = "compute") -> None:
+        """Close the phase that is open (if any) and enter `name`."""
+        self._close()
+        if self._run is not None:
+            phase = self._run.phase(name, kind)
+            phase.__enter__()
+            self._phase = phase
+
+    def _close(self, error: bool = False) -> None:
+        phase, self._phase = self._phase, None
+        if phase is not None:
+            phase.__exit__(_Interrupted if error else None, None, None)
+
+    def _finish(self, interrupted: bool) -> None:
+        """End the run: close the open phase, stop the profiler (saving an open window)."""
+        profiler, self._run = self._run, None
+        try:
+            if self._at_exit is not None:
+                atexit.unregister(self._at_exit)
+                self._at_exit = None
+            self._close(error=interrupted)
+        finally:
+            if profiler is not None:
+                profiler.stop()
+
+    def _fault(self, where: str, exc: BaseException) -> None:
+        """Log once and turn the integration off for the rest of this run; training goes on."""
+        rank = self.profiler.rank if self.profiler is not None else "?"
+        logger.warning(
+            "rankscope: Trainer integration off for the rest of the run on rank %s: %s failed: %s: %s",
+            rank,
+            where,
+            type(exc).__name__,
+            exc,
+        )
+        try:
+            self._finish(interrupted=True)
+        except Exception:
+            logger.debug("rankscope: stopping after a fault failed too", exc_info=True)
+
+    def _close_at_exit(self, pid: int) -> Callable[[], None]:
+        def close() -> None:
+            # A forked child inherits atexit handlers; the run is its parent's to finish.
+            if os.getpid() == pid:
+                self.close()
+
+        return close
+
+
+def _load_config(config: object) -> ProfileConfig:
+    if config is None:
+        return ProfileConfig()
+    if isinstance(config, ProfileConfig):
+        return config
+    if isinstance(config, Mapping):
+        return ProfileConfig.from_dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        return ProfileConfig.from_yaml(config)
+    raise ConfigError(
+        "config",
+        config,
+        "a ProfileConfig, a mapping of its fields, a path to a YAML file, or None",
+    )
+
+
+def _check_rank_args(rank: object, world_size: object) -> None:
+    for name, value, minimum in (("rank", rank, 0), ("world_size", world_size, 1)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < minimum
+        ):
+            raise ConfigError(name, value, f"None or an int >= {minimum}")
+    if isinstance(rank, int) and isinstance(world_size, int) and rank >= world_size:
+        raise ConfigError("rank", rank, f"a rank below world_size={world_size}")
