@@ -22,8 +22,8 @@ demo: $(VENV)/.installed
 	$(BIN)/rankscope demo
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 
 # The HTML report is tested in a real browser: Debian's chromium, installed once.

@@ -71,13 +71,15 @@ def config_fields() -> list[ConfigField]:
 
 
 def _walk(cls: type, prefix: tuple[str, ...], out: list[ConfigField]) -> None:
+    """The leaves of `cls` in declaration order, then each nested dataclass's."""
     docs = field_docs(cls)
+    nested: list[tuple[type, tuple[str, ...]]] = []
     for f in dataclasses.fields(cls):
         # The declared default ("runs/rankscope"), not what construction makes of it.
         factory: Any = f.default_factory
         value = factory() if f.default is dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(value):
-            _walk(type(value), (*prefix, f.name), out)
+            nested.append((type(value), (*prefix, f.name)))
             continue
         out.append(
             ConfigField(
@@ -88,3 +90,58 @@ def _walk(cls: type, prefix: tuple[str, ...], out: list[ConfigField]) -> None:
                 owner=cls.__name__,
             )
         )
+    for child, path in nested:
+        _walk(child, path, out)
+
+
+def config_reference() -> str:
+    """docs/config.md: every field with its default, flag, environment variable and docstring."""
+    from . import _args, _env
+
+    variables = {".".join(path): name for name, (path, _) in _env._OVERRIDES.items()}
+    out = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from the dataclasses' docstrings by rankscope._fields.config_reference();",
+        "     tests/test_docs.py keeps it in sync (RANKSCOPE_WRITE_DOCS=1 rewrites it). -->",
+        "",
+        "A `ProfileConfig` is built in code, from a dict or YAML file (`from_dict`,",
+        "`from_yaml`), from command-line flags (`rankscope.add_arguments(parser)`, then",
+        "`ProfileConfig.from_args(args)`; `--rankscope-config FILE` reads a YAML file first) or",
+        "from the environment (`from_env`). Whatever built it, the RANKSCOPE_* variables",
+        "below override it when the Profiler starts. Every value is checked when the config",
+        "is built; a bad one raises `ConfigError` naming the field (or flag, or variable),",
+        "the value and what is accepted.",
+        "",
+        "```yaml",
+        "# profile.yaml: the fields below, nested as in ProfileConfig",
+        "output_dir: runs/exp1",
+        "timer: {enable: true, every_n_steps: 10}",
+        "trace:",
+        "  enable: true",
+        '  ranks: "0,8"',
+        "  schedule: {wait: 5, warmup: 1, active: 2}",
+        "```",
+    ]
+    section = None
+    for field in config_fields():
+        owner = ".".join(field.path[:-1]) or "ProfileConfig"
+        if owner != section:
+            section = owner
+            out += [
+                "",
+                f"## `{field.owner}`" + (f" (`{owner}`)" if owner != "ProfileConfig" else ""),
+            ]
+            out += [
+                "",
+                "| field | default | flag | variable | meaning |",
+                "| --- | --- | --- | --- | --- |",
+            ]
+        flag = _args.flag_name(field)
+        variable = variables.get(field.name, "")
+        doc = field.doc.replace("|", "\\|")
+        out.append(
+            f"| `{field.path[-1]}` | `{field.default!r}` | `{flag}` | "
+            f"{f'`{variable}`' if variable else ''} | {doc} |"
+        )
+    return "\n".join(out) + "\n"
