@@ -13,7 +13,7 @@
 Each measurement runs in a fresh process that reports its wall time and peak RSS
 (its own peak plus its largest child's, for tools that fork workers).
 
-    python bench/analysis.py [--quick] [--no-hta]
+    python bench/analysis.py [--quick] [--no-hta] [--only kernels stragglers merge]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ HTA_VENV = RESULTS / "hta-venv"
 HTA_VERSION = "0.5.0"
 # HTA 0.5.0 predates pandas 3, whose stricter assignment breaks its parser on traces of
 # more than 32767 events ("Invalid value ... for dtype 'int16'").
+SECTIONS = ["kernels", "stragglers", "merge"]
 HTA_PACKAGES = [f"HolisticTraceAnalysis=={HTA_VERSION}", "pandas<3"]
 
 # Runs `BODY` (which sets `result`), then prints wall time and peak RSS as JSON.
@@ -78,9 +79,13 @@ result = {{"rows": len(kernels)}}
 
 def _measure(python: str, body: str, timeout: float = 1800) -> dict[str, Any] | None:
     code = _HARNESS.format(body=textwrap.dedent(body))
-    done = subprocess.run(
-        [python, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
-    )
+    try:
+        done = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        print(f"    did not finish within {timeout:.0f} s (stopped)")
+        return {"wall": float("inf"), "rss_mb": float("nan"), "result": None, "timed_out": True}
     if done.returncode != 0:
         print(f"    failed: {done.stderr.strip().splitlines()[-1:]}")
         return None
@@ -184,7 +189,9 @@ def kernels(quick: bool, hta: bool) -> None:
             continue
         if floor is not None:
             print(f"    rankscope vs floor: {ours['wall'] / floor['wall']:.2f}x time (goal <= 2x)")
-        if theirs is not None:
+        if theirs is not None and theirs.get("timed_out"):
+            print(f"    HTA vs rankscope: HTA did not finish; rankscope took {ours['wall']:.1f} s")
+        elif theirs is not None:
             print(
                 f"    HTA vs rankscope: {theirs['wall'] / ours['wall']:.1f}x time (goal >= 10x); "
                 f"rankscope peak RSS {ours['rss_mb'] / theirs['rss_mb']:.2f}x HTA's (goal <= 0.5x)"
@@ -220,16 +227,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small inputs (a smoke test)")
     parser.add_argument("--no-hta", action="store_true", help="skip HolisticTraceAnalysis")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=SECTIONS,
+        default=SECTIONS,
+        help="run only these sections (default: all)",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
-    kernels(args.quick, not args.no_hta)
-    stragglers(args.quick)
-    print("== merge")
-    sys.path.insert(0, str(BENCH))
-    from _merge_bench import run as merge_bench
+    if "kernels" in args.only:
+        kernels(args.quick, not args.no_hta)
+    if "stragglers" in args.only:
+        stragglers(args.quick)
+    if "merge" in args.only:
+        print("== merge")
+        sys.path.insert(0, str(BENCH))
+        from _merge_bench import run as merge_bench
 
-    merge_bench(quick=args.quick)
+        merge_bench(quick=args.quick)
 
 
 if __name__ == "__main__":
