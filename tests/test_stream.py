@@ -58,6 +58,9 @@ def test_streaming_equals_a_whole_parse(
     meta, events = _scan(path)
     assert events == trace["traceEvents"]
     assert meta == {k: v for k, v in trace.items() if k != "traceEvents"}
+    streamed: list[Any] = []
+    assert scan_trace(path, streamed.append, whole=False) == meta
+    assert streamed == events
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])

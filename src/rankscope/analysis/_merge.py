@@ -290,7 +290,7 @@ def _read_header(source: str) -> _Header:
         nonlocal events
         events += 1
 
-    meta = scan_trace(source, count)
+    meta = scan_trace(source, count, whole=False)
     base, info_rank = _essentials(meta)
     if header is None:  # the cheap read failed where the full one did not: sizes as stored
         size = os.path.getsize(source)
@@ -732,7 +732,7 @@ def _hashable(value: Any) -> Any:
 def _run_lane(jobs: Sequence[_Job], send: Callable[[tuple[Any, ...]], None]) -> None:
     for job in jobs:
         events = _RankEvents(job, send)
-        meta = scan_trace(job.source, events.visit)
+        meta = scan_trace(job.source, events.visit, whole=False)
         events.finish(meta)
 
 

@@ -40,12 +40,16 @@ _JSON_KIND = {
 }
 
 
-def scan_trace(path: str | os.PathLike[str], visit: Callable[[Any], None]) -> dict[str, Any]:
+def scan_trace(
+    path: str | os.PathLike[str], visit: Callable[[Any], None], *, whole: bool = True
+) -> dict[str, Any]:
     """Call `visit` on every event (a dict) of the trace's traceEvents, in file order.
 
     Returns the other top-level fields (distributedInfo, baseTimeNanoseconds, ...).
     Reads `.json` and `.json.gz` (detected by content). Any fault in the file is a
-    TraceError naming it; exceptions raised by `visit` pass through.
+    TraceError naming it; exceptions raised by `visit` pass through. `whole=False`
+    streams even small traces, for callers that read many files side by side in a
+    few MB each (the first 8 MB read at once would hold up the others).
     """
     name = os.fspath(path)
     try:
@@ -53,8 +57,8 @@ def scan_trace(path: str | os.PathLike[str], visit: Callable[[Any], None]) -> di
             compressed = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             read = gzip.GzipFile(fileobj=raw).read if compressed else raw.read
-            head = read(_WHOLE + 1)
-            if len(head) <= _WHOLE:
+            head = read(_WHOLE + 1) if whole else b""
+            if whole and len(head) <= _WHOLE:
                 whole = _parse_whole(head)
                 if whole is not None:
                     events, meta = whole
