@@ -59,9 +59,9 @@ def scan_trace(
             read = gzip.GzipFile(fileobj=raw).read if compressed else raw.read
             head = read(_WHOLE + 1) if whole else b""
             if whole and len(head) <= _WHOLE:
-                whole = _parse_whole(head)
-                if whole is not None:
-                    events, meta = whole
+                parsed = _parse_whole(head)
+                if parsed is not None:
+                    events, meta = parsed
                     for event in events:
                         visit(event)
                     return meta
