@@ -95,6 +95,14 @@ def test_read_only_output_dir(read_only_dir: Path, caplog: pytest.LogCaptureFixt
     assert len(warned) == 1, warned
     assert "cannot write" in warned[0]
     assert not (read_only_dir / "run").exists()
+    (fault,) = prof.faults  # what a caller running many workers reads instead of the log
+    assert fault.startswith(f"trace capture: cannot write to {read_only_dir / 'run'} (")
+
+
+def test_a_healthy_run_has_no_faults(tmp_path: Path) -> None:
+    prof = Profiler(trace_config(tmp_path / "run"), rank=0, world_size=1)
+    assert _loop(prof) == STEPS
+    assert prof.faults == []
 
 
 def test_disk_full_while_writing_a_trace(

@@ -205,10 +205,21 @@ def test_a_mapping_is_read_as_a_config(tmp_path: Path) -> None:
     assert prof.config.trace.rank_set.spec() == "1"
 
 
-@pytest.mark.parametrize("config", [3, "runs/x", ["trace"]])
+@pytest.mark.parametrize("config", [3, b"runs/x", ["trace"]])
 def test_anything_else_as_config_is_named(config: Any) -> None:
     with pytest.raises(ConfigError, match=r"^config="):
         Profiler(config, rank=0, world_size=1)
+
+
+def test_a_path_as_config_is_read_as_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "profile.yaml"
+    path.write_text(f"output_dir: {tmp_path / 'run'}\ntimer: {{enable: true, every_n_steps: 3}}\n")
+    for config in (path, str(path)):
+        prof = Profiler(config, rank=0, world_size=1)
+        assert prof.config.timer.every_n_steps == 3
+        assert prof.config.output_dir == str(tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^path='runs/x.yaml'.*a readable YAML file"):
+        Profiler("runs/x.yaml", rank=0, world_size=1)
 
 
 def test_environment_turns_capture_on(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ class Profiler:
                 with prof.phase("forward"): ...
                 prof.step()
 
+    `config` is a ProfileConfig, a mapping of its fields, or a path to a YAML file.
     The environment (RANKSCOPE_*) overrides `config`. `rank` and `world_size` override
     what is detected (Ray workers and tests pass them). A rank the config selects for
     neither tracing nor timing holds no torch object; its step() and phase() cost an
@@ -50,7 +51,7 @@ class Profiler:
 
     def __init__(
         self,
-        config: ProfileConfig | Mapping[str, Any] | None = None,
+        config: ProfileConfig | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         *,
         rank: int | None = None,
         world_size: int | None = None,
@@ -169,6 +170,20 @@ class Profiler:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    @property
+    def faults(self) -> list[str]:
+        """What a fault turned off in this run, and why ("trace capture: ..."); empty if nothing.
+
+        Faults are logged once and never raised: this is how a caller that runs many
+        workers (the Ray integration) finds out which ones lost profiling.
+        """
+        out = []
+        for part, component in (("trace capture", self._capture), ("phase timer", self._timer)):
+            reason = getattr(component, "fault_reason", None)
+            if reason is not None:
+                out.append(f"{part}: {reason}")
+        return out
 
     def last_summary(self) -> dict[str, Any] | None:
         """The kernel (or CPU op) summary of the latest finished window, as plain JSON data."""
@@ -336,7 +351,13 @@ def _as_config(config: object) -> ProfileConfig:
         return config
     if isinstance(config, Mapping):
         return ProfileConfig.from_dict(config)
-    raise ConfigError("config", config, "a ProfileConfig, a mapping of its fields, or None")
+    if isinstance(config, (str, os.PathLike)):
+        return ProfileConfig.from_yaml(config)
+    raise ConfigError(
+        "config",
+        config,
+        "a ProfileConfig, a mapping of its fields, a path to a YAML file, or None",
+    )
 
 
 def _compiling() -> bool:

@@ -62,6 +62,8 @@ class TraceCapture:
         self._fault_lock = threading.Lock()
         self._failure: str | None = None
         self.enabled = True
+        self.fault_reason: str | None = None
+        """Why a fault turned capture off (None: it did not)."""
         """False once a fault turned capture off."""
         self.recording = False
         """True while torch.profiler collects, so phases open record_function ranges."""
@@ -387,6 +389,7 @@ class TraceCapture:
                 self._rank,
             )
             self.enabled = False
+            self.fault_reason = what
             return True
 
     def _abandon(self, prof: Any) -> None:

@@ -31,12 +31,11 @@ interpreter exit, whichever comes first: the interrupted phase is recorded with
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from typing import Any
 
 try:
     import transformers
@@ -48,8 +47,8 @@ except ImportError as exc:
     ) from exc
 
 from .._config import PathLike, ProfileConfig
-from .._errors import ConfigError
 from .._profiler import Profiler
+from ._common import Interrupted, check_rank_args, guarded, load_config
 
 if not hasattr(TrainerCallback, "on_pre_optimizer_step"):
     # The event that separates the optimizer from forward/backward came in 4.45.
@@ -65,27 +64,6 @@ logger = logging.getLogger(__name__)
 _BETWEEN_STEPS = "between_steps"
 _FORWARD_BACKWARD = "forward_backward"
 _OPTIMIZER = "optimizer"
-
-_Hook = TypeVar("_Hook", bound=Callable[..., None])
-
-
-class _Interrupted(Exception):
-    """Marks a phase that an exception in training cut short (passed to Phase.__exit__)."""
-
-
-def _guarded(hook: _Hook) -> _Hook:
-    """Run a Trainer event so that a fault inside rankscope never reaches the training loop."""
-
-    @functools.wraps(hook)
-    def run(self: RankscopeCallback, *args: Any, **kwargs: Any) -> None:
-        if self._run is None:
-            return
-        try:
-            hook(self, *args, **kwargs)
-        except Exception as exc:
-            self._fault(hook.__name__, exc)
-
-    return run  # type: ignore[return-value]
 
 
 # TrainerCallback is Any to mypy (transformers is not followed); subclassing it is the point.
@@ -112,9 +90,9 @@ class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
         world_size: int | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self.config: ProfileConfig = _load_config(config)
+        self.config: ProfileConfig = load_config(config)
         effective = self.config.with_env(environ)  # a bad RANKSCOPE_* value fails here
-        _check_rank_args(rank, world_size)
+        check_rank_args(rank, world_size)
         if world_size is not None:
             effective.check_world_size(world_size, environ)
         self.profiler: Profiler | None = None
@@ -154,19 +132,19 @@ class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
         except Exception as exc:
             self._fault("on_train_begin", exc)
 
-    @_guarded
+    @guarded
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._open(_FORWARD_BACKWARD)
 
-    @_guarded
+    @guarded
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._open(_OPTIMIZER)
 
-    @_guarded
+    @guarded
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close()
 
-    @_guarded
+    @guarded
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close()
         if self._run is not None:
@@ -175,7 +153,7 @@ class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
         if state.global_step < state.max_steps and not control.should_training_stop:
             self._open(_BETWEEN_STEPS, "data")
 
-    @_guarded
+    @guarded
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._finish(interrupted=False)
 
@@ -210,7 +188,7 @@ class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
     def _close(self, error: bool = False) -> None:
         phase, self._phase = self._phase, None
         if phase is not None:
-            phase.__exit__(_Interrupted if error else None, None, None)
+            phase.__exit__(Interrupted if error else None, None, None)
 
     def _finish(self, interrupted: bool) -> None:
         """End the run: close the open phase, stop the profiler (saving an open window)."""
@@ -246,29 +224,3 @@ class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
                 self.close()
 
         return close
-
-
-def _load_config(config: object) -> ProfileConfig:
-    if config is None:
-        return ProfileConfig()
-    if isinstance(config, ProfileConfig):
-        return config
-    if isinstance(config, Mapping):
-        return ProfileConfig.from_dict(config)
-    if isinstance(config, (str, os.PathLike)):
-        return ProfileConfig.from_yaml(config)
-    raise ConfigError(
-        "config",
-        config,
-        "a ProfileConfig, a mapping of its fields, a path to a YAML file, or None",
-    )
-
-
-def _check_rank_args(rank: object, world_size: object) -> None:
-    for name, value, minimum in (("rank", rank, 0), ("world_size", world_size, 1)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < minimum
-        ):
-            raise ConfigError(name, value, f"None or an int >= {minimum}")
-    if isinstance(rank, int) and isinstance(world_size, int) and rank >= world_size:
-        raise ConfigError("rank", rank, f"a rank below world_size={world_size}")

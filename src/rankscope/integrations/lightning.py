@@ -38,12 +38,11 @@ recorded with ``"error": true``, an open trace window is saved).
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from typing import Any
 
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer
@@ -56,6 +55,7 @@ except ImportError as exc:
 from .._config import PathLike, ProfileConfig
 from .._errors import ConfigError
 from .._profiler import Profiler
+from ._common import Interrupted, check_rank_args, guarded, load_config
 
 __all__ = ["RankscopeCallback"]
 
@@ -65,27 +65,6 @@ FORWARD = "forward"
 BACKWARD = "backward"
 OPTIMIZER = "optimizer"
 VALIDATION = "validation"
-
-_Hook = TypeVar("_Hook", bound=Callable[..., None])
-
-
-class _Interrupted(Exception):
-    """Marks a phase that the end of a run cut short (passed to Phase.__exit__)."""
-
-
-def _guarded(hook: _Hook) -> _Hook:
-    """Run a hook so that a fault inside rankscope never reaches the training loop."""
-
-    @functools.wraps(hook)
-    def run(self: RankscopeCallback, *args: Any, **kwargs: Any) -> None:
-        if self._run is None:
-            return
-        try:
-            hook(self, *args, **kwargs)
-        except Exception as exc:
-            self._fault(hook.__name__, exc)
-
-    return run  # type: ignore[return-value]
 
 
 # Callback is Any to mypy (lightning is not followed); subclassing it is the point.
@@ -113,9 +92,9 @@ class RankscopeCallback(Callback):  # type: ignore[misc]
         environ: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
-        self.config: ProfileConfig = _load_config(config)
+        self.config: ProfileConfig = load_config(config)
         effective = self.config.with_env(environ)  # a bad RANKSCOPE_* value fails here
-        _check_rank_args(rank, world_size)
+        check_rank_args(rank, world_size)
         if world_size is not None:
             effective.check_world_size(world_size, environ)
         self.profiler: Profiler | None = None
@@ -161,7 +140,7 @@ class RankscopeCallback(Callback):  # type: ignore[misc]
         except Exception as exc:
             self._fault("on_train_start", exc)
 
-    @_guarded
+    @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish(interrupted=False)
 
@@ -181,34 +160,34 @@ class RankscopeCallback(Callback):  # type: ignore[misc]
                 exc,
             )
 
-    @_guarded
+    @guarded
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Reached with a run still open only when fit ended another way (the tuner's exit).
         self._finish(interrupted=False)
 
     # -- phases and steps --------------------------------------------------------------
 
-    @_guarded
+    @guarded
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._open(FORWARD)
 
-    @_guarded
+    @guarded
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Any) -> None:
         self._open(BACKWARD)
 
-    @_guarded
+    @guarded
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._close()
 
-    @_guarded
+    @guarded
     def on_before_optimizer_step(
         self, trainer: Trainer, pl_module: LightningModule, optimizer: Any
     ) -> None:
         self._open(OPTIMIZER)
 
-    @_guarded
+    @guarded
     def on_train_batch_end(
         self,
         trainer: Trainer,
@@ -226,16 +205,16 @@ class RankscopeCallback(Callback):  # type: ignore[misc]
             self._global_step = global_step
             self._run.step()
 
-    @_guarded
+    @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # A batch skipped by on_train_batch_start returning -1 never reaches on_train_batch_end.
         self._close()
 
-    @_guarded
+    @guarded
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._open(VALIDATION, "eval")
 
-    @_guarded
+    @guarded
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._close()
 
@@ -265,7 +244,7 @@ class RankscopeCallback(Callback):  # type: ignore[misc]
                 atexit.unregister(self._at_exit)
                 self._at_exit = None
             if interrupted and exception is None:
-                exception = _Interrupted()
+                exception = Interrupted()
             self._close(exception)
         finally:
             if profiler is not None:
@@ -301,29 +280,3 @@ class RankscopeCallback(Callback):  # type: ignore[misc]
         state = self.__dict__.copy()
         state.update(profiler=None, _run=None, _phase=None, _at_exit=None)
         return state
-
-
-def _load_config(config: object) -> ProfileConfig:
-    if config is None:
-        return ProfileConfig()
-    if isinstance(config, ProfileConfig):
-        return config
-    if isinstance(config, Mapping):
-        return ProfileConfig.from_dict(config)
-    if isinstance(config, (str, os.PathLike)):
-        return ProfileConfig.from_yaml(config)
-    raise ConfigError(
-        "config",
-        config,
-        "a ProfileConfig, a mapping of its fields, a path to a YAML file, or None",
-    )
-
-
-def _check_rank_args(rank: object, world_size: object) -> None:
-    for name, value, minimum in (("rank", rank, 0), ("world_size", world_size, 1)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < minimum
-        ):
-            raise ConfigError(name, value, f"None or an int >= {minimum}")
-    if isinstance(rank, int) and isinstance(world_size, int) and rank >= world_size:
-        raise ConfigError("rank", rank, f"a rank below world_size={world_size}")

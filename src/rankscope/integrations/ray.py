@@ -269,25 +269,12 @@ class _WorkerRun:
         }
 
     def _note_faults(self, profiler: Profiler) -> None:
-        """Record the parts of `profiler` that a fault turned off, with the warning that said why.
-
-        The Profiler keeps its faults to itself (they are logged, never raised), so this
-        reads its parts' state: capture's `enabled` turns False on a fault; the timer
-        remembers whether it warned.
-        """
-        parts = (
-            ("trace capture", "rankscope.capture", profiler._capture, "enabled", False),
-            ("phase timer", "rankscope.timing", profiler._timer, "_warned", True),
-        )
-        for part, logger_prefix, obj, flag, faulted_when in parts:
-            if obj is None or part in self._faulted:
-                continue
-            if getattr(obj, flag, not faulted_when) is not faulted_when:
-                continue
-            self._faulted.add(part)
-            why = self._log.first_from(logger_prefix)
-            # rankscope's own warning names the part and says it is off; keep it whole.
-            self.faults.append(why if why and part in why else f"{part} off: {why or 'a fault'}")
+        """Record the parts of `profiler` that a fault turned off, and why (once each)."""
+        for fault in profiler.faults:
+            part = fault.split(":", 1)[0]
+            if part not in self._faulted:
+                self._faulted.add(part)
+                self.faults.append(fault)
 
     def _timings_file(self) -> str | None:
         if self.run_dir is None or self.rank is None:
@@ -402,12 +389,6 @@ class _WarningLog(logging.Handler):
     @property
     def messages(self) -> list[str]:
         return [message for _, message in self.records]
-
-    def first_from(self, logger_prefix: str) -> str | None:
-        for origin, message in self.records:
-            if origin == logger_prefix or origin.startswith(logger_prefix + "."):
-                return message
-        return None
 
 
 # -- the driver's side ---------------------------------------------------------------

@@ -75,6 +75,8 @@ class PhaseTimer:
         self._step_span: Span | None = None
         self._file: Any = None
         self._warned = False
+        self.fault_reason: str | None = None
+        """Why a fault turned the timer off (None: it did not)."""
         self.enabled = False
         """True between a successful start() and stop(), unless a fault turned the timer off."""
 
@@ -190,6 +192,7 @@ class PhaseTimer:
         if not self._warned:
             self._warned = True
             cause = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+            self.fault_reason = what + cause
             logger.warning(
                 "rankscope: phase timer off for the rest of the run on rank %d: %s%s",
                 self._rank,
