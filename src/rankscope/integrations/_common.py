@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from .._config import ProfileConfig
 from .._errors import ConfigError
-from .._profiler import _as_config
+from .._profiler import Profiler, _as_config
 
-__all__ = ["Interrupted", "check_rank_args", "guarded", "load_config"]
+__all__ = ["CallbackRun", "Interrupted", "check_rank_args", "guarded", "load_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,3 +57,83 @@ def check_rank_args(rank: object, world_size: object) -> None:
             raise ConfigError(name, value, f"None or an int >= {minimum}")
     if isinstance(rank, int) and isinstance(world_size, int) and rank >= world_size:
         raise ConfigError("rank", rank, f"a rank below world_size={world_size}")
+
+
+class CallbackRun:
+    """What a framework callback holds between its hooks: one run, at most one open phase.
+
+    Mixed into each framework's callback class, which calls `_setup` from its
+    constructor and opens and closes phases from its hooks. `_WHAT` names the
+    integration in the warning a fault logs.
+    """
+
+    _WHAT = "integration"
+
+    def _setup(
+        self,
+        config: object,
+        rank: int | None,
+        world_size: int | None,
+        environ: Mapping[str, str] | None,
+    ) -> None:
+        """Check the arguments now (ConfigError), so that a bad config never waits for training."""
+        self.config: ProfileConfig = load_config(config)
+        effective = self.config.with_env(environ)  # a bad RANKSCOPE_* value fails here
+        check_rank_args(rank, world_size)
+        if world_size is not None:
+            effective.check_world_size(world_size, environ)
+        self.profiler: Profiler | None = None
+        """The Profiler of the current (or last) run in this process; None before the first."""
+        self._run: Profiler | None = None  # the profiler of the run in progress, while it works
+        self._rank = rank
+        self._world_size = world_size
+        self._environ = environ
+        self._phase: AbstractContextManager[Any] | None = None  # the phase a hook opened
+        self._at_exit: Callable[[], None] | None = None
+
+    def _open(self, name: str, kind: str = "compute") -> None:
+        """Close the phase that is open (if any) and enter `name`."""
+        self._close()
+        if self._run is not None:
+            phase = self._run.phase(name, kind)
+            phase.__enter__()
+            self._phase = phase
+
+    def _close(self, exception: BaseException | None = None) -> None:
+        """Leave the open phase; with `exception`, its record says it ended in an error."""
+        phase, self._phase = self._phase, None
+        if phase is not None:
+            if exception is None:
+                phase.__exit__(None, None, None)
+            else:
+                phase.__exit__(type(exception), exception, exception.__traceback__)
+
+    def _finish(self, interrupted: bool, exception: BaseException | None = None) -> None:
+        """End the run: close the open phase, stop the profiler (saving an open window)."""
+        profiler, self._run = self._run, None
+        try:
+            if self._at_exit is not None:
+                atexit.unregister(self._at_exit)
+                self._at_exit = None
+            if interrupted and exception is None:
+                exception = Interrupted()
+            self._close(exception)
+        finally:
+            if profiler is not None:
+                profiler.stop()
+
+    def _fault(self, where: str, exc: BaseException) -> None:
+        """Log once and turn the integration off for the rest of this run; training goes on."""
+        rank = self.profiler.rank if self.profiler is not None else "?"
+        logger.warning(
+            "rankscope: %s off for the rest of the run on rank %s: %s failed: %s: %s",
+            self._WHAT,
+            rank,
+            where,
+            type(exc).__name__,
+            exc,
+        )
+        try:
+            self._finish(interrupted=True)
+        except Exception:
+            logger.debug("rankscope: stopping after a fault failed too", exc_info=True)

@@ -34,7 +34,6 @@ import atexit
 import logging
 import os
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
 from typing import Any
 
 try:
@@ -48,7 +47,7 @@ except ImportError as exc:
 
 from .._config import PathLike, ProfileConfig
 from .._profiler import Profiler
-from ._common import Interrupted, check_rank_args, guarded, load_config
+from ._common import CallbackRun, guarded
 
 if not hasattr(TrainerCallback, "on_pre_optimizer_step"):
     # The event that separates the optimizer from forward/backward came in 4.45.
@@ -67,7 +66,7 @@ _OPTIMIZER = "optimizer"
 
 
 # TrainerCallback is Any to mypy (transformers is not followed); subclassing it is the point.
-class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
+class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
     """A `transformers.TrainerCallback` that profiles training with a rankscope `Profiler`.
 
     `config` is a `ProfileConfig`, a mapping as `ProfileConfig.from_dict` takes, a path to
@@ -82,6 +81,8 @@ class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
     first; use it to add phases of your own (`with callback.profiler.phase("loss"): ...`).
     """
 
+    _WHAT = "Trainer integration"
+
     def __init__(
         self,
         config: ProfileConfig | Mapping[str, Any] | PathLike | None = None,
@@ -90,18 +91,7 @@ class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
         world_size: int | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self.config: ProfileConfig = load_config(config)
-        effective = self.config.with_env(environ)  # a bad RANKSCOPE_* value fails here
-        check_rank_args(rank, world_size)
-        if world_size is not None:
-            effective.check_world_size(world_size, environ)
-        self.profiler: Profiler | None = None
-        self._run: Profiler | None = None  # the profiler of the run in progress, while it works
-        self._rank = rank
-        self._world_size = world_size
-        self._environ = environ
-        self._phase: AbstractContextManager[Any] | None = None  # the phase the last event opened
-        self._at_exit: Callable[[], None] | None = None
+        self._setup(config, rank, world_size, environ)
 
     # -- Trainer events ----------------------------------------------------------------
 
@@ -176,46 +166,6 @@ class RankscopeCallback(TrainerCallback):  # type: ignore[misc]
         self.close()
 
     # -- inside ------------------------------------------------------------------------
-
-    def _open(self, name: str, kind: str = "compute") -> None:
-        """Close the phase that is open (if any) and enter `name`."""
-        self._close()
-        if self._run is not None:
-            phase = self._run.phase(name, kind)
-            phase.__enter__()
-            self._phase = phase
-
-    def _close(self, error: bool = False) -> None:
-        phase, self._phase = self._phase, None
-        if phase is not None:
-            phase.__exit__(Interrupted if error else None, None, None)
-
-    def _finish(self, interrupted: bool) -> None:
-        """End the run: close the open phase, stop the profiler (saving an open window)."""
-        profiler, self._run = self._run, None
-        try:
-            if self._at_exit is not None:
-                atexit.unregister(self._at_exit)
-                self._at_exit = None
-            self._close(error=interrupted)
-        finally:
-            if profiler is not None:
-                profiler.stop()
-
-    def _fault(self, where: str, exc: BaseException) -> None:
-        """Log once and turn the integration off for the rest of this run; training goes on."""
-        rank = self.profiler.rank if self.profiler is not None else "?"
-        logger.warning(
-            "rankscope: Trainer integration off for the rest of the run on rank %s: %s failed: %s: %s",
-            rank,
-            where,
-            type(exc).__name__,
-            exc,
-        )
-        try:
-            self._finish(interrupted=True)
-        except Exception:
-            logger.debug("rankscope: stopping after a fault failed too", exc_info=True)
 
     def _close_at_exit(self, pid: int) -> Callable[[], None]:
         def close() -> None:

@@ -41,7 +41,6 @@ import atexit
 import logging
 import os
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
 from typing import Any
 
 try:
@@ -55,7 +54,7 @@ except ImportError as exc:
 from .._config import PathLike, ProfileConfig
 from .._errors import ConfigError
 from .._profiler import Profiler
-from ._common import Interrupted, check_rank_args, guarded, load_config
+from ._common import CallbackRun, guarded
 
 __all__ = ["RankscopeCallback"]
 
@@ -68,7 +67,7 @@ VALIDATION = "validation"
 
 
 # Callback is Any to mypy (lightning is not followed); subclassing it is the point.
-class RankscopeCallback(Callback):  # type: ignore[misc]
+class RankscopeCallback(Callback, CallbackRun):  # type: ignore[misc]
     """A `lightning.pytorch.Callback` that profiles `Trainer.fit()` with a rankscope `Profiler`.
 
     `config` is a `ProfileConfig`, a mapping as `ProfileConfig.from_dict` takes, a path to
@@ -83,6 +82,8 @@ class RankscopeCallback(Callback):  # type: ignore[misc]
     process's stays None.
     """
 
+    _WHAT = "Lightning integration"
+
     def __init__(
         self,
         config: ProfileConfig | Mapping[str, Any] | PathLike | None = None,
@@ -92,17 +93,7 @@ class RankscopeCallback(Callback):  # type: ignore[misc]
         environ: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
-        self.config: ProfileConfig = load_config(config)
-        effective = self.config.with_env(environ)  # a bad RANKSCOPE_* value fails here
-        check_rank_args(rank, world_size)
-        if world_size is not None:
-            effective.check_world_size(world_size, environ)
-        self.profiler: Profiler | None = None
-        self._run: Profiler | None = None  # the profiler of the fit in progress, while it works
-        self._rank = rank
-        self._world_size = world_size
-        self._environ = environ
-        self._phase: AbstractContextManager[Any] | None = None  # the phase a hook opened
+        self._setup(config, rank, world_size, environ)
         self._global_step = 0  # trainer.global_step at the last profiler step
         self._at_exit: Callable[[], None] | None = None
 
@@ -219,52 +210,6 @@ class RankscopeCallback(Callback):  # type: ignore[misc]
         self._close()
 
     # -- inside ------------------------------------------------------------------------
-
-    def _open(self, name: str, kind: str = "compute") -> None:
-        """Close the phase that is open (if any) and enter `name`."""
-        self._close()
-        if self._run is not None:
-            phase = self._run.phase(name, kind)
-            phase.__enter__()
-            self._phase = phase
-
-    def _close(self, exception: BaseException | None = None) -> None:
-        phase, self._phase = self._phase, None
-        if phase is not None:
-            if exception is None:
-                phase.__exit__(None, None, None)
-            else:
-                phase.__exit__(type(exception), exception, exception.__traceback__)
-
-    def _finish(self, interrupted: bool, exception: BaseException | None = None) -> None:
-        """End the run: close the open phase, stop the profiler (saving an open window)."""
-        profiler, self._run = self._run, None
-        try:
-            if self._at_exit is not None:
-                atexit.unregister(self._at_exit)
-                self._at_exit = None
-            if interrupted and exception is None:
-                exception = Interrupted()
-            self._close(exception)
-        finally:
-            if profiler is not None:
-                profiler.stop()
-
-    def _fault(self, where: str, exc: BaseException) -> None:
-        """Log once and turn the integration off for the rest of this fit; training goes on."""
-        rank = self.profiler.rank if self.profiler is not None else "?"
-        logger.warning(
-            "rankscope: Lightning integration off for the rest of the fit on rank %s: "
-            "%s failed: %s: %s",
-            rank,
-            where,
-            type(exc).__name__,
-            exc,
-        )
-        try:
-            self._finish(interrupted=True)
-        except Exception:
-            logger.debug("rankscope: stopping after a fault failed too", exc_info=True)
 
     def _close_at_exit(self, pid: int) -> Callable[[], None]:
         def close() -> None:
