@@ -13,7 +13,7 @@
 Each measurement runs in a fresh process that reports its wall time and peak RSS
 (its own peak plus its largest child's, for tools that fork workers).
 
-    python bench/analysis.py [--quick] [--no-hta] [--only kernels stragglers merge]
+    python bench/analysis.py [--quick] [--no-hta] [--sizes MB...] [--only kernels stragglers merge]
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def _raw_mb(folder: Path) -> float:
     return total / 1e6
 
 
-def kernels(quick: bool, hta: bool) -> None:
+def kernels(sizes: list[int], hta: bool) -> None:
     print("== kernel summary: rankscope vs HolisticTraceAnalysis vs the floor")
     sets: list[tuple[str, Path]] = []
     if SHARED_TRACES.is_dir():
@@ -171,7 +171,7 @@ def kernels(quick: bool, hta: bool) -> None:
             sets.append((label, _linked(label, names)))
     else:
         print(f"  (real traces not found at {SHARED_TRACES}; skipped)")
-    for size_mb in (4,) if quick else (50, 500):
+    for size_mb in sizes:
         sets.append((f"generated {size_mb} MB", _generated(size_mb)))
     hta_python = _hta_python() if hta else None
     for label, folder in sets:
@@ -228,6 +228,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small inputs (a smoke test)")
     parser.add_argument("--no-hta", action="store_true", help="skip HolisticTraceAnalysis")
     parser.add_argument(
+        "--sizes",
+        nargs="+",
+        type=int,
+        metavar="MB",
+        help="generated trace sizes for the kernel summary (default: 50 500; 4 with --quick)",
+    )
+    parser.add_argument(
         "--only",
         nargs="+",
         choices=SECTIONS,
@@ -238,7 +245,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}")
     if "kernels" in args.only:
-        kernels(args.quick, not args.no_hta)
+        kernels(args.sizes or ([4] if args.quick else [50, 500]), not args.no_hta)
     if "stragglers" in args.only:
         stragglers(args.quick)
     if "merge" in args.only:

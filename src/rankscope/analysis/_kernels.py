@@ -6,7 +6,6 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,34 @@ _RANK_NAME = re.compile(r"rank-(\d+)\.pt\.trace\.json(\.gz)?$")  # as capture na
 _PARALLEL_BYTES = 32 << 20
 
 
-@dataclass
+# Plain classes, not dataclasses: importing dataclasses (and inspect with it) would cost
+# a one-off `rankscope kernels` on a small trace more than reading the trace does.
 class KernelTable:
     """One kind of row (GPU kernels, or CPU ops by self time) summed over traces."""
 
-    kind: str
-    """"gpu_kernels" or "cpu_ops"."""
-    by: str
-    traces: int
-    count: int
-    total_us: float
-    items: list[dict[str, Any]]
-    """name, count, total_us, mean_us, min_us, max_us, share, traces; largest total first."""
+    __slots__ = ("by", "count", "items", "kind", "total_us", "traces")
+
+    def __init__(
+        self,
+        *,
+        kind: str,
+        by: str,
+        traces: int,
+        count: int,
+        total_us: float,
+        items: list[dict[str, Any]],
+    ) -> None:
+        self.kind = kind
+        """"gpu_kernels" or "cpu_ops"."""
+        self.by = by
+        self.traces = traces
+        self.count = count
+        self.total_us = total_us
+        self.items = items
+        """name, count, total_us, mean_us, min_us, max_us, share, traces; largest total first."""
+
+    def __repr__(self) -> str:
+        return f"KernelTable(kind={self.kind!r}, by={self.by!r}, traces={self.traces}, count={self.count})"
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:
         return {
@@ -47,14 +62,18 @@ class KernelTable:
         }
 
 
-@dataclass
 class KernelReport:
     """Tables for the traces read, what each trace held, and what was skipped."""
 
-    tables: list[KernelTable]
-    traces: list[dict[str, Any]]
-    """Per trace: path, rank, window, kind, count, total_us."""
-    skipped: list[str] = field(default_factory=list)
+    __slots__ = ("skipped", "tables", "traces")
+
+    def __init__(
+        self, *, tables: list[KernelTable], traces: list[dict[str, Any]], skipped: list[str]
+    ) -> None:
+        self.tables = tables
+        self.traces = traces
+        """Per trace: path, rank, window, kind, count, total_us."""
+        self.skipped = skipped
 
     def to_dict(self, top: int | None = None) -> dict[str, Any]:
         return {
