@@ -59,6 +59,8 @@ def main() -> None:
                     with prof.phase("loss_allreduce", kind="comm"):
                         dist.all_reduce(loss.detach())
                 prof.step()
+        if distributed:
+            dist.barrier()  # ranks that saved a trace in stop() finish before gloo goes away
     finally:
         if distributed:
             dist.destroy_process_group()

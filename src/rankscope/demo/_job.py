@@ -175,5 +175,8 @@ def _train(rank: int, job: DemoJob, init: str, run_dir: str, done: Any) -> None:
                 prof.step()
                 if rank == 0:
                     done.value += 1
+        # Rank 0 and the straggler save a trace in stop(); the others must not tear
+        # gloo down under them (a rank leaving early can abort in gloo's threads).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
