@@ -13,6 +13,7 @@ The profiling config comes from the `--rankscope-*` flags, from a YAML file
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
 import torch
@@ -33,39 +34,44 @@ def main() -> None:
     distributed = "RANK" in os.environ  # torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, ...
     if distributed:
         dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
+    try:
+        train(args, config, distributed)
+        if distributed:
+            dist.barrier()  # ranks that save a trace in stop() finish before gloo goes away
+    finally:
+        if distributed:
+            gc.collect()  # free the DDP model before its process group, or gloo may abort
+            dist.destroy_process_group()
+    if rank == 0:
+        print(f"done: {args.steps} steps; run directory {config.output_dir}")
+
+
+def train(args: argparse.Namespace, config: rankscope.ProfileConfig, distributed: bool) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model: nn.Module = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
     if distributed:
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    rank = dist.get_rank() if distributed else 0
-    data = torch.Generator().manual_seed(rank)
-    try:
-        # Rank and world size are found from torchrun's variables.
-        with rankscope.Profiler(config) as prof:
-            for _ in range(args.steps):
-                with prof.phase("host_to_device", kind="data"):
-                    x = torch.randn(args.batch, 64, generator=data)
-                    y = torch.randint(0, 10, (args.batch,), generator=data)
-                with prof.phase("forward"):
-                    loss = nn.functional.cross_entropy(model(x), y)
-                with prof.phase("backward"):
-                    loss.backward()
-                with prof.phase("optimizer"):
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                if distributed:
-                    with prof.phase("loss_allreduce", kind="comm"):
-                        dist.all_reduce(loss.detach())
-                prof.step()
-        if distributed:
-            dist.barrier()  # ranks that saved a trace in stop() finish before gloo goes away
-    finally:
-        if distributed:
-            dist.destroy_process_group()
-    if rank == 0:
-        print(f"done: {args.steps} steps; run directory {config.output_dir}")
+    data = torch.Generator().manual_seed(dist.get_rank() if distributed else 0)
+    # Rank and world size are found from torchrun's variables.
+    with rankscope.Profiler(config) as prof:
+        for _ in range(args.steps):
+            with prof.phase("host_to_device", kind="data"):
+                x = torch.randn(args.batch, 64, generator=data)
+                y = torch.randint(0, 10, (args.batch,), generator=data)
+            with prof.phase("forward"):
+                loss = nn.functional.cross_entropy(model(x), y)
+            with prof.phase("backward"):
+                loss.backward()
+            with prof.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            if distributed:
+                with prof.phase("loss_allreduce", kind="comm"):
+                    dist.all_reduce(loss.detach())
+            prof.step()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -13,63 +14,71 @@ import rankscope
 
 
 def train_ddp(rank: int, world_size: int, init: str, run_dir: str, steps: int) -> None:
-    """DDP on gloo with two profilers in turn: a step-target one, then a phase-target one."""
+    """DDP on gloo with three profilers in turn: step target, phase target, timer."""
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
     try:
-        model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        step_cfg = rankscope.ProfileConfig(
-            output_dir=Path(run_dir) / "steps",
-            trace=rankscope.TraceConfig(
-                enable=True,
-                ranks="0,2",
-                schedule=rankscope.Schedule(wait=1, warmup=1, active=2, repeat=2),
-            ),
-        )
-        with rankscope.Profiler(step_cfg) as prof:  # rank from torch.distributed
-            assert prof.rank == rank
-            for _ in range(steps):
-                with prof.phase("forward"):
-                    loss = model(torch.randn(8, 16)).sum()
-                with prof.phase("backward"):
-                    loss.backward()
+        _train(rank, run_dir, steps)
+        dist.barrier()
+    finally:
+        # A DDP model left for the interpreter's exit makes gloo abort the process
+        # (torch 2.13, CPU; 3 runs in 10): it must be freed before its process group.
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _train(rank: int, run_dir: str, steps: int) -> None:
+    model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step_cfg = rankscope.ProfileConfig(
+        output_dir=Path(run_dir) / "steps",
+        trace=rankscope.TraceConfig(
+            enable=True,
+            ranks="0,2",
+            schedule=rankscope.Schedule(wait=1, warmup=1, active=2, repeat=2),
+        ),
+    )
+    with rankscope.Profiler(step_cfg) as prof:  # rank from torch.distributed
+        assert prof.rank == rank
+        for _ in range(steps):
+            with prof.phase("forward"):
+                loss = model(torch.randn(8, 16)).sum()
+            with prof.phase("backward"):
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    phase_cfg = rankscope.ProfileConfig(
+        output_dir=Path(run_dir) / "phases",
+        trace=rankscope.TraceConfig(
+            enable=True,
+            ranks="all",
+            target="phase:train_actor",
+            schedule=rankscope.Schedule(wait=1, warmup=0, active=1, repeat=2),
+        ),
+    )
+    x = torch.randn(32)
+    with rankscope.Profiler(phase_cfg) as prof:
+        for _ in range(4):
+            torch.cumsum(x, 0)  # outside the phase
+            with prof.phase("train_actor"):
+                torch.cummax(x, 0)
+                dist.all_reduce(x)
+            prof.step()
+    timer_cfg = rankscope.ProfileConfig(
+        output_dir=Path(run_dir) / "timer",
+        timer=rankscope.TimerConfig(enable=True, ranks="0,2", every_n_steps=3),
+    )
+    with rankscope.Profiler(timer_cfg) as prof:
+        for _ in range(steps):
+            with prof.phase("forward"):
+                loss = model(torch.randn(8, 16)).sum()
+            with prof.phase("backward"):
+                loss.backward()  # DDP all-reduces the gradients in here
+            with prof.phase("allreduce", kind="comm"):
+                dist.all_reduce(x)
+            with prof.phase("optimizer"):
                 opt.step()
                 opt.zero_grad()
-                prof.step()
-        phase_cfg = rankscope.ProfileConfig(
-            output_dir=Path(run_dir) / "phases",
-            trace=rankscope.TraceConfig(
-                enable=True,
-                ranks="all",
-                target="phase:train_actor",
-                schedule=rankscope.Schedule(wait=1, warmup=0, active=1, repeat=2),
-            ),
-        )
-        x = torch.randn(32)
-        with rankscope.Profiler(phase_cfg) as prof:
-            for _ in range(4):
-                torch.cumsum(x, 0)  # outside the phase
-                with prof.phase("train_actor"):
-                    torch.cummax(x, 0)
-                    dist.all_reduce(x)
-                prof.step()
-        timer_cfg = rankscope.ProfileConfig(
-            output_dir=Path(run_dir) / "timer",
-            timer=rankscope.TimerConfig(enable=True, ranks="0,2", every_n_steps=3),
-        )
-        with rankscope.Profiler(timer_cfg) as prof:
-            for _ in range(steps):
-                with prof.phase("forward"):
-                    loss = model(torch.randn(8, 16)).sum()
-                with prof.phase("backward"):
-                    loss.backward()  # DDP all-reduces the gradients in here
-                with prof.phase("allreduce", kind="comm"):
-                    dist.all_reduce(x)
-                with prof.phase("optimizer"):
-                    opt.step()
-                    opt.zero_grad()
-                prof.step()
-    finally:
-        dist.destroy_process_group()
+            prof.step()
