@@ -484,6 +484,8 @@ def test_to_dict_shape(run_dir: Path) -> None:
             "with_flops": False,
             "with_modules": False,
             "gzip": True,
+            "trigger_check_every_n_steps": 10,
+            "trigger_max_steps": 5,
         },
         "timer": {
             "enable": False,

@@ -94,6 +94,12 @@ class TraceConfig:
     """Record the nn.Module hierarchy of ops (TorchScript only in most torch versions); off by default."""
     gzip: bool = True
     """Write traces as .json.gz (compressed in the background, never on the training thread)."""
+    trigger_check_every_n_steps: int = 10
+    """Look for on-demand windows (`rankscope trigger`) every this many steps: one stat of
+    RUN_DIR/triggers, and a scan of it only when it changed. 0 turns triggers off."""
+    trigger_max_steps: int = 5
+    """The most steps one trigger may record; a trigger asking for more is declined. Bounds
+    the size of a triggered window's trace, as schedule.active does for scheduled ones."""
 
     def __post_init__(self) -> None:
         _check_bool("trace.enable", self.enable)
@@ -109,6 +115,8 @@ class TraceConfig:
         for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules"):
             _check_bool(f"trace.{name}", getattr(self, name))
         _check_bool("trace.gzip", self.gzip)
+        _check_int("trace.trigger_check_every_n_steps", self.trigger_check_every_n_steps, 0)
+        _check_int("trace.trigger_max_steps", self.trigger_max_steps, 1)
 
     @property
     def rank_set(self) -> RankSet:

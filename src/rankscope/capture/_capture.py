@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import warnings
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -15,7 +16,8 @@ from .._layout import phase_window_name, step_window_name, summary_path, temp_na
 from .._ranks import RankInfo
 from .._torch import import_torch
 from ._finalize import FinalizeJob
-from ._schedule import Action, action_at, last_step, window_start
+from ._schedule import Action, AddedWindow, StepPlan, action_at
+from ._trigger import Trigger, TriggerWatcher, why_not_listening, write_ack
 from ._worker import TraceFinalizer
 
 __all__ = ["MAX_BACKLOG", "STOP_TIMEOUT_S", "TraceCapture"]
@@ -32,12 +34,17 @@ STOP_TIMEOUT_S = 600.0
 
 
 class TraceCapture:
-    """torch.profiler windows on one selected rank.
+    """torch.profiler windows on one rank: the schedule's, and those triggers ask for.
 
     Every call from the training loop is guarded: a fault inside torch.profiler or
     while writing logs one warning, stops the profiler, and leaves capture off for
     the rest of the run. Only the export of a window's raw JSON runs on the calling
     thread; the rest is the worker's (see TraceFinalizer).
+
+    The schedule's windows run on ranks in `config.ranks`. Every
+    `trigger_check_every_n_steps` steps the capture looks for trigger files (see
+    `_trigger`) and plans the windows they ask for; between windows no profiler is
+    held, and one is started for a triggered window the step before it begins.
     """
 
     def __init__(self, config: TraceConfig, run_dir: str, rank_info: RankInfo) -> None:
@@ -47,7 +54,13 @@ class TraceCapture:
         self._rank = rank_info.rank
         self._activities = self._resolve_activities()
         self._target_phase = config.target_phase
-        self._last_step = last_step(config.schedule)
+        self._scheduled = rank_info.rank in config.rank_set
+        self._plan = StepPlan(config.schedule if self._scheduled else None)
+        every = config.trigger_check_every_n_steps
+        unheard = why_not_listening(config.enable, config.target, every, self._scheduled)
+        self._check_every = every if unheard is None else 0
+        self._watcher = TriggerWatcher(run_dir, self._rank) if unheard is None else None
+        self._triggered: dict[AddedWindow, Trigger] = {}  # windows triggers added, and by whom
         self._finalizer = TraceFinalizer(self._report_failure)
         self._prof: Any = None
         self._step = 0
@@ -72,27 +85,46 @@ class TraceCapture:
 
     def start(self) -> None:
         self._owner = threading.get_ident()
-        if self._target_phase is not None:
-            return  # phase windows start at their phase
+        if self._target_phase is not None or not self._scheduled:
+            return  # phase windows start at their phase, triggered ones at their step
         if self._other_profiler_active():
             return
         self._prof = self._new_profiler(step_target=True)
         if self._guarded("start", self._prof.start):
-            self.recording = action_at(self._config.schedule, 0) is not Action.NONE
+            self.recording = self._plan.action(0) is not Action.NONE
 
     def step(self) -> None:
         self._step += 1
         if self._failure is not None:
             self.fault(self._failure)  # already warned on the worker thread
             return
+        if self._target_phase is not None:
+            return  # phase windows, which steps do not drive
+        step = self._step
         prof = self._prof
-        if prof is None or self._target_phase is not None:
-            return  # no profiler left, or phase windows, which steps do not drive
-        if not self._on_owner_thread("step()"):
+        if prof is not None:
+            if not self._on_owner_thread("step()") or not self._advance(prof, step):
+                return
+        elif not self.enabled:
             return
-        sched = self._config.schedule
-        action = action_at(sched, self._step)
-        if action is not Action.NONE and action_at(sched, self._step - 1) in _CYCLE_ENDS:
+        if self._check_every and step % self._check_every == 0:
+            if prof is None and not self._on_owner_thread("step()"):
+                return
+            self._check_triggers(step)
+        plan = self._plan
+        plan.forget_before(step)
+        if self._prof is not None:
+            # Between windows: release the profiler so the steps until the next cost nothing.
+            if plan.idle(step) and self._guarded("step", self._prof.stop):
+                self._prof = None
+        elif plan.next_added is not None and plan.next_added <= step + 1 and self.enabled:
+            self._begin_triggered(step)
+
+    def _advance(self, prof: Any, step: int) -> bool:
+        """torch.profiler's step(); False if it faulted (capture is off then)."""
+        plan = self._plan
+        action = plan.action(step)
+        if action is not Action.NONE and plan.action(step - 1) in _CYCLE_ENDS:
             with warnings.catch_warnings():
                 # Starting a second cycle, torch warns that key_averages() sees only the
                 # last one; rankscope never calls key_averages(), so it would only alarm.
@@ -100,13 +132,9 @@ class TraceCapture:
                 stepped = self._guarded("step", prof.step)
         else:
             stepped = self._guarded("step", prof.step)
-        if not stepped:
-            return
-        self.recording = action is not Action.NONE
-        # Past the last window: release the profiler so later steps cost nothing.
-        past_last = self._last_step is not None and self._step > self._last_step
-        if past_last and self._guarded("step", prof.stop):
-            self._prof = None
+        if stepped:
+            self.recording = action is not Action.NONE
+        return stepped
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Close and save an open window, then wait for the background work."""
@@ -117,10 +145,21 @@ class TraceCapture:
             elif self._guarded("stop", self._prof.stop):
                 self._prof = None
         self.recording = False
-        if self.enabled and self._windows == 0:
+        if self.enabled and self._windows == 0 and self._scheduled:
             logger.warning(
                 "rankscope: trace capture is on but captured nothing: %s", self._why_empty()
             )
+        for window in self._plan.added:
+            trigger = self._triggered.get(window)
+            if trigger is not None and self._step < window.first:
+                logger.warning(
+                    "rankscope: trigger %s asked rank %d for steps %d-%d; the run stopped at step %d",
+                    trigger.id,
+                    self._rank,
+                    window.first,
+                    window.last,
+                    self._step,
+                )
         self._finalizer.drain(timeout)
 
     def _why_empty(self) -> str:
@@ -140,6 +179,106 @@ class TraceCapture:
     @property
     def last_summary(self) -> dict[str, Any] | None:
         return self._finalizer.last_summary
+
+    # -- triggers ------------------------------------------------------------------
+
+    def _check_triggers(self, step: int) -> None:
+        """Answer the triggers that appeared since the last check (on the training thread)."""
+        watcher = self._watcher
+        if watcher is None:
+            return
+        try:
+            for trigger in watcher.poll():
+                self._answer(trigger, step)
+        except Exception as exc:
+            # The run directory went away or became unreadable: stop looking, keep training
+            # and keep the windows already planned.
+            self._check_every = 0
+            self._watcher = None
+            logger.warning(
+                "rankscope: checking %s for triggers failed (%s: %s); trigger checks are off "
+                "for the rest of this run (rank %d), training goes on",
+                Path(self._run_dir) / "triggers",
+                type(exc).__name__,
+                exc,
+                self._rank,
+            )
+
+    def _answer(self, trigger: Trigger, step: int) -> None:
+        """Plan the window `trigger` asks for, or decline it, and say which in its answer file."""
+        cfg = self._config
+        reason: str | None
+        if trigger.steps > cfg.trigger_max_steps:
+            reason = (
+                f"it asks for {trigger.steps} steps; trace.trigger_max_steps is "
+                f"{cfg.trigger_max_steps}"
+            )
+        elif trigger.start <= step:
+            reason = f"seen at step {step}, too late for its start step {trigger.start}"
+        else:
+            reason = self._plan.conflict(trigger.start, trigger.last)
+        if reason is not None:
+            logger.warning(
+                "rankscope: trigger %s declined on rank %d: %s", trigger.id, self._rank, reason
+            )
+            answer: dict[str, Any] = {"status": "declined", "reason": reason}
+        else:
+            window = self._plan.add(
+                trigger.start, trigger.last, warmup=cfg.schedule.warmup > 0, after=step
+            )
+            self._triggered[window] = trigger
+            logger.info(
+                "rankscope: trigger %s: rank %d records steps %d-%d into traces/%s",
+                trigger.id,
+                self._rank,
+                trigger.start,
+                trigger.last,
+                trigger.window,
+            )
+            answer = {
+                "status": "accepted",
+                "window": trigger.window,
+                "first": window.first,
+                "last": window.last,
+                "warmup": window.warmup,
+            }
+        write_ack(self._run_dir, trigger, self._rank, {**answer, "seen_at_step": step})
+
+    def _begin_triggered(self, step: int) -> None:
+        """Start a profiler during `step` for the triggered window that begins at the next step."""
+        if self._torch.autograd._profiler_enabled():
+            # Kineto runs one profiler per process: never take over one the user started.
+            self._drop_triggered(step, "another torch.profiler was running in this process")
+            return
+        made: list[Any] = []
+        if not self._guarded("step", lambda: made.append(self._new_profiler(True, base=step))):
+            return
+        self._prof = made[0]
+        if self._guarded("step", self._prof.start):
+            self.recording = False
+
+    def _drop_triggered(self, step: int, reason: str) -> None:
+        """Give up the triggered windows that were to begin at the next step, and say why."""
+        plan = self._plan
+        for window in [w for w in plan.added if plan.next_added in (w.warmup, w.first)]:
+            plan.drop(window, step)
+            trigger = self._triggered.pop(window, None)
+            if trigger is None:
+                continue
+            logger.warning(
+                "rankscope: trigger %s not captured on rank %d: %s", trigger.id, self._rank, reason
+            )
+            try:
+                write_ack(
+                    self._run_dir,
+                    trigger,
+                    self._rank,
+                    {"status": "declined", "reason": reason, "at_step": step},
+                )
+            except OSError:
+                logger.debug(
+                    "rankscope: rewriting the answer to %s failed", trigger.id, exc_info=True
+                )
 
     # -- phases --------------------------------------------------------------------
 
@@ -175,6 +314,8 @@ class TraceCapture:
         with self._phase_lock:
             if self._phase_window is not None or not self.enabled or self._stopping:
                 return False  # a nested invocation belongs to the open window
+            if not self._scheduled:
+                return False  # a rank outside trace.ranks records only what triggers ask for
             if threading.get_ident() != self._owner:
                 return False  # torch.profiler windows must open and close on one thread
             call = self._phase_calls
@@ -205,7 +346,9 @@ class TraceCapture:
 
     # -- torch.profiler ----------------------------------------------------------
 
-    def _new_profiler(self, step_target: bool) -> Any:
+    def _new_profiler(self, step_target: bool, base: int | None = None) -> Any:
+        """A torch.profiler.profile; with `base`, one made during step `base` that counts
+        steps from there and records nothing before base + 1."""
         torch = self._torch
         cfg = self._config
         kinds = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU"}
@@ -214,10 +357,11 @@ class TraceCapture:
         on_ready = None
         if step_target:
             actions = {a: getattr(torch.profiler.ProfilerAction, a.name) for a in Action}
-            sched = cfg.schedule
+            plan = self._plan
+            first_live = 0 if base is None else base + 1
 
             def schedule(step: int) -> Any:
-                return actions[action_at(sched, step)]
+                return actions[plan.action(step) if step >= first_live else Action.NONE]
 
             on_ready = self._on_trace_ready
         prof = torch.profiler.profile(
@@ -230,6 +374,9 @@ class TraceCapture:
             with_flops=cfg.with_flops,
             with_modules=cfg.with_modules,
         )
+        if base is not None:
+            # Count as the run does, so the trace's ProfilerStep#N is global step N.
+            prof.step_num = base
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized()) and hasattr(
             prof, "preset_metadata_json"
@@ -245,7 +392,7 @@ class TraceCapture:
         # It must not raise into torch: torch is midway through its own list of actions,
         # and cutting that list short leaves a profiler that crashes when stopped.
         last = self._step if self._stopping else self._step - 1
-        first = window_start(self._config.schedule, last)
+        first = self._plan.window_start(last)
         try:
             self._export(prof, step_window_name(first, last))
         except Exception as exc:

@@ -2,16 +2,18 @@
 
 `action_at` gives torch.profiler.schedule's answers exactly (a table test holds it to
 that); the rest is derived from it, so windows are named from the same rules that
-drive the profiler.
+drive the profiler. `StepPlan` adds the windows that triggers ask for on top of the
+schedule, under the same rules.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 from .._config import Schedule
 
-__all__ = ["Action", "action_at", "last_step", "window_start", "windows"]
+__all__ = ["Action", "AddedWindow", "StepPlan", "action_at", "last_step", "window_start", "windows"]
 
 
 class Action(enum.Enum):
@@ -67,3 +69,111 @@ def windows(schedule: Schedule, stop_step: int) -> list[tuple[int, int]]:
         if action is Action.RECORD_AND_SAVE or (step == stop_step and action is Action.RECORD):
             out.append((window_start(schedule, step), step))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class AddedWindow:
+    """A window added to a StepPlan: steps first..last recorded, after an optional warm-up step."""
+
+    first: int
+    last: int
+    warmup: int | None
+    """The warm-up step (first - 1), or None where the window starts cold."""
+
+
+class StepPlan:
+    """The action for every global step: the schedule's windows plus windows added on demand.
+
+    `schedule` is None on a rank with no scheduled windows. Added windows never overlap
+    another window (`conflict` says why one would), end with RECORD_AND_SAVE like every
+    scheduled window, and so keep torch.profiler's transitions the ones its own
+    schedule produces.
+    """
+
+    def __init__(self, schedule: Schedule | None) -> None:
+        self._schedule = schedule
+        self._schedule_last = -1 if schedule is None else last_step(schedule)
+        self._added: list[AddedWindow] = []
+        self.next_added: int | None = None
+        """The first step (warm-up included) of the earliest added window not yet begun."""
+
+    @property
+    def added(self) -> tuple[AddedWindow, ...]:
+        return tuple(self._added)
+
+    def action(self, step: int) -> Action:
+        for w in self._added:
+            if w.first <= step <= w.last:
+                return Action.RECORD_AND_SAVE if step == w.last else Action.RECORD
+            if step == w.warmup:
+                return Action.WARMUP
+        if self._schedule is None:
+            return Action.NONE
+        return action_at(self._schedule, step)
+
+    def window_start(self, step: int) -> int:
+        """The first recorded step of the window that `step` (a recorded step) belongs to."""
+        first = step
+        while first > 0 and self.action(first - 1) is Action.RECORD:
+            first -= 1
+        return first
+
+    def schedule_over(self, step: int) -> bool:
+        """True once `step` is past the schedule's last window (never for repeat=0)."""
+        return self._schedule_last is not None and step > self._schedule_last
+
+    def conflict(self, first: int, last: int) -> str | None:
+        """Why steps first..last cannot be a new window (another window holds one of them), or None."""
+        for step in range(first, last + 1):
+            if self.action(step) is not Action.NONE:
+                taken = "an earlier trigger's window" if self._in_added(step) else "the schedule"
+                return f"step {step} already belongs to {taken}"
+        return None
+
+    def add(self, first: int, last: int, *, warmup: bool, after: int) -> AddedWindow:
+        """Add the window first..last, decided during step `after`; raises ValueError on a conflict.
+
+        With `warmup`, step first - 1 warms the profiler up when it is still ahead
+        (> after) and free.
+        """
+        if not after < first <= last:
+            raise ValueError(f"window {first}-{last} does not lie ahead of step {after}")
+        problem = self.conflict(first, last)
+        if problem is not None:
+            raise ValueError(problem)
+        warm = first - 1
+        use_warmup = warmup and warm > after and self.action(warm) is Action.NONE
+        window = AddedWindow(first, last, warm if use_warmup else None)
+        self._added.append(window)
+        self._added.sort(key=lambda w: w.first)
+        self._update_next(after)
+        return window
+
+    def drop(self, window: AddedWindow, step: int) -> None:
+        """Remove a window that will not be captured after all."""
+        self._added = [w for w in self._added if w is not window]
+        self._update_next(step)
+
+    def forget_before(self, step: int) -> None:
+        """Forget added windows that ended before `step - 1` (the last one's name is still needed)."""
+        if not self._added:
+            return
+        if self._added[0].last < step - 1:
+            self._added = [w for w in self._added if w.last >= step - 1]
+        self._update_next(step)
+
+    def idle(self, step: int) -> bool:
+        """True when no window needs the profiler during `step` or the next one."""
+        return (
+            self.schedule_over(step)
+            and self.action(step) is Action.NONE
+            and self.action(step + 1) is Action.NONE
+        )
+
+    def _in_added(self, step: int) -> bool:
+        return any(step == w.warmup or w.first <= step <= w.last for w in self._added)
+
+    def _update_next(self, step: int) -> None:
+        starts = [w.first if w.warmup is None else w.warmup for w in self._added]
+        ahead = [s for s in starts if s > step]
+        self.next_added = min(ahead) if ahead else None

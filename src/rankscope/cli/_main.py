@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .._errors import ConfigError, RankscopeError
+from .._errors import ConfigError, RankscopeError, TraceError
 from .._version import __version__
 
 __all__ = ["main"]
@@ -148,6 +148,40 @@ def _parser() -> argparse.ArgumentParser:
     )
     _json_option(merge)
     merge.set_defaults(run=_merge)
+
+    trigger = commands.add_parser(
+        "trigger",
+        help="ask a running job to record a window now, or (--status) who answered",
+        description=(
+            "Write a trigger file into RUN_DIR asking the job's ranks to record a trace "
+            "window from an absolute step. Ranks look for triggers every "
+            "trace.trigger_check_every_n_steps steps; each answers in RUN_DIR/triggers/ID/."
+        ),
+    )
+    trigger.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    trigger.add_argument(
+        "--steps",
+        type=_positive,
+        help="steps to record (default: 2, at most trace.trigger_max_steps)",
+    )
+    trigger.add_argument(
+        "--ranks", help="ranks that record: 0, 0,8, 0-7, all (default: the run's trace.ranks)"
+    )
+    when = trigger.add_mutually_exclusive_group()
+    when.add_argument("--at", type=_step, metavar="STEP", help="the first step to record")
+    when.add_argument(
+        "--in",
+        dest="in_steps",
+        type=_positive,
+        metavar="N",
+        help="start N steps after the latest step in the run's timings "
+        "(default: far enough ahead for every rank to see the trigger in time)",
+    )
+    trigger.add_argument(
+        "--status", action="store_true", help="list the run's triggers and which ranks answered"
+    )
+    _json_option(trigger)
+    trigger.set_defaults(run=_trigger)
     return parser
 
 
@@ -186,6 +220,13 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text}")
+    return value
+
+
+def _step(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a step >= 1, got {text}")
     return value
 
 
@@ -373,3 +414,211 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         render.demo_end(job, report, trained, time.perf_counter() - started)
     return 0
+
+
+def _trigger(args: argparse.Namespace) -> int:
+    from ..analysis._run import read_run_meta
+
+    meta = read_run_meta(args.run_dir)
+    if not meta.meta:
+        raise TraceError(f"{args.run_dir}: not a run directory (no meta/rank-*.json in it)")
+    render = None if args.json else _terminal("trigger")
+    if args.status:
+        given = [
+            f"--{name.replace('_steps', '')}"
+            for name in ("steps", "ranks", "at", "in_steps")
+            if getattr(args, name) is not None
+        ]
+        if given:
+            raise ConfigError(
+                "--status", True, "--status alone", f"it cannot be combined with {', '.join(given)}"
+            )
+        status = _trigger_status(args.run_dir, meta)
+        if render is None:
+            _print_json(status)
+        else:
+            render.trigger_status(status)
+        return 0
+    written = _new_trigger(args, meta)
+    if render is None:
+        _print_json(written)
+    else:
+        render.trigger_written(written)
+    return 0
+
+
+def _new_trigger(args: argparse.Namespace, meta: Any) -> dict[str, Any]:
+    """Check the request against the run, then write the trigger; nothing is written on an error."""
+    from .._ranks import parse_ranks
+    from ..capture._trigger import Trigger, new_trigger_id, rank_listens, write_trigger
+
+    world = meta.world_size if meta.world_size is not None else max(meta.meta) + 1
+    spec = args.ranks
+    if spec is None:  # the ranks the run's own config names for capture
+        config = meta.meta[min(meta.meta)].get("config") or {}
+        spec = (config.get("trace") or {}).get("ranks", "0")
+    rank_set = parse_ranks(spec, "--ranks")
+    rank_set.check_world_size(world, "--ranks")
+    selected = list(range(world)) if rank_set.everything else sorted(rank_set.ranks)
+    listening: list[int] = []
+    unheard: dict[int, str] = {}
+    for rank in selected:
+        reason = rank_listens(meta.meta.get(rank), rank)
+        if reason is None:
+            listening.append(rank)
+        else:
+            unheard[rank] = reason
+    if not listening:
+        first = min(unheard)
+        raise ConfigError(
+            "--ranks",
+            rank_set.spec(),
+            "ranks whose config checks for triggers",
+            f"no selected rank checks for triggers (rank {first}: {unheard[first]})",
+        )
+    traces = [meta.meta[r]["config"]["trace"] for r in listening]
+    timers = [meta.meta[r]["config"].get("timer") or {} for r in listening]
+    max_steps = min(int(t.get("trigger_max_steps", 1)) for t in traces)
+    steps = min(2, max_steps) if args.steps is None else args.steps
+    if steps > max_steps:
+        raise ConfigError(
+            "--steps",
+            steps,
+            f"1 to {max_steps}",
+            f"the run's trace.trigger_max_steps is {max_steps}",
+        )
+    # How far ahead a trigger must start for every rank to see it in time: the timings
+    # lag the run by up to one sampling interval and one flush interval, a rank looks
+    # every check interval, and the step before the window warms the profiler up.
+    lag = max(
+        int(t.get("every_n_steps", 1)) + int(t.get("flush_every_n_steps", 1))
+        if t.get("enable")
+        else 0
+        for t in timers
+    )
+    check = max(int(t["trigger_check_every_n_steps"]) for t in traces)
+    lead = lag + check + 2
+    latest = _latest_step(args.run_dir)
+    if args.at is not None:
+        start = args.at
+        if latest is not None and start <= latest:
+            raise ConfigError(
+                "--at",
+                start,
+                f"a step after {latest}",
+                f"the run's timings have reached step {latest} already",
+            )
+    elif latest is None:
+        raise TraceError(
+            f"{args.run_dir}: no timings to tell which step the run has reached "
+            "(is the timer on?); give the first step with --at STEP"
+        )
+    else:
+        start = latest + (lead if args.in_steps is None else args.in_steps)
+    trigger = Trigger(
+        new_trigger_id(),
+        start,
+        steps,
+        rank_set.spec(),
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    path = write_trigger(args.run_dir, trigger)
+    note = None
+    if latest is None:
+        note = "the run has no timings, so whether this step is still ahead is not known"
+    elif start < latest + lead:
+        note = (
+            f"ranks may first see this trigger as late as step {latest + lead - 2}; "
+            f"a rank that sees it at step {start} or later declines it"
+        )
+    return {
+        **trigger.to_dict(),
+        "run_dir": str(args.run_dir),
+        "path": str(path),
+        "last": trigger.last,
+        "window": trigger.window,
+        "traces": str(Path(args.run_dir) / "traces" / trigger.window),
+        "latest_step": latest,
+        "selected": selected,
+        "listening": listening,
+        "not_listening": {str(r): why for r, why in unheard.items()},
+        "check_every": check,
+        "note": note,
+    }
+
+
+def _latest_step(run_dir: Path) -> int | None:
+    """The latest step in the run's timings; None without any."""
+    from ..analysis._timings import read_timings
+
+    try:
+        timings = read_timings(run_dir)
+    except TraceError:
+        return None
+    steps = [int(t.step.max()) for t in timings.ranks.values() if len(t)]
+    return max(steps) if steps else None
+
+
+def _trigger_status(run_dir: Path, meta: Any) -> dict[str, Any]:
+    """Every trigger in the run and, per selected rank, where it stands."""
+    from .._layout import rank_name
+    from .._ranks import parse_ranks
+    from ..capture._trigger import rank_listens, read_acks, read_trigger, trigger_dir
+
+    world = meta.world_size if meta.world_size is not None else max(meta.meta) + 1
+    folder = trigger_dir(run_dir)
+    found: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    for path in paths:
+        if path.name.startswith("."):
+            continue
+        try:
+            trigger = read_trigger(path)
+        except (OSError, ValueError) as exc:
+            skipped.append(f"{path}: not a valid trigger file ({exc})")
+            continue
+        rank_set = parse_ranks(trigger.ranks, "ranks")
+        selected = [r for r in range(world) if r in rank_set]
+        acks = read_acks(run_dir, trigger.id)
+        states: dict[str, list[int]] = {
+            state: [] for state in ("saved", "accepted", "declined", "waiting", "not_listening")
+        }
+        reasons: dict[str, str] = {}
+        saved: dict[str, str] = {}
+        for rank in selected:
+            ack = acks.get(rank)
+            if ack is not None and ack.get("status") == "accepted":
+                first = ack.get("first", trigger.start)
+                done = sorted(
+                    (Path(run_dir) / "traces").glob(
+                        f"step-{first:06d}-*/{rank_name(rank)}.pt.trace.json*"
+                    )
+                )
+                if done:
+                    states["saved"].append(rank)
+                    saved[str(rank)] = str(done[0])
+                else:
+                    states["accepted"].append(rank)
+            elif ack is not None:
+                states["declined"].append(rank)
+                reasons[str(rank)] = str(ack.get("reason"))
+            else:
+                why = rank_listens(meta.meta.get(rank), rank)
+                if why is None:
+                    states["waiting"].append(rank)
+                else:
+                    states["not_listening"].append(rank)
+                    reasons[str(rank)] = why
+        found.append(
+            {
+                **trigger.to_dict(),
+                "path": str(path),
+                "last": trigger.last,
+                "window": trigger.window,
+                "ranks_by_state": states,
+                "reasons": reasons,
+                "saved": saved,
+            }
+        )
+    return {"run_dir": str(run_dir), "triggers": found, "skipped": skipped}

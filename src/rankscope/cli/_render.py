@@ -20,7 +20,17 @@ from rich.text import Text
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport
 
-__all__ = ["Progress", "demo_end", "demo_start", "kernels", "merged", "report", "stragglers"]
+__all__ = [
+    "Progress",
+    "demo_end",
+    "demo_start",
+    "kernels",
+    "merged",
+    "report",
+    "stragglers",
+    "trigger_status",
+    "trigger_written",
+]
 
 # Piped output has no width to fit: wide enough that kernel names stay readable.
 _console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
@@ -220,6 +230,78 @@ def _rank_list(ranks: list[int]) -> str:
     from ..analysis._stragglers import format_ranks
 
     return format_ranks(ranks) if ranks else "no ranks"
+
+
+# -- triggers ------------------------------------------------------------------
+
+
+def _grouped(reasons: dict[str, str], ranks: list[int]) -> list[tuple[list[int], str]]:
+    """Ranks that share a reason, together: one line per reason, not per rank."""
+    by_reason: dict[str, list[int]] = {}
+    for rank in ranks:
+        by_reason.setdefault(reasons.get(str(rank), ""), []).append(rank)
+    return [(group, reason) for reason, group in by_reason.items()]
+
+
+def trigger_written(data: dict[str, Any]) -> None:
+    _console.print(Text(f"rankscope trigger: wrote {data['path']}", style="bold"))
+    latest = data["latest_step"]
+    reached = "" if latest is None else f"; the run's timings have reached step {latest}"
+    _console.print(
+        Text(
+            f"  window {data['window']}: steps {data['start']}-{data['last']} "
+            f"({data['steps']} step(s)){reached}"
+        )
+    )
+    _console.print(
+        Text(
+            f"  {_rank_list(data['listening'])} will record it (ranks look for triggers "
+            f"every {data['check_every']} steps)"
+        )
+    )
+    unheard = data["not_listening"]
+    for group, reason in _grouped(unheard, [int(r) for r in unheard]):
+        _console.print(Text(f"  {_rank_list(group)} will not: {reason}", style="yellow"))
+    if data["note"]:
+        _console.print(Text(f"  note: {data['note']}", style="yellow"))
+    _console.print(Text(f"  traces: {data['traces']}/"))
+    _console.print(Text(f"  who answered: rankscope trigger {data['run_dir']} --status"))
+
+
+_STATES = {
+    "saved": "saved",
+    "accepted": "accepted, not saved yet",
+    "declined": "declined",
+    "waiting": "no answer yet",
+    "not_listening": "will not answer",
+}
+
+
+def trigger_status(data: dict[str, Any]) -> None:
+    triggers = data["triggers"]
+    if not triggers:
+        _console.print(Text(f"no triggers in {data['run_dir']}"))
+    for t in triggers:
+        created = f", written {t['created']}" if t.get("created") else ""
+        _console.print(
+            Text(
+                f"trigger {t['id']}: steps {t['start']}-{t['last']} on ranks {t['ranks']}{created}",
+                style="bold",
+            )
+        )
+        for state, label in _STATES.items():
+            ranks = t["ranks_by_state"][state]
+            if not ranks:
+                continue
+            if state == "saved":
+                where = str(Path(t["saved"][str(ranks[0])]).parent)
+                _console.print(Text(f"  {label}: {_rank_list(ranks)} -> {where}/"))
+            elif state in ("declined", "not_listening"):
+                for group, reason in _grouped(t["reasons"], ranks):
+                    _console.print(Text(f"  {label}: {_rank_list(group)}: {reason}"))
+            else:
+                _console.print(Text(f"  {label}: {_rank_list(ranks)}"))
+    _skipped(data["skipped"])
 
 
 # -- the demo ------------------------------------------------------------------

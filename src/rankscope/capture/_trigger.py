@@ -1,0 +1,310 @@
+"""On-demand windows: the trigger files `rankscope trigger` writes and the ranks answer.
+
+::
+
+    RUN_DIR/triggers/<id>.json                  a trigger: record steps start..start+steps-1 on ranks
+    RUN_DIR/triggers/<id>/rank-00003.json       rank 3's answer: accepted (and its window) or declined
+
+Files are the whole protocol: no collective, no daemon. A trigger names an absolute
+start step, so every selected rank that sees it in time starts the same window at the
+same step. Both files are written under a hidden temporary name and renamed into
+place, so a reader never sees half of one. Imports no torch: the CLI uses it too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._errors import ConfigError
+from .._layout import rank_name, step_window_name, temp_name
+from .._ranks import RankSet, parse_ranks
+
+__all__ = [
+    "TRIGGER_VERSION",
+    "Trigger",
+    "TriggerWatcher",
+    "ack_path",
+    "new_trigger_id",
+    "parse_trigger",
+    "rank_listens",
+    "read_acks",
+    "read_trigger",
+    "trigger_dir",
+    "trigger_path",
+    "why_not_listening",
+    "write_ack",
+    "write_trigger",
+]
+
+logger = logging.getLogger(__name__)
+
+TRIGGER_VERSION = 1
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_MAX_BYTES = 64 << 10  # a trigger is a few hundred bytes; anything far larger is not one
+# A directory changed this recently may change again without its mtime moving (the
+# filesystem's timestamp granularity, up to 2 s on some): scan it again next time.
+_RACY_NS = 2_000_000_000
+
+
+def trigger_dir(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / "triggers"
+
+
+def trigger_path(run_dir: str | os.PathLike[str], trigger_id: str) -> Path:
+    return trigger_dir(run_dir) / f"{trigger_id}.json"
+
+
+def ack_path(run_dir: str | os.PathLike[str], trigger_id: str, rank: int) -> Path:
+    return trigger_dir(run_dir) / trigger_id / f"{rank_name(rank)}.json"
+
+
+def why_not_listening(enable: object, target: object, every: object, scheduled: bool) -> str | None:
+    """Why a rank with this trace config checks for no triggers; None when it checks.
+
+    The one statement of which ranks listen, for the capture and for the CLI (which
+    reads the values from each rank's meta file). Only ranks in trace.ranks hold a
+    trace capture (`scheduled`), so only they can answer.
+    """
+    if enable is not True:
+        return "trace.enable is false"
+    if not scheduled:
+        return "not in trace.ranks"
+    if target != "step":
+        return f"trace.target is {target!r} (triggers record steps)"
+    if not isinstance(every, int) or isinstance(every, bool) or every <= 0:
+        return "trace.trigger_check_every_n_steps is 0"
+    return None
+
+
+def rank_listens(meta: dict[str, Any] | None, rank: int) -> str | None:
+    """`why_not_listening` for a rank as its meta file (RUN_DIR/meta) describes it."""
+    if meta is None:
+        return "no meta file (the rank neither traces nor times, or has not started)"
+    config = meta.get("config")
+    trace = config.get("trace") if isinstance(config, dict) else None
+    if not isinstance(trace, dict):
+        return "its meta file holds no trace config"
+    try:
+        scheduled = rank in parse_ranks(trace.get("ranks"), "trace.ranks")
+    except ConfigError:
+        return "its meta file holds no valid trace.ranks"
+    every = trace.get("trigger_check_every_n_steps", 0)
+    return why_not_listening(trace.get("enable"), trace.get("target"), every, scheduled)
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """A request to record steps start..start+steps-1 on the ranks `ranks` names."""
+
+    id: str
+    start: int
+    steps: int
+    ranks: str
+    """A rank spec in canonical form ("all", "0-3,8")."""
+    created: str | None = None
+    """When it was written (UTC, ISO 8601); None in a hand-written file that omits it."""
+
+    @property
+    def last(self) -> int:
+        return self.start + self.steps - 1
+
+    @property
+    def window(self) -> str:
+        """The window directory the selected ranks write: step-AAAAAA-BBBBBB."""
+        return step_window_name(self.start, self.last)
+
+    @property
+    def rank_set(self) -> RankSet:
+        return parse_ranks(self.ranks, "ranks")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "v": TRIGGER_VERSION,
+            "id": self.id,
+            "start": self.start,
+            "steps": self.steps,
+            "ranks": self.ranks,
+            "created": self.created,
+        }
+
+
+def new_trigger_id() -> str:
+    """A name that sorts by creation time and does not collide: 20261123-113000-a1b2c3."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def parse_trigger(data: object, file_id: str | None = None) -> Trigger:
+    """A Trigger from the JSON of a trigger file; ValueError says what is wrong.
+
+    `file_id` is the id the file name gives, which the content must repeat.
+    """
+
+    def need_int(key: str, minimum: int) -> int:
+        value = fields.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f'"{key}" is {value!r}; expected an int >= {minimum}')
+        return value
+
+    if not isinstance(data, dict):
+        raise ValueError(f"not a JSON object but a {type(data).__name__}")
+    fields: dict[str, Any] = data
+    if fields.get("v") != TRIGGER_VERSION:
+        raise ValueError(f'"v" is {fields.get("v")!r}; expected {TRIGGER_VERSION}')
+    trigger_id = fields.get("id")
+    if not isinstance(trigger_id, str) or not _ID.fullmatch(trigger_id):
+        raise ValueError(f'"id" is {trigger_id!r}; expected letters, digits, "-", "_" or "."')
+    if file_id is not None and trigger_id != file_id:
+        raise ValueError(f'"id" is {trigger_id!r} but the file is named {file_id}.json')
+    start = need_int("start", 1)
+    steps = need_int("steps", 1)
+    try:
+        ranks = parse_ranks(fields.get("ranks"), "ranks").spec()
+    except ConfigError as exc:
+        raise ValueError(f'"ranks": {exc}') from None
+    created = fields.get("created")
+    return Trigger(trigger_id, start, steps, ranks, created if isinstance(created, str) else None)
+
+
+def read_trigger(path: Path) -> Trigger:
+    """Read and check one trigger file; ValueError (or OSError) says what is wrong."""
+    with open(path, "rb") as fh:
+        raw = fh.read(_MAX_BYTES + 1)
+    if len(raw) > _MAX_BYTES:
+        raise ValueError(f"larger than {_MAX_BYTES} bytes")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
+        raise ValueError(f"not valid JSON ({exc})") from None
+    return parse_trigger(data, path.name[: -len(".json")])
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write `data` under a hidden temporary name and rename it into place."""
+    tmp = temp_name(path, str(os.getpid()))
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_trigger(run_dir: str | os.PathLike[str], trigger: Trigger) -> Path:
+    """Write RUN_DIR/triggers/<id>.json atomically; OSError propagates."""
+    path = trigger_path(run_dir, trigger.id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(path, trigger.to_dict())
+    return path
+
+
+def write_ack(
+    run_dir: str | os.PathLike[str], trigger: Trigger, rank: int, answer: dict[str, Any]
+) -> None:
+    """Write (or replace) this rank's answer to `trigger`; OSError propagates."""
+    path = ack_path(run_dir, trigger.id, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "v": TRIGGER_VERSION,
+        "id": trigger.id,
+        "rank": rank,
+        **answer,
+        "time_ns": time.time_ns(),
+    }
+    _write_json(path, data)
+
+
+def read_acks(run_dir: str | os.PathLike[str], trigger_id: str) -> dict[int, dict[str, Any]]:
+    """The ranks' answers to one trigger, by rank; unreadable answers are left out."""
+    folder = trigger_dir(run_dir) / trigger_id
+    out: dict[int, dict[str, Any]] = {}
+    for path in sorted(folder.glob("rank-*.json")) if folder.is_dir() else []:
+        named = re.fullmatch(r"rank-(\d+)\.json", path.name)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if named and isinstance(data, dict) and data.get("rank") == int(named.group(1)):
+            out[int(named.group(1))] = data
+    return out
+
+
+class TriggerWatcher:
+    """Finds the triggers meant for one rank, cheaply enough to call every few steps.
+
+    `poll()` costs one stat of RUN_DIR/triggers while the directory is unchanged; only
+    when its mtime moves does it list the directory and read the files it has not
+    seen. Each trigger id is returned at most once, and not at all when this rank
+    answered it before (an earlier run in the same directory). A file that is not a
+    valid trigger is warned about once (again only if it changes) and skipped.
+    OSError from the directory propagates: the caller decides what a fault turns off.
+    """
+
+    def __init__(self, run_dir: str, rank: int) -> None:
+        self._run_dir = run_dir
+        self._dir = trigger_dir(run_dir)
+        self._rank = rank
+        self._mtime: int | None = None
+        self._seen: set[str] = set()
+        self._bad: dict[str, tuple[int, int]] = {}  # file name -> (mtime_ns, size) warned about
+
+    def poll(self) -> list[Trigger]:
+        try:
+            mtime = os.stat(self._dir).st_mtime_ns
+        except FileNotFoundError:
+            return []
+        if mtime == self._mtime:
+            return []
+        now = time.time_ns()
+        found = []
+        with os.scandir(self._dir) as entries:
+            for entry in entries:
+                trigger = self._consider(entry)
+                if trigger is not None:
+                    found.append(trigger)
+        self._mtime = mtime if now - mtime > _RACY_NS else None
+        return sorted(found, key=lambda t: t.id)
+
+    def _consider(self, entry: os.DirEntry[str]) -> Trigger | None:
+        name = entry.name
+        file_id = name[: -len(".json")]
+        if name.startswith(".") or not name.endswith(".json") or file_id in self._seen:
+            return None  # a temporary name, an answers folder, a trigger seen before
+        trigger = self._read(entry) if entry.is_file() else None
+        if trigger is None:
+            return None
+        self._seen.add(file_id)
+        if self._rank not in trigger.rank_set:
+            return None
+        if ack_path(self._run_dir, trigger.id, self._rank).exists():
+            return None  # answered before (an earlier run here): each trigger is honoured once
+        return trigger
+
+    def _read(self, entry: os.DirEntry[str]) -> Trigger | None:
+        """The trigger in `entry`, or None: warned about once if it is not a valid one."""
+        stat = entry.stat()
+        key = (stat.st_mtime_ns, stat.st_size)
+        if self._bad.get(entry.name) == key:
+            return None
+        try:
+            trigger = read_trigger(Path(entry.path))
+        except FileNotFoundError:
+            return None  # removed between the listing and the read
+        except (OSError, ValueError) as exc:
+            self._bad[entry.name] = key
+            logger.warning(
+                "rankscope: ignoring %s on rank %d: not a valid trigger file (%s)",
+                entry.path,
+                self._rank,
+                exc,
+            )
+            return None
+        self._bad.pop(entry.name, None)
+        return trigger
