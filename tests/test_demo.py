@@ -30,12 +30,13 @@ def test_the_demo_names_the_injected_straggler_and_says_where_everything_is(
     run = tmp_path / "run"
     slow = [f for f in report["stragglers"]["findings"] if f["role"] == "slow"]
     # Four processes share two cores: another rank may now and then be found a little
-    # slow too, but the injected one comes first, and nobody is said to wait for another.
+    # slow too, but the injected one comes first, and the ranks that wait, wait...
     assert (slow[0]["rank"], slow[0]["phase"]) == (2, "forward")
     assert slow[0]["median_ratio"] > 1.3
     assert all(f["median_ratio"] < slow[0]["median_ratio"] for f in slow[1:])
     waiting = [f for f in report["stragglers"]["findings"] if f["role"] == "waits"]
-    assert all(f["rank"] != 2 and f["waits_for"] == [2] for f in waiting)
+    # ...for rank 2 (another rank may also arrive last now and then).
+    assert all(f["rank"] != 2 and 2 in f["waits_for"] for f in waiting)
     assert report["stragglers"]["summary"][0].startswith("rank 2 is slow in forward")
     assert "rank 2 is slow in forward" in out
     assert "that is the slowdown the demo injected" in out
