@@ -381,7 +381,7 @@ def demo_end(job: Any, data: dict[str, Any], trained_s: float, total_s: float) -
     for label, text in rows:
         line = Text(f"  {label:<14} ")
         line.append(text)
-        _console.print(line)
+        _console.print(line, soft_wrap=True)  # paths and commands stay whole, to copy
 
 
 def _verdict(job: Any, findings: list[dict[str, Any]]) -> str:
