@@ -486,6 +486,7 @@ def test_to_dict_shape(run_dir: Path) -> None:
             "gzip": True,
             "trigger_check_every_n_steps": 10,
             "trigger_max_steps": 5,
+            "on_signal": False,
         },
         "timer": {
             "enable": False,

@@ -544,3 +544,38 @@ def test_the_file_dropped_by_hand_got_one_warning_per_rank_and_status_says_who_a
     code, out, err = _cli(["trigger", str(dist_run), "--status"], capsys)
     assert code == 0, err
     assert "saved: ranks 1, 2 ->" in out and "step-000011-000012" in out
+
+
+def test_the_watcher_finds_a_folder_that_appears_goes_away_and_comes_back(tmp_path: Path) -> None:
+    watcher = TriggerWatcher(str(tmp_path), rank=0)
+    assert watcher.poll() == [] and watcher.poll() == []  # no folder: an access() check each
+    write_trigger(tmp_path, Trigger("first", 9, 1, "0"))
+    assert [t.id for t in watcher.poll()] == ["first"]
+    (trigger_dir(tmp_path) / "first.json").unlink()
+    trigger_dir(tmp_path).rmdir()
+    assert watcher.poll() == []
+    write_trigger(tmp_path, Trigger("second", 9, 1, "0"))
+    assert [t.id for t in watcher.poll()] == ["second"]
+    watcher.close()
+    watcher.close()  # twice: nothing left to close
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
+def test_a_run_leaves_no_descriptor_of_the_triggers_folder_open(tmp_path: Path) -> None:
+    def open_here() -> list[str]:
+        return [
+            target
+            for fd in os.listdir("/proc/self/fd")
+            if (target := _link(f"/proc/self/fd/{fd}")).startswith(str(tmp_path))
+        ]
+
+    _train(tmp_path, 6, s1=lambda: write_trigger(tmp_path, Trigger("t", 4, 1, "0")))
+    assert _windows(tmp_path) == ["step-000001-000001", "step-000004-000004"]
+    assert open_here() == []
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # closed since the listing
+        return ""

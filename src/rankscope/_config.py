@@ -100,6 +100,10 @@ class TraceConfig:
     trigger_max_steps: int = 5
     """The most steps one trigger may record; a trigger asking for more is declined. Bounds
     the size of a triggered window's trace, as schedule.active does for scheduled ones."""
+    on_signal: bool = False
+    """Capture a window when the process receives SIGUSR2 (`kill -USR2 PID`): schedule.active steps
+    (at most trigger_max_steps) from the next step that can start one. The handler is installed by
+    start() on the main thread and the previous one put back by stop(). Needs target "step"."""
 
     def __post_init__(self) -> None:
         _check_bool("trace.enable", self.enable)
@@ -117,6 +121,14 @@ class TraceConfig:
         _check_bool("trace.gzip", self.gzip)
         _check_int("trace.trigger_check_every_n_steps", self.trigger_check_every_n_steps, 0)
         _check_int("trace.trigger_max_steps", self.trigger_max_steps, 1)
+        _check_bool("trace.on_signal", self.on_signal)
+        if self.on_signal and self.target != "step":
+            raise ConfigError(
+                "trace.on_signal",
+                self.on_signal,
+                'False, or True with trace.target="step"',
+                f"a SIGUSR2 window records steps, and trace.target is {self.target!r}",
+            )
 
     @property
     def rank_set(self) -> RankSet:

@@ -17,7 +17,14 @@ from .._ranks import RankInfo
 from .._torch import import_torch
 from ._finalize import FinalizeJob
 from ._schedule import Action, AddedWindow, StepPlan, action_at
-from ._trigger import Trigger, TriggerWatcher, why_not_listening, write_ack
+from ._trigger import (
+    SignalHook,
+    Trigger,
+    TriggerWatcher,
+    install_signal_hook,
+    why_not_listening,
+    write_ack,
+)
 from ._worker import TraceFinalizer
 
 __all__ = ["MAX_BACKLOG", "STOP_TIMEOUT_S", "TraceCapture"]
@@ -43,8 +50,9 @@ class TraceCapture:
 
     The schedule's windows run on ranks in `config.ranks`. Every
     `trigger_check_every_n_steps` steps the capture looks for trigger files (see
-    `_trigger`) and plans the windows they ask for; between windows no profiler is
-    held, and one is started for a triggered window the step before it begins.
+    `_trigger`) and plans the windows they ask for; with `on_signal`, SIGUSR2 plans
+    one on the next steps the same way. Between windows no profiler is held, and one
+    is started for a triggered window the step before it begins.
     """
 
     def __init__(self, config: TraceConfig, run_dir: str, rank_info: RankInfo) -> None:
@@ -61,6 +69,8 @@ class TraceCapture:
         self._check_every = every if unheard is None else 0
         self._watcher = TriggerWatcher(run_dir, self._rank) if unheard is None else None
         self._triggered: dict[AddedWindow, Trigger] = {}  # windows triggers added, and by whom
+        self._signal: SignalHook | None = None  # installed by start() with trace.on_signal
+        self._signalled: list[AddedWindow] = []  # windows SIGUSR2 added, not yet over
         self._finalizer = TraceFinalizer(self._report_failure)
         self._prof: Any = None
         self._step = 0
@@ -85,6 +95,8 @@ class TraceCapture:
 
     def start(self) -> None:
         self._owner = threading.get_ident()
+        if self._config.on_signal and self._scheduled and self._target_phase is None:
+            self._signal = install_signal_hook(self._rank)
         if self._target_phase is not None or not self._scheduled:
             return  # phase windows start at their phase, triggered ones at their step
         if self._other_profiler_active():
@@ -111,6 +123,11 @@ class TraceCapture:
             if prof is None and not self._on_owner_thread("step()"):
                 return
             self._check_triggers(step)
+        hook = self._signal
+        if hook is not None and hook.pending:
+            if prof is None and not self._on_owner_thread("step()"):
+                return
+            self._on_signal(hook, step)
         plan = self._plan
         plan.forget_before(step)
         if self._prof is not None:
@@ -139,6 +156,8 @@ class TraceCapture:
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Close and save an open window, then wait for the background work."""
         self._stopping = True
+        self._release_signal()
+        self._close_watcher()
         if self._prof is not None and self._on_owner_thread("stop()"):
             if self._phase_window is not None:
                 self._guarded("stop", self._close_phase_window)
@@ -150,11 +169,13 @@ class TraceCapture:
                 "rankscope: trace capture is on but captured nothing: %s", self._why_empty()
             )
         for window in self._plan.added:
-            trigger = self._triggered.get(window)
-            if trigger is not None and self._step < window.first:
+            if self._step >= window.first:
+                continue
+            asker = self._asker(window)
+            if asker is not None:
                 logger.warning(
-                    "rankscope: trigger %s asked rank %d for steps %d-%d; the run stopped at step %d",
-                    trigger.id,
+                    "rankscope: %s asked rank %d for steps %d-%d; the run stopped at step %d",
+                    asker,
                     self._rank,
                     window.first,
                     window.last,
@@ -194,7 +215,7 @@ class TraceCapture:
             # The run directory went away or became unreadable: stop looking, keep training
             # and keep the windows already planned.
             self._check_every = 0
-            self._watcher = None
+            self._close_watcher()
             logger.warning(
                 "rankscope: checking %s for triggers failed (%s: %s); trigger checks are off "
                 "for the rest of this run (rank %d), training goes on",
@@ -204,19 +225,28 @@ class TraceCapture:
                 self._rank,
             )
 
+    def _close_watcher(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            try:
+                watcher.close()
+            except OSError:
+                logger.debug("rankscope: closing RUN_DIR/triggers failed", exc_info=True)
+
+    def _why_not(self, first: int, steps: int, step: int) -> str | None:
+        """Why a window of `steps` steps from `first`, asked for during `step`, cannot be
+        planned (a trigger's or a signal's: the same rules); None when it can."""
+        cfg = self._config
+        if steps > cfg.trigger_max_steps:
+            return f"it asks for {steps} steps; trace.trigger_max_steps is {cfg.trigger_max_steps}"
+        if first <= step:
+            return f"seen at step {step}, too late for its start step {first}"
+        return self._plan.conflict(first, first + steps - 1)
+
     def _answer(self, trigger: Trigger, step: int) -> None:
         """Plan the window `trigger` asks for, or decline it, and say which in its answer file."""
         cfg = self._config
-        reason: str | None
-        if trigger.steps > cfg.trigger_max_steps:
-            reason = (
-                f"it asks for {trigger.steps} steps; trace.trigger_max_steps is "
-                f"{cfg.trigger_max_steps}"
-            )
-        elif trigger.start <= step:
-            reason = f"seen at step {step}, too late for its start step {trigger.start}"
-        else:
-            reason = self._plan.conflict(trigger.start, trigger.last)
+        reason = self._why_not(trigger.start, trigger.steps, step)
         if reason is not None:
             logger.warning(
                 "rankscope: trigger %s declined on rank %d: %s", trigger.id, self._rank, reason
@@ -244,6 +274,76 @@ class TraceCapture:
             }
         write_ack(self._run_dir, trigger, self._rank, {**answer, "seen_at_step": step})
 
+    def _on_signal(self, hook: SignalHook, step: int) -> None:
+        """SIGUSR2 arrived before `step`: plan a window on the next steps, as a trigger would.
+
+        schedule.active steps (at most trigger_max_steps), after a warm-up step where
+        the schedule has one; signals while that window is still ahead or recording add
+        no other.
+        """
+        hook.pending = False  # first: a signal arriving while this runs is seen next step
+        if not self.enabled:
+            return
+        self._signalled = [w for w in self._signalled if w.last >= step]
+        if self._signalled:
+            window = self._signalled[0]
+            logger.info(
+                "rankscope: SIGUSR2 received again before step %d on rank %d; the window it "
+                "asked for (steps %d-%d) is not over yet, so this one adds none",
+                step,
+                self._rank,
+                window.first,
+                window.last,
+            )
+            return
+        cfg = self._config
+        warmup = cfg.schedule.warmup > 0
+        first = step + 1 + int(warmup)
+        steps = min(cfg.schedule.active, cfg.trigger_max_steps)
+        reason = self._why_not(first, steps, step)
+        if reason is not None:
+            logger.warning(
+                "rankscope: SIGUSR2 received before step %d; no window on rank %d: %s",
+                step,
+                self._rank,
+                reason,
+            )
+            return
+        window = self._plan.add(first, first + steps - 1, warmup=warmup, after=step)
+        self._signalled.append(window)
+        logger.info(
+            "rankscope: SIGUSR2 received before step %d: rank %d records steps %d-%d "
+            "into traces/%s",
+            step,
+            self._rank,
+            window.first,
+            window.last,
+            step_window_name(window.first, window.last),
+        )
+
+    def _release_signal(self) -> None:
+        """Put back the SIGUSR2 handler that start() found, if start() installed one."""
+        hook, self._signal = self._signal, None
+        if hook is None:
+            return
+        try:
+            if not hook.release():
+                logger.debug("rankscope: another SIGUSR2 handler replaced rankscope's; left alone")
+        except Exception as exc:  # ValueError: stop() ran on a thread other than the main one
+            logger.warning(
+                "rankscope: could not put back the SIGUSR2 handler found at start() (%s); "
+                "rankscope's stays installed on rank %d and only passes signals on to it",
+                exc,
+                self._rank,
+            )
+
+    def _asker(self, window: AddedWindow) -> str | None:
+        """Who added `window`: "trigger ID" or "SIGUSR2"; None for none of them."""
+        trigger = self._triggered.get(window)
+        if trigger is not None:
+            return f"trigger {trigger.id}"
+        return "SIGUSR2" if window in self._signalled else None
+
     def _begin_triggered(self, step: int) -> None:
         """Start a profiler during `step` for the triggered window that begins at the next step."""
         if self._torch.autograd._profiler_enabled():
@@ -262,6 +362,15 @@ class TraceCapture:
         plan = self._plan
         for window in [w for w in plan.added if plan.next_added in (w.warmup, w.first)]:
             plan.drop(window, step)
+            if window in self._signalled:
+                self._signalled.remove(window)
+                logger.warning(
+                    "rankscope: the SIGUSR2 window (steps %d-%d) not captured on rank %d: %s",
+                    window.first,
+                    window.last,
+                    self._rank,
+                    reason,
+                )
             trigger = self._triggered.pop(window, None)
             if trigger is None:
                 continue
