@@ -546,34 +546,6 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_missing_transformers_names_the_extra() -> None:
-    done = _python(
-        """
-        import sys
-
-        class NoTransformers:
-            def find_spec(self, name, path=None, target=None):
-                if name == "transformers" or name.startswith("transformers."):
-                    raise ImportError(f"No module named {name!r}")
-                return None
-
-        sys.meta_path.insert(0, NoTransformers())
-        try:
-            import rankscope.integrations.hf
-        except ImportError as exc:
-            print(exc)
-            print(type(exc.__cause__).__name__, exc.__cause__)
-        """
-    )
-    assert done.returncode == 0, done.stderr
-    message, cause = done.stdout.strip().splitlines()
-    assert message == (
-        "rankscope.integrations.hf needs transformers, which is not installed: "
-        'pip install "rankscope[hf]"'
-    )
-    assert cause == "ImportError No module named 'transformers'"
-
-
 def test_transformers_without_the_pre_optimizer_event_is_refused() -> None:
     done = _python(
         """
