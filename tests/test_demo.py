@@ -83,7 +83,7 @@ def test_a_clean_demo_run_flags_nothing(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_two_ranks_and_another_phase(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--ranks", "2", "--steps", "40", "--straggler-rank", "1"]
+    argv = ["--ranks", "2", "--steps", "40"]  # the straggler: the last rank, as 2 is not there
     out, report = _demo(
         tmp_path, capsys, *argv, "--straggler-phase", "optimizer", "--slowdown", "4"
     )
@@ -101,6 +101,7 @@ def test_two_ranks_and_another_phase(tmp_path: Path, capsys: pytest.CaptureFixtu
             "--straggler-rank 4 is not valid; accepted: a rank from 0 to 3",
         ),
         (["--straggler-rank", "x"], "argument --straggler-rank: 'x' is not a rank or none"),
+        (["--straggler-rank", "-1"], "argument --straggler-rank: '-1' is not a rank or none"),
         (["--straggler-phase", "loss"], "argument --straggler-phase: invalid choice: 'loss'"),
         (["--ranks", "1"], "--ranks 1 is not valid"),
         (["--steps", "10"], "--steps 10 is not valid; accepted: an int >= 23"),

@@ -95,9 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--straggler-rank",
         type=_rank_or_none,
-        default=2,
+        default=_DEFAULT_STRAGGLER,
         metavar="RANK|none",
-        help="the rank to slow down; none for a clean run (default: 2)",
+        help="the rank to slow down; none for a clean run (default: 2, or the last rank if fewer)",
     )
     demo.add_argument(
         "--straggler-phase",
@@ -375,13 +375,19 @@ class _progress:
             self._bar.__exit__(*exc)
 
 
+_DEFAULT_STRAGGLER = -1  # rank 2, or the last rank of a smaller demo
+
+
 def _rank_or_none(text: str) -> int | None:
     if text.strip().lower() == "none":
         return None
     try:
-        return int(text)
+        rank = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a rank or none") from None
+    if rank < 0:  # and so never the default's marker
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank or none")
+    return rank
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -393,7 +399,11 @@ def _demo(args: argparse.Namespace) -> int:
         world_size=args.ranks,
         steps=args.steps,
         every_n_steps=args.every,
-        straggler_rank=args.straggler_rank,
+        straggler_rank=(
+            min(2, args.ranks - 1)
+            if args.straggler_rank == _DEFAULT_STRAGGLER
+            else args.straggler_rank
+        ),
         straggler_phase=args.straggler_phase,
         slowdown=args.slowdown,
     )
