@@ -29,7 +29,7 @@ def test_no_flags_give_the_default_config() -> None:
 
 def test_every_field_has_a_flag_with_its_docstring_as_help() -> None:
     fields = config_fields()
-    assert len(fields) == 26  # a new field gets a flag without anyone writing one
+    assert len(fields) == 34  # a new field gets a flag without anyone writing one
     help_text = " ".join(_parser().format_help().split())
     for field in fields:
         assert flag_name(field) in help_text, field.name
@@ -59,6 +59,14 @@ _FLAGS = {
     "trace.trigger_check_every_n_steps": ["3"],
     "trace.trigger_max_steps": ["7"],
     "trace.on_signal": [],
+    "trace.auto.enable": [],
+    "trace.auto.ratio": ["2.5"],
+    "trace.auto.consecutive": ["4"],
+    "trace.auto.window_steps": ["3"],
+    "trace.auto.history_steps": ["30"],
+    "trace.auto.warmup_steps": ["10"],
+    "trace.auto.max_captures": ["5"],
+    "trace.auto.cooldown_steps": ["50"],
     "timer.enable": [],
     "timer.ranks": ["1,3"],
     "timer.start_step": ["5"],
@@ -72,6 +80,7 @@ _EXPECTED = {
     "trace.ranks": "0,2-3",
     "trace.activities": ("cpu", "cuda"),
     "trace.gzip": False,
+    "trace.auto.ratio": 2.5,
     "timer.ranks": "1,3",
 }
 

@@ -487,6 +487,16 @@ def test_to_dict_shape(run_dir: Path) -> None:
             "trigger_check_every_n_steps": 10,
             "trigger_max_steps": 5,
             "on_signal": False,
+            "auto": {
+                "enable": False,
+                "ratio": 1.5,
+                "consecutive": 3,
+                "window_steps": 2,
+                "history_steps": 50,
+                "warmup_steps": 20,
+                "max_captures": 3,
+                "cooldown_steps": 200,
+            },
         },
         "timer": {
             "enable": False,

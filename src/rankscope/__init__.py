@@ -12,12 +12,13 @@ from ._version import __version__
 
 if _typing.TYPE_CHECKING:
     from ._args import add_arguments
-    from ._config import ProfileConfig, Schedule, TimerConfig, TraceConfig
+    from ._config import AutoTrigger, ProfileConfig, Schedule, TimerConfig, TraceConfig
     from ._errors import ConfigError, RankscopeError, TraceError
     from ._profiler import Profiler, annotate, current
     from ._ranks import RankInfo, detect_rank_info
 
 __all__ = [
+    "AutoTrigger",
     "ConfigError",
     "ProfileConfig",
     "Profiler",
@@ -36,6 +37,7 @@ __all__ = [
 
 _WHERE = {
     "add_arguments": "_args",
+    "AutoTrigger": "_config",
     "ProfileConfig": "_config",
     "Schedule": "_config",
     "TimerConfig": "_config",

@@ -110,11 +110,13 @@ def _words(text: str) -> list[str]:
 
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "int": int,
+    "float": float,
     "int | None": _optional_int,
     "Sequence[str] | None": _words,
 }
 _METAVARS = {
     "int": "N",
+    "float": "X",
     "int | None": "N|none",
     "RankSpec": "RANKS",
     "PathLike": "DIR",

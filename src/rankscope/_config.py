@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ from . import _env
 from ._errors import ConfigError
 from ._ranks import RankSet, RankSpec, parse_ranks
 
-__all__ = ["ACTIVITIES", "ProfileConfig", "Schedule", "TimerConfig", "TraceConfig"]
+__all__ = ["ACTIVITIES", "AutoTrigger", "ProfileConfig", "Schedule", "TimerConfig", "TraceConfig"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,51 @@ class Schedule:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class AutoTrigger:
+    """Capture a window when this rank's own steps turn slow (anomaly-triggered windows).
+
+    The measurement is the wall-clock time between step() calls, taken by the capture
+    itself (one perf_counter per step; nothing at all when disabled). Each rank compares
+    itself with its own rolling median, so no collective call is needed.
+    """
+
+    enable: bool = False
+    """Watch step times and capture a window after a slow stretch. Off by default."""
+    ratio: float = 1.5
+    """A step is slow when it takes more than ratio x the rolling median (> 1)."""
+    consecutive: int = 3
+    """Slow steps in a row that fire a capture, so one hiccup (GC, a checkpoint) does not."""
+    window_steps: int = 2
+    """Steps recorded per anomaly window (at most trace.trigger_max_steps)."""
+    history_steps: int = 50
+    """Step times the rolling median is taken over (>= 3)."""
+    warmup_steps: int = 20
+    """Step times measured before any can count as slow (start-up and compilation are slow)."""
+    max_captures: int = 3
+    """Anomaly windows per run on this rank, at most, so a job slow everywhere cannot trace forever."""
+    cooldown_steps: int = 200
+    """Steps after a capture fired during which no other fires."""
+
+    def __post_init__(self) -> None:
+        _check_bool("auto.enable", self.enable)
+        ratio = self.ratio
+        if (
+            isinstance(ratio, bool)
+            or not isinstance(ratio, (int, float))
+            or not math.isfinite(ratio)
+            or ratio <= 1
+        ):
+            raise ConfigError("auto.ratio", ratio, "a finite number > 1")
+        object.__setattr__(self, "ratio", float(ratio))
+        _check_int("auto.consecutive", self.consecutive, 1)
+        _check_int("auto.window_steps", self.window_steps, 1)
+        _check_int("auto.history_steps", self.history_steps, 3)
+        _check_int("auto.warmup_steps", self.warmup_steps, 3)
+        _check_int("auto.max_captures", self.max_captures, 1)
+        _check_int("auto.cooldown_steps", self.cooldown_steps, 0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TraceConfig:
     """torch.profiler trace capture: on which ranks, for which steps, recording what."""
 
@@ -104,6 +150,9 @@ class TraceConfig:
     """Capture a window when the process receives SIGUSR2 (`kill -USR2 PID`): schedule.active steps
     (at most trigger_max_steps) from the next step that can start one. The handler is installed by
     start() on the main thread and the previous one put back by stop(). Needs target "step"."""
+    auto: AutoTrigger = field(default_factory=AutoTrigger)
+    """Anomaly-triggered windows: capture when this rank's step times exceed its own rolling
+    median; see AutoTrigger. Needs target "step"."""
 
     def __post_init__(self) -> None:
         _check_bool("trace.enable", self.enable)
@@ -128,6 +177,21 @@ class TraceConfig:
                 self.on_signal,
                 'False, or True with trace.target="step"',
                 f"a SIGUSR2 window records steps, and trace.target is {self.target!r}",
+            )
+        if not isinstance(self.auto, AutoTrigger):
+            raise ConfigError("trace.auto", self.auto, "an AutoTrigger")
+        if self.auto.enable and self.target != "step":
+            raise ConfigError(
+                "trace.auto.enable",
+                True,
+                'False, or True with trace.target="step"',
+                f"an anomaly window records steps, and trace.target is {self.target!r}",
+            )
+        if self.auto.enable and self.auto.window_steps > self.trigger_max_steps:
+            raise ConfigError(
+                "trace.auto.window_steps",
+                self.auto.window_steps,
+                f"an int <= trace.trigger_max_steps ({self.trigger_max_steps})",
             )
 
     @property
@@ -331,6 +395,13 @@ def _trace_from_dict(data: object) -> TraceConfig:
         _check_keys("trace.schedule.", schedule, Schedule)
         try:
             kwargs["schedule"] = Schedule(**schedule)
+        except ConfigError as exc:
+            raise exc.under("trace") from None
+    auto = kwargs.get("auto")
+    if isinstance(auto, Mapping):
+        _check_keys("trace.auto.", auto, AutoTrigger)
+        try:
+            kwargs["auto"] = AutoTrigger(**auto)
         except ConfigError as exc:
             raise exc.under("trace") from None
     return TraceConfig(**kwargs)

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import threading
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +16,7 @@ from .._config import TraceConfig
 from .._layout import phase_window_name, step_window_name, summary_path, temp_name, trace_path
 from .._ranks import RankInfo
 from .._torch import import_torch
+from ._auto import SlowdownDetector, SlowSteps
 from ._finalize import FinalizeJob
 from ._schedule import Action, AddedWindow, StepPlan, action_at
 from ._trigger import (
@@ -27,7 +29,7 @@ from ._trigger import (
 )
 from ._worker import TraceFinalizer
 
-__all__ = ["MAX_BACKLOG", "STOP_TIMEOUT_S", "TraceCapture"]
+__all__ = ["AUTO_DIR", "MAX_BACKLOG", "STOP_TIMEOUT_S", "TraceCapture"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ _CYCLE_ENDS = (Action.NONE, Action.RECORD_AND_SAVE)
 
 MAX_BACKLOG = 3
 """Windows waiting to be compressed, at most; a window that ends past it is not saved."""
+
+AUTO_DIR = "auto"
+"""RUN_DIR/auto/rank-NNNNN.jsonl: one line per anomaly capture asked for, with its figures."""
 
 STOP_TIMEOUT_S = 600.0
 """How long stop() waits for traces still being compressed before it returns anyway."""
@@ -51,7 +56,8 @@ class TraceCapture:
     The schedule's windows run on ranks in `config.ranks`. Every
     `trigger_check_every_n_steps` steps the capture looks for trigger files (see
     `_trigger`) and plans the windows they ask for; with `on_signal`, SIGUSR2 plans
-    one on the next steps the same way. Between windows no profiler is held, and one
+    one on the next steps the same way, and with `auto.enable` so does a stretch of
+    slow steps (see `_auto`). Between windows no profiler is held, and one
     is started for a triggered window the step before it begins.
     """
 
@@ -72,6 +78,11 @@ class TraceCapture:
         self._signal: SignalHook | None = None  # installed by start() with trace.on_signal
         self._signalled: list[AddedWindow] = []  # windows SIGUSR2 added, not yet over
         self._finalizer = TraceFinalizer(self._report_failure)
+        auto = config.auto
+        use_auto = auto.enable and self._target_phase is None and self._scheduled
+        self._detector = SlowdownDetector(auto) if use_auto else None
+        self._step_began = 0.0  # perf_counter when the current step began (auto only)
+        self._auto_windows: list[AddedWindow] = []  # windows slow steps added
         self._prof: Any = None
         self._step = 0
         self._stopping = False
@@ -95,6 +106,7 @@ class TraceCapture:
 
     def start(self) -> None:
         self._owner = threading.get_ident()
+        self._step_began = time.perf_counter()
         if self._config.on_signal and self._scheduled and self._target_phase is None:
             self._signal = install_signal_hook(self._rank)
         if self._target_phase is not None or not self._scheduled:
@@ -106,6 +118,19 @@ class TraceCapture:
             self.recording = self._plan.action(0) is not Action.NONE
 
     def step(self) -> None:
+        detector = self._detector
+        if detector is not None:
+            try:
+                self._observe(detector, time.perf_counter())
+            except Exception as exc:
+                self._detector = None  # a fault in the watch must not cost the run its windows
+                logger.warning(
+                    "rankscope: watching step times failed (%s: %s); anomaly windows are off "
+                    "for the rest of this run (rank %d), training goes on",
+                    type(exc).__name__,
+                    exc,
+                    self._rank,
+                )
         self._step += 1
         if self._failure is not None:
             self.fault(self._failure)  # already warned on the worker thread
@@ -136,6 +161,9 @@ class TraceCapture:
                 self._prof = None
         elif plan.next_added is not None and plan.next_added <= step + 1 and self.enabled:
             self._begin_triggered(step)
+        if self._detector is not None:
+            # Measured from here: rankscope's own work in step() (an export) is not the job's.
+            self._step_began = time.perf_counter()
 
     def _advance(self, prof: Any, step: int) -> bool:
         """torch.profiler's step(); False if it faulted (capture is off then)."""
@@ -321,6 +349,78 @@ class TraceCapture:
             step_window_name(window.first, window.last),
         )
 
+    # -- anomaly windows -----------------------------------------------------------
+
+    def _observe(self, detector: SlowdownDetector, now: float) -> None:
+        """Feed the time of the step ending now; plan a window when it ends a slow stretch."""
+        step = self._step  # the step that just ended
+        if self.recording or self._plan.action(step) is not Action.NONE or not self.enabled:
+            # A profiled step is slow because it is profiled: not the job's own time.
+            self._step_began = now
+            return
+        slow = detector.observe(step, now - self._step_began)
+        if detector.exhausted and slow is None:
+            self._detector = None  # nothing more to ask for: stop measuring
+        if slow is not None:
+            self._on_slow(slow, step + 1)
+
+    def _on_slow(self, slow: SlowSteps, step: int) -> None:
+        """Plan `slow`'s window on the next steps, as SIGUSR2 would; record why, or why not."""
+        cfg = self._config
+        warmup = cfg.schedule.warmup > 0
+        first = step + 1 + int(warmup)
+        steps = cfg.auto.window_steps
+        reason = self._why_not(first, steps, step)
+        record: dict[str, Any] = {
+            "rank": self._rank,
+            "capture": slow.capture,
+            "seen_at_step": step,
+            "slow_steps": list(range(slow.step - len(slow.seconds) + 1, slow.step + 1)),
+            "step_s": [round(s, 6) for s in slow.seconds],
+            "median_s": round(slow.median, 6),
+            "ratio": slow.ratio,
+        }
+        if reason is not None:
+            logger.warning(
+                "rankscope: steps %d-%d were slow on rank %d (%.4g s and more, median %.4g s); "
+                "no window: %s",
+                record["slow_steps"][0],
+                slow.step,
+                self._rank,
+                min(slow.seconds),
+                slow.median,
+                reason,
+            )
+            record.update(status="declined", reason=reason)
+        else:
+            window = self._plan.add(first, first + steps - 1, warmup=warmup, after=step)
+            self._auto_windows.append(window)
+            name = step_window_name(window.first, window.last)
+            logger.info(
+                "rankscope: steps %d-%d were slow on rank %d (%.4g s and more, median %.4g s): "
+                "recording steps %d-%d into traces/%s",
+                record["slow_steps"][0],
+                slow.step,
+                self._rank,
+                min(slow.seconds),
+                slow.median,
+                window.first,
+                window.last,
+                name,
+            )
+            record.update(status="accepted", window=name, first=window.first, last=window.last)
+        self._write_auto(record)
+
+    def _write_auto(self, record: dict[str, Any]) -> None:
+        """Append one line to RUN_DIR/auto/rank-NNNNN.jsonl (at most max_captures per run)."""
+        path = Path(self._run_dir) / AUTO_DIR / f"rank-{self._rank:05d}.jsonl"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            logger.warning("rankscope: could not write %s (%s); the window is kept", path, exc)
+
     def _release_signal(self) -> None:
         """Put back the SIGUSR2 handler that start() found, if start() installed one."""
         hook, self._signal = self._signal, None
@@ -342,6 +442,8 @@ class TraceCapture:
         trigger = self._triggered.get(window)
         if trigger is not None:
             return f"trigger {trigger.id}"
+        if window in self._auto_windows:
+            return "a slow stretch"
         return "SIGUSR2" if window in self._signalled else None
 
     def _begin_triggered(self, step: int) -> None:
@@ -366,6 +468,16 @@ class TraceCapture:
                 self._signalled.remove(window)
                 logger.warning(
                     "rankscope: the SIGUSR2 window (steps %d-%d) not captured on rank %d: %s",
+                    window.first,
+                    window.last,
+                    self._rank,
+                    reason,
+                )
+            if window in self._auto_windows:
+                self._auto_windows.remove(window)
+                logger.warning(
+                    "rankscope: the window slow steps asked for (steps %d-%d) not captured on "
+                    "rank %d: %s",
                     window.first,
                     window.last,
                     self._rank,

@@ -1,0 +1,242 @@
+"""Anomaly-triggered windows (trace.auto): a rank whose steps turn slow captures the next ones."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rankscope
+from rankscope import AutoTrigger, ConfigError, Schedule
+from rankscope.analysis import build_report, find_traces
+from rankscope.capture._auto import MEDIAN_REFRESH, SlowdownDetector, SlowSteps
+
+from ._helpers import profiler_steps, read_trace, tiny_model, tiny_step
+
+# -- the decision, table-tested ------------------------------------------------------
+
+
+def _fires(times: list[float], **auto: Any) -> list[SlowSteps]:
+    """Feed step times 0, 1, 2, ... to a detector; the SlowSteps it returned."""
+    detector = SlowdownDetector(AutoTrigger(enable=True, **auto))
+    return [s for i, t in enumerate(times) if (s := detector.observe(i, t)) is not None]
+
+
+SMALL = {"warmup_steps": 5, "history_steps": 10, "consecutive": 3, "ratio": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("times", "auto", "fired_at"),
+    [
+        # steady: nothing
+        ([1.0] * 40, SMALL, []),
+        # three slow steps in a row fire on the third
+        ([1.0] * 10 + [3.0] * 3 + [1.0] * 10, SMALL, [12]),
+        # two slow, one normal, two slow: never three in a row
+        ([1.0] * 10 + [3.0, 3.0, 1.0, 3.0, 3.0] + [1.0] * 10, SMALL, []),
+        # exactly ratio x median is not slow
+        ([1.0] * 10 + [2.0] * 3 + [1.0] * 10, SMALL, []),
+        # slow during warm-up does not count
+        ([1.0, 1.0, 9.0, 9.0, 9.0] + [1.0] * 10, SMALL, []),
+        # a long slow stretch fires once per `consecutive` steps without a cool-down...
+        ([1.0] * 10 + [3.0] * 6 + [1.0] * 10, {**SMALL, "cooldown_steps": 0}, [12, 15]),
+        # ...and once with one
+        ([1.0] * 10 + [3.0] * 6 + [1.0] * 10, {**SMALL, "cooldown_steps": 50}, [12]),
+        # a second stretch inside the cool-down is ignored, one after it fires
+        (
+            [1.0] * 10 + [3.0] * 3 + [1.0] * 7 + [3.0] * 3 + [1.0] * 20 + [3.0] * 3,
+            {**SMALL, "cooldown_steps": 20},
+            [12, 45],
+        ),
+        # max_captures bounds them
+        (
+            ([1.0] * 10 + [3.0] * 3) * 5,
+            {**SMALL, "cooldown_steps": 0, "max_captures": 2},
+            [12, 25],
+        ),
+        # consecutive=1: a single slow step fires
+        ([1.0] * 10 + [3.0] + [1.0] * 5, {**SMALL, "consecutive": 1}, [10]),
+    ],
+)
+def test_the_rule_fires_at_the_step_that_completes_a_slow_stretch(
+    times: list[float], auto: dict[str, Any], fired_at: list[int]
+) -> None:
+    assert [s.step for s in _fires(times, **auto)] == fired_at
+
+
+def test_the_figures_are_the_slow_steps_and_the_median_they_were_compared_with() -> None:
+    times = [1.0, 1.2, 0.8, 1.0, 1.1, 0.9, 1.0, 1.0, 1.0, 1.0, 2.5, 3.0, 2.6]
+    (slow,) = _fires(times, **SMALL)
+    assert slow == SlowSteps(step=12, seconds=(2.5, 3.0, 2.6), median=1.0, ratio=2.0, capture=1)
+
+
+def test_a_job_slow_from_the_start_never_fires() -> None:
+    assert _fires([5.0] * 1000, **SMALL, cooldown_steps=0, max_captures=100) == []
+
+
+def test_a_lasting_slowdown_becomes_the_new_normal_and_stops_firing() -> None:
+    """Slow steps join the history, so a job that turned slow for good stops looking slow."""
+    times = [1.0] * 20 + [3.0] * 500
+    fired = _fires(times, **SMALL, cooldown_steps=0, max_captures=100)
+    assert fired, "the step-up itself is an anomaly"
+    # within history_steps (+ the median's refresh interval) of the change
+    assert max(s.step for s in fired) < 20 + 10 + MEDIAN_REFRESH
+
+
+def test_after_max_captures_the_detector_says_it_is_done() -> None:
+    detector = SlowdownDetector(AutoTrigger(enable=True, **SMALL, max_captures=1))
+    for i, t in enumerate([1.0] * 10 + [3.0] * 3):
+        detector.observe(i, t)
+    assert detector.exhausted and detector.fired == 1
+
+
+@pytest.mark.parametrize(
+    ("auto", "field"),
+    [
+        ({"ratio": 1.0}, "trace.auto.ratio"),
+        ({"ratio": float("nan")}, "trace.auto.ratio"),
+        ({"ratio": True}, "trace.auto.ratio"),
+        ({"ratio": "2"}, "trace.auto.ratio"),
+        ({"consecutive": 0}, "trace.auto.consecutive"),
+        ({"window_steps": 0}, "trace.auto.window_steps"),
+        ({"history_steps": 2}, "trace.auto.history_steps"),
+        ({"warmup_steps": 1}, "trace.auto.warmup_steps"),
+        ({"max_captures": 0}, "trace.auto.max_captures"),
+        ({"cooldown_steps": -1}, "trace.auto.cooldown_steps"),
+        ({"enable": "yes"}, "trace.auto.enable"),
+        ({"colour": 1}, "trace.auto.colour"),
+        ({"enable": True, "window_steps": 9}, "trace.auto.window_steps"),  # > trigger_max_steps
+    ],
+)
+def test_a_bad_auto_value_is_refused_naming_the_field(auto: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        rankscope.ProfileConfig.from_dict({"trace": {"auto": auto}})
+    assert err.value.field == field, str(err.value)
+
+
+def test_auto_needs_the_step_target() -> None:
+    with pytest.raises(ConfigError, match=r"trace\.auto\.enable"):
+        rankscope.TraceConfig(target="phase:forward", auto=AutoTrigger(enable=True))
+    with pytest.raises(ConfigError, match=r"trace\.auto="):
+        rankscope.TraceConfig(auto={"enable": True})  # type: ignore[arg-type]
+
+
+def test_auto_reads_back_from_a_dict() -> None:
+    config = rankscope.ProfileConfig.from_dict(
+        {"trace": {"enable": True, "auto": {"enable": True, "ratio": 2, "max_captures": 1}}}
+    )
+    assert config.trace.auto == AutoTrigger(enable=True, ratio=2.0, max_captures=1)
+    assert rankscope.ProfileConfig.from_dict(config.to_dict()) == config
+
+
+# -- a real loop on one process ----------------------------------------------------------
+
+BASE_S = 0.004  # every step sleeps this long, so scheduler jitter is small beside it
+SLOW_S = 0.06  # injected slow steps: 15x, far past any ratio used here
+LOOP_AUTO = {"enable": True, "ratio": 3.0, "warmup_steps": 8, "history_steps": 20}
+
+
+def _run(run_dir: Path, steps: int, slow: set[int], **auto: Any) -> Path:
+    """A tiny training loop; steps in `slow` sleep SLOW_S, the others BASE_S."""
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir,
+        trace=rankscope.TraceConfig(
+            enable=True,
+            schedule=Schedule(warmup=1, active=1),
+            auto=AutoTrigger(**{**LOOP_AUTO, **auto}),
+            trigger_check_every_n_steps=0,
+        ),
+    )
+    model, opt = tiny_model()
+    with rankscope.Profiler(config, rank=0, world_size=1) as prof:
+        for i in range(steps):
+            time.sleep(SLOW_S if i in slow else BASE_S)
+            tiny_step(model, opt, prof)
+            prof.step()
+    return run_dir
+
+
+def _auto_lines(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "auto" / "rank-00000.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _windows(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "traces").iterdir())
+
+
+@pytest.mark.slow
+def test_slow_steps_capture_the_next_window_once_with_the_figures(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="rankscope")
+    run_dir = _run(tmp_path, 45, slow={20, 21, 22})
+    (line,) = _auto_lines(run_dir)
+    # Step 22 completes the stretch; the window starts after a warm-up step, as SIGUSR2's does.
+    assert line["status"] == "accepted" and line["slow_steps"] == [20, 21, 22]
+    assert (line["first"], line["last"]) == (25, 26)
+    assert line["window"] == "step-000025-000026"
+    assert all(s >= SLOW_S for s in line["step_s"])
+    assert BASE_S <= line["median_s"] < SLOW_S and line["ratio"] == 3.0
+    assert _windows(run_dir) == ["step-000001-000001", "step-000025-000026"]
+    trace = read_trace(run_dir / "traces" / "step-000025-000026" / "rank-00000.pt.trace.json.gz")
+    assert profiler_steps(trace) == [25, 26]
+    assert any("were slow on rank 0" in r.getMessage() for r in caplog.records)
+    # The analysis finds the window like any other.
+    found = find_traces([run_dir])
+    assert {p.parent.name for p in found} == {"step-000001-000001", "step-000025-000026"}
+    listed = {w["window"] for w in build_report(run_dir)["kernels"]["windows"]}
+    assert "step-000025-000026" in listed
+
+
+@pytest.mark.slow
+def test_a_clean_loop_stays_quiet(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path, 60, slow=set())
+    assert _auto_lines(run_dir) == []
+    assert _windows(run_dir) == ["step-000001-000001"]
+
+
+@pytest.mark.slow
+def test_a_loop_slow_at_every_step_captures_nothing(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path, 40, slow=set(range(40)))
+    assert _auto_lines(run_dir) == []
+    assert _windows(run_dir) == ["step-000001-000001"]
+
+
+@pytest.mark.slow
+def test_repeated_slow_stretches_respect_cooldown_and_max_captures(tmp_path: Path) -> None:
+    stretches = (15, 25, 45, 75)  # the one at 25 falls inside the cool-down after 15
+    slow = {s + k for s in stretches for k in range(3)}
+    run_dir = _run(tmp_path, 90, slow=slow, cooldown_steps=20, max_captures=2, warmup_steps=5)
+    lines = _auto_lines(run_dir)
+    assert [line["slow_steps"][-1] for line in lines] == [17, 47]
+    assert [line["status"] for line in lines] == ["accepted", "accepted"]
+    assert _windows(run_dir) == ["step-000001-000001", "step-000020-000021", "step-000050-000051"]
+
+
+@pytest.mark.slow
+def test_an_anomaly_overlapping_the_schedule_is_declined_and_recorded(tmp_path: Path) -> None:
+    config = rankscope.ProfileConfig(
+        output_dir=tmp_path,
+        trace=rankscope.TraceConfig(
+            enable=True,
+            schedule=Schedule(wait=30, warmup=1, active=2),  # records steps 31-32
+            auto=AutoTrigger(**LOOP_AUTO),
+            trigger_check_every_n_steps=0,
+        ),
+    )
+    model, opt = tiny_model()
+    with rankscope.Profiler(config, rank=0, world_size=1) as prof:
+        for i in range(40):
+            time.sleep(SLOW_S if i in (26, 27, 28) else BASE_S)  # would plan 30-32 (warm-up 30)
+            tiny_step(model, opt, prof)
+            prof.step()
+    (line,) = _auto_lines(tmp_path)
+    assert line["status"] == "declined" and "the schedule" in line["reason"]
+    assert _windows(tmp_path) == ["step-000031-000032"]
