@@ -102,3 +102,40 @@ def test_meta_files_that_disagree_or_lie_are_said(tmp_path: Path) -> None:
     assert "rank-2.json: not readable meta" in said
     assert "disagree on the world size ([3, 8])" in said
     assert found.missing([0, 1, 2]) == [3, 4, 5, 6, 7]
+
+
+def test_the_report_says_why_a_window_was_captured_outside_the_schedule(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    write_run_traces(run, "step-000010-000011", [1, 3], world_size=4, size_bytes=60_000)
+    write_run_traces(run, "step-000015-000016", [3], world_size=4, size_bytes=60_000)
+    (run / "auto").mkdir()
+    declined = {"rank": 3, "status": "declined", "reason": "overlaps", "slow_steps": [5]}
+    accepted = {
+        "rank": 3,
+        "capture": 1,
+        "seen_at_step": 13,
+        "slow_steps": [11, 12, 13],
+        "step_s": [0.2, 0.25, 0.21],
+        "median_s": 0.1,
+        "ratio": 1.5,
+        "status": "accepted",
+        "window": "step-000015-000016",
+        "first": 15,
+        "last": 16,
+    }
+    lines = [json.dumps(declined), json.dumps(accepted), "{torn"]
+    (run / "auto" / "rank-00003.jsonl").write_text("\n".join(lines) + "\n")
+    for rank, status in ((1, "accepted"), (3, "accepted"), (2, "declined")):
+        answer = run / "triggers" / "t-1" / f"rank-{rank:05d}.json"
+        answer.parent.mkdir(parents=True, exist_ok=True)
+        answer.write_text(json.dumps({"status": status, "window": "step-000010-000011"}))
+    report = build_report(run)
+    why = {w["window"]: w["why"] for w in report["kernels"]["windows"]}
+    assert why == {
+        "step-000003-000004": [],
+        "step-000010-000011": ["rankscope trigger t-1 asked for it (ranks 1, 3)"],
+        "step-000015-000016": [
+            "rank 3 asked for it: its steps 11-13 took up to 2.5x its median step time (100.0 ms)"
+        ],
+    }
+    assert any(s.endswith("rank-00003.jsonl:3: not an anomaly record") for s in report["skipped"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -15,7 +16,7 @@ from .._errors import TraceError
 from ._kernels import find_traces, kernel_report
 from ._matrix import STEP, PhaseMatrices, phase_matrices
 from ._run import read_run_meta
-from ._stragglers import find_stragglers
+from ._stragglers import find_stragglers, format_ranks
 from ._timings import read_timings
 
 __all__ = ["REPORT_VERSION", "build_report"]
@@ -242,4 +243,51 @@ def _kernels(root: Path, progress: Progress | None) -> dict[str, Any]:
                     "items": summary["items"],
                 }
             )
+    why = _why_captured(root, skipped)
+    for entry in out:
+        entry["why"] = why.get(entry["window"], [])
     return {"windows": out, "skipped": skipped}
+
+
+def _why_captured(root: Path, skipped: list[str]) -> dict[str, list[str]]:
+    """Per window, who asked for it outside the schedule: a rank's own slow steps
+    (RUN_DIR/auto/rank-*.jsonl) or `rankscope trigger` (RUN_DIR/triggers/<id>/rank-*.json)."""
+    why: dict[str, list[str]] = {}
+    for path in sorted((root / "auto").glob("rank-*.jsonl")):
+        for number, line in enumerate(_lines(path, skipped), 1):
+            try:
+                record = json.loads(line)
+                if record.get("status") != "accepted":
+                    continue
+                window, rank = str(record["window"]), int(record["rank"])
+                slow, median = list(record["slow_steps"]), float(record["median_s"])
+                worst = max(float(s) for s in record["step_s"]) / median
+            except (ValueError, KeyError, TypeError, ZeroDivisionError):
+                skipped.append(f"{path}:{number}: not an anomaly record")
+                continue
+            why.setdefault(window, []).append(
+                f"rank {rank} asked for it: its steps {slow[0]}-{slow[-1]} took up to "
+                f"{worst:.1f}x its median step time ({median * 1000:.1f} ms)"
+            )
+    triggered: dict[tuple[str, str], list[int]] = {}
+    for path in sorted((root / "triggers").glob("*/rank-*.json")):
+        try:
+            answer = json.loads(path.read_text(encoding="utf-8"))
+            if answer.get("status") == "accepted":
+                rank = int(path.stem.removeprefix("rank-"))
+                triggered.setdefault((str(answer["window"]), path.parent.name), []).append(rank)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            skipped.append(f"{path}: not a trigger answer")
+    for (window, trigger), ranks in sorted(triggered.items()):
+        why.setdefault(window, []).append(
+            f"rankscope trigger {trigger} asked for it ({format_ranks(ranks)})"
+        )
+    return why
+
+
+def _lines(path: Path, skipped: list[str]) -> list[str]:
+    try:
+        return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        skipped.append(f"{path}: cannot read ({exc})")
+        return []

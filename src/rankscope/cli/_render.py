@@ -160,6 +160,8 @@ def report(data: dict[str, Any], html: Path | None) -> None:
     for window in data.get("kernels", {}).get("windows", []):
         what = "GPU kernels" if window["kind"] == "gpu_kernels" else "CPU ops by self time"
         title = f"Top {what}, window {window['window']}, {_rank_list(window['ranks'])}"
+        for reason in window.get("why", []):
+            _console.print(Text(f"window {window['window']}: {reason}"))
         _console.print(_items_table(window["items"][:10], title))
     _skipped(data.get("skipped", []))
     if html is not None:
