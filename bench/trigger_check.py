@@ -5,7 +5,8 @@ steps (one stat of RUN_DIR/triggers) and, with `trace.on_signal`, reads the SIGU
 flag every step. Measured here on Profiler.step() between windows (the schedule's
 window is over and no torch.profiler is held), with the checks off and on, next to
 Profiler.step() of a timer-only rank on an unsampled step, an empty method call and
-`with contextlib.nullcontext()`. Every variant is timed in turn, round after round,
+`with contextlib.nullcontext()`; and the anomaly watcher (`trace.auto`), which times
+every step. Every variant is timed in turn, round after round,
 in one run; the check's cost is the difference from the same step() with checks
 off. Prints ratios (absolute times mean little on a shared machine). The goal
 (issue 6): the trigger check costs no more than the unsampled timer path.
@@ -34,13 +35,20 @@ class _Empty:
         return None
 
 
-def _trace_only(run_dir: Path, every: int, on_signal: bool = False) -> rankscope.Profiler:
-    """A rank that captures, past its only window (step 0) after one step(): no profiler held."""
+def _trace_only(
+    run_dir: Path, every: int, on_signal: bool = False, auto: bool = False
+) -> rankscope.Profiler:
+    """A rank that captures, past its only window (step 0) after one step(): no profiler held.
+
+    With `auto`, the anomaly watcher measures every step; its ratio is set out of reach,
+    so what is timed is the bookkeeping, never a capture.
+    """
     trace = rankscope.TraceConfig(
         enable=True,
         schedule=rankscope.Schedule(warmup=0, active=1),
         trigger_check_every_n_steps=every,
         on_signal=on_signal,
+        auto=rankscope.AutoTrigger(enable=auto, ratio=1e9),
     )
     prof = rankscope.Profiler(
         rankscope.ProfileConfig(output_dir=run_dir, trace=trace), rank=0, world_size=1
@@ -79,6 +87,7 @@ def measure(root: Path, quick: bool) -> dict[str, float]:
         "every10_folder": _trace_only(root / "every10_folder", 10),
         "every1": _trace_only(root / "every1", 1),
         "signal": _trace_only(root / "signal", 10, on_signal=True),
+        "auto": _trace_only(root / "auto", 10, auto=True),
     }
     _unchanged_folder(root / "every10_folder")
     missing = TriggerWatcher(str(root / "off"), 0)
@@ -101,6 +110,7 @@ def measure(root: Path, quick: bool) -> dict[str, float]:
         "trace, check every 10, folder": "every10_folder.step()",
         "trace, check every step, no folder": "every1.step()",
         "trace, every 10 + on_signal": "signal.step()",
+        "trace, every 10 + auto": "auto.step()",
         "poll(), no folder": "missing.poll()",
         "poll(), folder unchanged": "present.poll()",
     }
@@ -135,6 +145,7 @@ def main() -> None:
         "every 10 steps, no folder (default)": rows["trace, check every 10, no folder"],
         "every 10 steps, folder unchanged": rows["trace, check every 10, folder"],
         "every 10 steps + on_signal": rows["trace, every 10 + on_signal"],
+        "every 10 steps + auto (measuring)": rows["trace, every 10 + auto"],
         "every step, no folder": rows["trace, check every step, no folder"],
     }
     costs = {name: ns - off for name, ns in goal_rows.items()}
@@ -155,6 +166,11 @@ def main() -> None:
         f"checking every step instead: {costs['every step, no folder'] / timer:.2f}x; "
         f"one poll(): {rows['poll(), no folder']:.0f} ns without the folder, "
         f"{rows['poll(), folder unchanged']:.0f} ns with it"
+    )
+    auto = rows["trace, every 10 + auto"] - rows["trace, check every 10, no folder"]
+    print(
+        f"trace.auto's step-time watch alone: {auto:.1f} ns per step(), "
+        f"{auto / timer:.2f}x the unsampled timer step()"
     )
 
 
