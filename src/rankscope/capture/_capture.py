@@ -38,6 +38,10 @@ _CYCLE_ENDS = (Action.NONE, Action.RECORD_AND_SAVE)
 MAX_BACKLOG = 3
 """Windows waiting to be compressed, at most; a window that ends past it is not saved."""
 
+# How the windows added on demand are named in warnings (a trigger's is "trigger ID").
+_SIGNAL = "SIGUSR2"
+_SLOW_STEPS = "slow-steps"
+
 AUTO_DIR = "auto"
 """RUN_DIR/auto/rank-NNNNN.jsonl: one line per anomaly capture asked for, with its figures."""
 
@@ -75,14 +79,14 @@ class TraceCapture:
         self._check_every = every if unheard is None else 0
         self._watcher = TriggerWatcher(run_dir, self._rank) if unheard is None else None
         self._triggered: dict[AddedWindow, Trigger] = {}  # windows triggers added, and by whom
+        # Who asked for each added window, in words: "trigger ID", "SIGUSR2" or "slow-steps".
+        self._askers: dict[AddedWindow, str] = {}
         self._signal: SignalHook | None = None  # installed by start() with trace.on_signal
-        self._signalled: list[AddedWindow] = []  # windows SIGUSR2 added, not yet over
         self._finalizer = TraceFinalizer(self._report_failure)
         auto = config.auto
         use_auto = auto.enable and self._target_phase is None and self._scheduled
         self._detector = SlowdownDetector(auto) if use_auto else None
         self._step_began = 0.0  # perf_counter when the current step began (auto only)
-        self._auto_windows: list[AddedWindow] = []  # windows slow steps added
         self._prof: Any = None
         self._step = 0
         self._stopping = False
@@ -199,7 +203,7 @@ class TraceCapture:
         for window in self._plan.added:
             if self._step >= window.first:
                 continue
-            asker = self._asker(window)
+            asker = self._askers.get(window)
             if asker is not None:
                 logger.warning(
                     "rankscope: %s asked rank %d for steps %d-%d; the run stopped at step %d",
@@ -285,6 +289,7 @@ class TraceCapture:
                 trigger.start, trigger.last, warmup=cfg.schedule.warmup > 0, after=step
             )
             self._triggered[window] = trigger
+            self._askers[window] = f"trigger {trigger.id}"
             logger.info(
                 "rankscope: trigger %s: rank %d records steps %d-%d into traces/%s",
                 trigger.id,
@@ -312,9 +317,9 @@ class TraceCapture:
         hook.pending = False  # first: a signal arriving while this runs is seen next step
         if not self.enabled:
             return
-        self._signalled = [w for w in self._signalled if w.last >= step]
-        if self._signalled:
-            window = self._signalled[0]
+        ahead = [w for w, who in self._askers.items() if who == _SIGNAL and w.last >= step]
+        if ahead:
+            window = ahead[0]
             logger.info(
                 "rankscope: SIGUSR2 received again before step %d on rank %d; the window it "
                 "asked for (steps %d-%d) is not over yet, so this one adds none",
@@ -338,7 +343,7 @@ class TraceCapture:
             )
             return
         window = self._plan.add(first, first + steps - 1, warmup=warmup, after=step)
-        self._signalled.append(window)
+        self._askers[window] = _SIGNAL
         logger.info(
             "rankscope: SIGUSR2 received before step %d: rank %d records steps %d-%d "
             "into traces/%s",
@@ -394,7 +399,7 @@ class TraceCapture:
             record.update(status="declined", reason=reason)
         else:
             window = self._plan.add(first, first + steps - 1, warmup=warmup, after=step)
-            self._auto_windows.append(window)
+            self._askers[window] = _SLOW_STEPS
             name = step_window_name(window.first, window.last)
             logger.info(
                 "rankscope: steps %d-%d were slow on rank %d (%.4g s and more, median %.4g s): "
@@ -437,15 +442,6 @@ class TraceCapture:
                 self._rank,
             )
 
-    def _asker(self, window: AddedWindow) -> str | None:
-        """Who added `window`: "trigger ID" or "SIGUSR2"; None for none of them."""
-        trigger = self._triggered.get(window)
-        if trigger is not None:
-            return f"trigger {trigger.id}"
-        if window in self._auto_windows:
-            return "a slow stretch"
-        return "SIGUSR2" if window in self._signalled else None
-
     def _begin_triggered(self, step: int) -> None:
         """Start a profiler during `step` for the triggered window that begins at the next step."""
         if self._torch.autograd._profiler_enabled():
@@ -464,31 +460,17 @@ class TraceCapture:
         plan = self._plan
         for window in [w for w in plan.added if plan.next_added in (w.warmup, w.first)]:
             plan.drop(window, step)
-            if window in self._signalled:
-                self._signalled.remove(window)
-                logger.warning(
-                    "rankscope: the SIGUSR2 window (steps %d-%d) not captured on rank %d: %s",
-                    window.first,
-                    window.last,
-                    self._rank,
-                    reason,
-                )
-            if window in self._auto_windows:
-                self._auto_windows.remove(window)
-                logger.warning(
-                    "rankscope: the window slow steps asked for (steps %d-%d) not captured on "
-                    "rank %d: %s",
-                    window.first,
-                    window.last,
-                    self._rank,
-                    reason,
-                )
+            logger.warning(
+                "rankscope: the %s window (steps %d-%d) not captured on rank %d: %s",
+                self._askers.pop(window, "added"),
+                window.first,
+                window.last,
+                self._rank,
+                reason,
+            )
             trigger = self._triggered.pop(window, None)
             if trigger is None:
                 continue
-            logger.warning(
-                "rankscope: trigger %s not captured on rank %d: %s", trigger.id, self._rank, reason
-            )
             try:
                 write_ack(
                     self._run_dir,
