@@ -13,7 +13,7 @@ from .._config import ProfileConfig
 from .._errors import ConfigError
 from .._profiler import Profiler, _as_config
 
-__all__ = ["CallbackRun", "Interrupted", "check_rank_args", "guarded", "load_config"]
+__all__ = ["CallbackRun", "Interrupted", "check_rank_args", "guarded"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +41,6 @@ def guarded(hook: Hook) -> Hook:
             self._fault(hook.__name__, exc)
 
     return run  # type: ignore[return-value]
-
-
-def load_config(config: object) -> ProfileConfig:
-    """A ProfileConfig from one, a mapping of its fields, a YAML path, or None (the defaults)."""
-    return _as_config(config)
 
 
 def check_rank_args(rank: object, world_size: object) -> None:
@@ -77,7 +72,7 @@ class CallbackRun:
         environ: Mapping[str, str] | None,
     ) -> None:
         """Check the arguments now (ConfigError), so that a bad config never waits for training."""
-        self.config: ProfileConfig = load_config(config)
+        self.config: ProfileConfig = _as_config(config)
         effective = self.config.with_env(environ)  # a bad RANKSCOPE_* value fails here
         check_rank_args(rank, world_size)
         if world_size is not None:
