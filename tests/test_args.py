@@ -29,7 +29,7 @@ def test_no_flags_give_the_default_config() -> None:
 
 def test_every_field_has_a_flag_with_its_docstring_as_help() -> None:
     fields = config_fields()
-    assert len(fields) == 34  # a new field gets a flag without anyone writing one
+    assert len(fields) == 42  # a new field gets a flag without anyone writing one
     help_text = " ".join(_parser().format_help().split())
     for field in fields:
         assert flag_name(field) in help_text, field.name
@@ -50,6 +50,7 @@ _FLAGS = {
     "trace.schedule.repeat": ["0"],
     "trace.target": ["phase:forward"],
     "trace.activities": ["cpu,cuda"],
+    "trace.tool": ["nsys"],
     "trace.record_shapes": [],
     "trace.profile_memory": [],
     "trace.with_stack": [],
@@ -67,6 +68,8 @@ _FLAGS = {
     "trace.auto.warmup_steps": ["10"],
     "trace.auto.max_captures": ["5"],
     "trace.auto.cooldown_steps": ["50"],
+    "trace.auto.phase": ["forward"],
+    "trace.auto.ranks": ["1-2"],
     "timer.enable": [],
     "timer.ranks": ["1,3"],
     "timer.start_step": ["5"],
@@ -74,6 +77,11 @@ _FLAGS = {
     "timer.every_n_steps": ["2"],
     "timer.flush_every_n_steps": ["7"],
     "timer.max_pending_events": ["99"],
+    "memory.enable": [],
+    "memory.ranks": ["2"],
+    "memory.max_entries": ["5000"],
+    "memory.stacks": ["all"],
+    "memory.on_oom": None,  # on by default: --no-... turns it off
 }
 _EXPECTED = {
     "trace.target": "phase:forward",
@@ -81,7 +89,13 @@ _EXPECTED = {
     "trace.activities": ("cpu", "cuda"),
     "trace.gzip": False,
     "trace.auto.ratio": 2.5,
+    "trace.tool": "nsys",
+    "trace.auto.phase": "forward",
+    "trace.auto.ranks": "1-2",
     "timer.ranks": "1,3",
+    "memory.ranks": "2",
+    "memory.stacks": "all",
+    "memory.on_oom": False,
 }
 
 

@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from rankscope import (
+    AutoTrigger,
     ConfigError,
+    MemoryConfig,
     ProfileConfig,
     RankscopeError,
     Schedule,
@@ -478,6 +480,7 @@ def test_to_dict_shape(run_dir: Path) -> None:
             "schedule": {"skip_first": 0, "wait": 0, "warmup": 1, "active": 3, "repeat": 1},
             "target": "step",
             "activities": ["cpu"],
+            "tool": "torch",
             "record_shapes": False,
             "profile_memory": False,
             "with_stack": False,
@@ -496,6 +499,8 @@ def test_to_dict_shape(run_dir: Path) -> None:
                 "warmup_steps": 20,
                 "max_captures": 3,
                 "cooldown_steps": 200,
+                "phase": None,
+                "ranks": None,
             },
         },
         "timer": {
@@ -506,6 +511,13 @@ def test_to_dict_shape(run_dir: Path) -> None:
             "every_n_steps": 10,
             "flush_every_n_steps": 10,
             "max_pending_events": 4096,
+        },
+        "memory": {
+            "enable": False,
+            "ranks": "0",
+            "max_entries": 100000,
+            "stacks": "python",
+            "on_oom": True,
         },
     }
 
@@ -890,3 +902,67 @@ def test_timer_from_dict_names_the_field(data: dict[str, Any], field: str) -> No
     with pytest.raises(ConfigError) as info:
         ProfileConfig.from_dict(data)
     assert info.value.field == field
+
+
+# -- tool, auto.phase, memory -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "says"),
+    [
+        ({"tool": "perf"}, "trace.tool", "'torch' or 'nsys'"),
+        ({"tool": "nsys", "record_shapes": True}, "trace.record_shapes", "nsys's own flags"),
+        ({"tool": "nsys", "with_stack": True}, "trace.with_stack", "torch.profiler option"),
+        ({"tool": "nsys", "activities": ["cuda"]}, "trace.activities", "None with trace.tool"),
+    ],
+)
+def test_nsys_rejects_what_only_torch_profiler_reads(
+    kwargs: dict[str, object], field: str, says: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        TraceConfig(**kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert says in str(info.value)
+
+
+def test_nsys_alone_is_accepted() -> None:
+    assert TraceConfig(tool="nsys").tool == "nsys"
+
+
+def test_auto_phase_needs_the_timer(run_dir: Path) -> None:
+    auto = AutoTrigger(enable=True, phase="forward")
+    with pytest.raises(ConfigError) as info:
+        ProfileConfig(output_dir=run_dir, trace=TraceConfig(enable=True, auto=auto))
+    assert info.value.field == "trace.auto.phase"
+    assert "timer is off" in str(info.value)
+    on = ProfileConfig(
+        output_dir=run_dir,
+        trace=TraceConfig(enable=True, auto=auto),
+        timer=TimerConfig(enable=True),
+    )
+    assert on.trace.auto.phase == "forward"
+
+
+@pytest.mark.parametrize("phase", ["", "  ", 3])
+def test_auto_phase_must_name_a_phase(phase: object) -> None:
+    with pytest.raises(ConfigError, match=r"auto\.phase"):
+        AutoTrigger(phase=phase)  # type: ignore[arg-type]
+
+
+def test_auto_ranks_default_to_the_trace_ranks() -> None:
+    assert [r for r in range(8) if r in AutoTrigger().rank_set("0,3")] == [0, 3]
+    assert [r for r in range(4) if r in AutoTrigger(ranks="all").rank_set("0")] == [0, 1, 2, 3]
+    assert AutoTrigger(ranks=[5, 4, 3]).ranks == "3-5"
+
+
+def test_memory_config_checks_its_fields(run_dir: Path) -> None:
+    with pytest.raises(ConfigError, match=r"memory\.stacks"):
+        MemoryConfig(stacks="cpp")
+    with pytest.raises(ConfigError, match=r"memory\.max_entries"):
+        MemoryConfig(max_entries=0)
+    with pytest.raises(ConfigError, match=r"memory\.ranks"):
+        ProfileConfig(output_dir=run_dir, memory=MemoryConfig(ranks="9")).check_world_size(4)
+    cfg = ProfileConfig.from_dict({"output_dir": str(run_dir), "memory": {"enable": True}})
+    assert cfg.memory == MemoryConfig(enable=True)
+    with pytest.raises(ConfigError, match=r"memory\.depth"):
+        ProfileConfig.from_dict({"memory": {"depth": 3}})

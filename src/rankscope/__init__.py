@@ -12,7 +12,14 @@ from ._version import __version__
 
 if _typing.TYPE_CHECKING:
     from ._args import add_arguments
-    from ._config import AutoTrigger, ProfileConfig, Schedule, TimerConfig, TraceConfig
+    from ._config import (
+        AutoTrigger,
+        MemoryConfig,
+        ProfileConfig,
+        Schedule,
+        TimerConfig,
+        TraceConfig,
+    )
     from ._errors import ConfigError, RankscopeError, TraceError
     from ._profiler import Profiler, annotate, current
     from ._ranks import RankInfo, detect_rank_info
@@ -20,6 +27,7 @@ if _typing.TYPE_CHECKING:
 __all__ = [
     "AutoTrigger",
     "ConfigError",
+    "MemoryConfig",
     "ProfileConfig",
     "Profiler",
     "RankInfo",
@@ -38,6 +46,7 @@ __all__ = [
 _WHERE = {
     "add_arguments": "_args",
     "AutoTrigger": "_config",
+    "MemoryConfig": "_config",
     "ProfileConfig": "_config",
     "Schedule": "_config",
     "TimerConfig": "_config",

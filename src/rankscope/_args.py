@@ -104,6 +104,10 @@ def _optional_int(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"{text!r} is not an int or none") from None
 
 
+def _optional_text(text: str) -> str | None:
+    return None if text.strip().lower() == "none" else text
+
+
 def _words(text: str) -> list[str]:
     return [word.strip() for word in text.split(",") if word.strip()]
 
@@ -112,6 +116,8 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "int": int,
     "float": float,
     "int | None": _optional_int,
+    "str | None": _optional_text,
+    "RankSpec | None": _optional_text,
     "Sequence[str] | None": _words,
 }
 _METAVARS = {
@@ -119,6 +125,8 @@ _METAVARS = {
     "float": "X",
     "int | None": "N|none",
     "RankSpec": "RANKS",
+    "RankSpec | None": "RANKS|none",
+    "str | None": "NAME|none",
     "PathLike": "DIR",
     "Sequence[str] | None": "A,B",
 }

@@ -17,12 +17,27 @@ from . import _env
 from ._errors import ConfigError
 from ._ranks import RankSet, RankSpec, parse_ranks
 
-__all__ = ["ACTIVITIES", "AutoTrigger", "ProfileConfig", "Schedule", "TimerConfig", "TraceConfig"]
+__all__ = [
+    "ACTIVITIES",
+    "TOOLS",
+    "AutoTrigger",
+    "MemoryConfig",
+    "ProfileConfig",
+    "Schedule",
+    "TimerConfig",
+    "TraceConfig",
+]
 
 logger = logging.getLogger(__name__)
 
 ACTIVITIES = ("cpu", "cuda", "xpu")
 """Activity names `TraceConfig.activities` accepts (torch.profiler.ProfilerActivity members)."""
+
+TOOLS = ("torch", "nsys")
+"""What records a window (`TraceConfig.tool`)."""
+
+# TraceConfig fields that only torch.profiler reads: with tool="nsys" they would do nothing.
+_TORCH_ONLY = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
 
 # torch.profiler writes through the local filesystem only.
 _CLOUD_SCHEMES = ("s3", "gs", "gcs", "hdfs", "az", "abfs", "abfss")
@@ -93,6 +108,15 @@ class AutoTrigger:
     """Anomaly windows per run on this rank, at most, so a job slow everywhere cannot trace forever."""
     cooldown_steps: int = 200
     """Steps after a capture fired during which no other fires."""
+    phase: str | None = None
+    """Measure this phase instead of the whole step: its time on the phase timer's sampled steps
+    (device time where CUDA is in use, else host time), summed over the step. A rank slow in its
+    own compute fires; ranks that only wait for it in a "comm" phase do not. Needs the timer on
+    the watching ranks; warmup_steps, history_steps and consecutive then count sampled steps."""
+    ranks: RankSpec | None = None
+    """Ranks that watch themselves, in the forms of TraceConfig.ranks; None means trace.ranks.
+    "all" lets whichever rank turns slow capture itself (pair it with `phase`, or every rank
+    that waits for the slow one fires too)."""
 
     def __post_init__(self) -> None:
         _check_bool("auto.enable", self.enable)
@@ -111,6 +135,17 @@ class AutoTrigger:
         _check_int("auto.warmup_steps", self.warmup_steps, 3)
         _check_int("auto.max_captures", self.max_captures, 1)
         _check_int("auto.cooldown_steps", self.cooldown_steps, 0)
+        phase = self.phase
+        if phase is not None and (not isinstance(phase, str) or not phase.strip()):
+            raise ConfigError("auto.phase", phase, "None or a phase name")
+        if self.ranks is not None:
+            object.__setattr__(self, "ranks", parse_ranks(self.ranks, "auto.ranks").spec())
+
+    def rank_set(self, trace_ranks: RankSpec) -> RankSet:
+        """The ranks that watch themselves (`ranks`, or `trace_ranks` where it is None)."""
+        if self.ranks is None:
+            return parse_ranks(trace_ranks, "trace.ranks")
+        return parse_ranks(self.ranks, "auto.ranks")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,6 +163,11 @@ class TraceConfig:
     and records only inside them, each recorded invocation its own window."""
     activities: Sequence[str] | None = None
     """Profiler activities from ACTIVITIES; None means cpu, plus cuda where CUDA is available."""
+    tool: str = "torch"
+    """What records a window: "torch" writes a torch.profiler (Kineto) trace per window;
+    "nsys" calls cudaProfilerStart/Stop at the window's edges and opens NVTX ranges for
+    steps and phases inside it, for a job run under `nsys profile --capture-range=cudaProfilerApi`
+    (docs/nsys.md). The torch.profiler options below do not apply to "nsys"."""
     record_shapes: bool = False
     """Record input shapes of ops. Costs host memory per op; off by default."""
     profile_memory: bool = False
@@ -165,8 +205,12 @@ class TraceConfig:
             raise ConfigError("trace.target", self.target, '"step" or "phase:NAME"')
         if self.activities is not None:
             object.__setattr__(self, "activities", _parse_activities(self.activities))
-        for name in ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules"):
+        for name in _TORCH_ONLY:
             _check_bool(f"trace.{name}", getattr(self, name))
+        if self.tool not in TOOLS:
+            raise ConfigError("trace.tool", self.tool, " or ".join(repr(t) for t in TOOLS))
+        if self.tool == "nsys":
+            _check_nsys_options(self)
         _check_bool("trace.gzip", self.gzip)
         _check_int("trace.trigger_check_every_n_steps", self.trigger_check_every_n_steps, 0)
         _check_int("trace.trigger_max_steps", self.trigger_max_steps, 1)
@@ -203,6 +247,18 @@ class TraceConfig:
     def target_phase(self) -> str | None:
         """NAME for a "phase:NAME" target, None for "step"."""
         return self.target[6:].strip() if self.target.startswith("phase:") else None
+
+
+def _check_nsys_options(trace: TraceConfig) -> None:
+    """With tool="nsys", a torch.profiler option would silently do nothing: say so instead."""
+    why = "it is a torch.profiler option; with trace.tool='nsys', nsys's own flags choose what is recorded"
+    for name in _TORCH_ONLY:
+        if getattr(trace, name):
+            raise ConfigError(f"trace.{name}", True, "False with trace.tool='nsys'", why)
+    if trace.activities is not None:
+        raise ConfigError(
+            "trace.activities", list(trace.activities), "None with trace.tool='nsys'", why
+        )
 
 
 def _parse_activities(value: object) -> tuple[str, ...]:
@@ -267,6 +323,47 @@ class TimerConfig:
         return parse_ranks(self.ranks, "timer.ranks")
 
 
+STACKS = ("python", "all")
+"""What `MemoryConfig.stacks` accepts."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryConfig:
+    """CUDA memory snapshots: the allocator's history, in the pickle format PyTorch's memory_viz
+    (https://pytorch.org/memory_viz) reads, written to RUN_DIR/memory/<window>/rank-NNNNN.pickle.
+
+    History is recorded from start() to stop() on the chosen ranks and dumped when a trace
+    window closes there and when CUDA runs out of memory. Without CUDA: one info line.
+    """
+
+    enable: bool = False
+    """Record allocator history and dump snapshots. Off by default."""
+    ranks: RankSpec = "0"
+    """Ranks that record, in the forms of TraceConfig.ranks."""
+    max_entries: int = 100000
+    """Allocation events kept, newest last (a ring buffer): bounds host memory and the size and
+    time of a dump. Events older than the last max_entries are gone from a snapshot."""
+    stacks: str = "python"
+    """Call stacks kept per event: "python" (fast to dump) or "all" (C++ frames too; symbolising
+    them can make one dump take minutes)."""
+    on_oom: bool = True
+    """Dump a snapshot when CUDA runs out of memory (RUN_DIR/memory/oom-step-NNNNNN/), before the
+    error reaches the training loop."""
+
+    def __post_init__(self) -> None:
+        _check_bool("memory.enable", self.enable)
+        object.__setattr__(self, "ranks", self.rank_set.spec())
+        _check_int("memory.max_entries", self.max_entries, 1)
+        if self.stacks not in STACKS:
+            raise ConfigError("memory.stacks", self.stacks, " or ".join(repr(s) for s in STACKS))
+        _check_bool("memory.on_oom", self.on_oom)
+
+    @property
+    def rank_set(self) -> RankSet:
+        """The parsed `ranks`."""
+        return parse_ranks(self.ranks, "memory.ranks")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProfileConfig:
     """Everything a Profiler needs; the environment may override parts of it (see `with_env`)."""
@@ -277,6 +374,8 @@ class ProfileConfig:
     """torch.profiler trace capture."""
     timer: TimerConfig = field(default_factory=TimerConfig)
     """The sampled phase timer."""
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """CUDA memory snapshots."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_dir", _resolve_output_dir(self.output_dir))
@@ -284,6 +383,16 @@ class ProfileConfig:
             raise ConfigError("trace", self.trace, "a TraceConfig")
         if not isinstance(self.timer, TimerConfig):
             raise ConfigError("timer", self.timer, "a TimerConfig")
+        if not isinstance(self.memory, MemoryConfig):
+            raise ConfigError("memory", self.memory, "a MemoryConfig")
+        auto = self.trace.auto
+        if self.trace.enable and auto.enable and auto.phase is not None and not self.timer.enable:
+            raise ConfigError(
+                "trace.auto.phase",
+                auto.phase,
+                "None, or a phase name with timer.enable=True",
+                "a phase's time comes from the phase timer's records, and the timer is off",
+            )
 
     def check_world_size(self, world_size: int, environ: Mapping[str, str] | None = None) -> None:
         """Raise ConfigError if a rank selection names a rank the job does not have.
@@ -293,6 +402,10 @@ class ProfileConfig:
         try:
             self.trace.rank_set.check_world_size(world_size, "trace.ranks")
             self.timer.rank_set.check_world_size(world_size, "timer.ranks")
+            self.memory.rank_set.check_world_size(world_size, "memory.ranks")
+            if self.trace.auto.ranks is not None:
+                auto_ranks = self.trace.auto.rank_set(self.trace.ranks)
+                auto_ranks.check_world_size(world_size, "trace.auto.ranks")
         except ConfigError as exc:
             named = _env.name_variable(exc, _env.config_overrides(environ))
             if named is exc:
@@ -319,6 +432,8 @@ class ProfileConfig:
             kwargs["trace"] = _trace_from_dict(kwargs["trace"])
         if "timer" in kwargs:
             kwargs["timer"] = _timer_from_dict(kwargs["timer"])
+        if "memory" in kwargs and not isinstance(kwargs["memory"], MemoryConfig):
+            kwargs["memory"] = MemoryConfig(**_section("memory", kwargs["memory"], MemoryConfig))
         return cls(**kwargs)
 
     @classmethod

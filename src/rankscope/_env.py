@@ -55,6 +55,8 @@ _OVERRIDES: dict[str, tuple[tuple[str, ...], Callable[[str, str], Any]]] = {
     "RANKSCOPE_WITH_FLOPS": (("trace", "with_flops"), parse_bool),
     "RANKSCOPE_WITH_STACK": (("trace", "with_stack"), parse_bool),
     "RANKSCOPE_PROFILE_MEMORY": (("trace", "profile_memory"), parse_bool),
+    "RANKSCOPE_MEMORY": (("memory", "enable"), parse_bool),
+    "RANKSCOPE_MEMORY_RANKS": (("memory", "ranks"), _text),
     "RANKSCOPE_TIMER": (("timer", "enable"), parse_bool),
     "RANKSCOPE_TIMER_RANKS": (("timer", "ranks"), _text),
     "RANKSCOPE_TIMER_EVERY": (("timer", "every_n_steps"), _parse_int),
