@@ -1,0 +1,475 @@
+"""MemorySnapshots: the CUDA allocator's history on one rank, dumped where memory_viz reads it.
+
+Recording is torch.cuda.memory._record_memory_history; a dump is
+torch.cuda.memory._snapshot() pickled as torch's own _dump_snapshot pickles it, so the
+files open at https://pytorch.org/memory_viz and with `python -m torch.cuda._memory_viz`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from .._layout import rank_name, temp_name
+from .._ranks import RankInfo
+from .._torch import import_torch
+
+if TYPE_CHECKING:
+    from .._config import MemoryConfig, ProfileConfig
+
+__all__ = [
+    "MAX_OOM_DUMPS",
+    "MAX_PENDING_WRITES",
+    "MEMORY_DIR",
+    "MemorySnapshots",
+    "STOP_TIMEOUT_S",
+    "SnapshotWriter",
+    "incompatibilities",
+    "memory_path",
+    "oom_window_name",
+    "write_atomic",
+]
+
+logger = logging.getLogger(__name__)
+
+MEMORY_DIR = "memory"
+"""RUN_DIR/memory/<window>/rank-NNNNN.pickle: one snapshot per window per rank."""
+
+MAX_OOM_DUMPS = 3
+"""Out-of-memory snapshots per run, at most: a loop that catches OOM and retries would
+otherwise write one large file per step."""
+
+MAX_PENDING_WRITES = 2
+"""Snapshots waiting to be written, at most; a window that closes past it is not saved."""
+
+STOP_TIMEOUT_S = 300.0
+"""How long stop() waits for snapshots still being written."""
+
+# Trace-changing torch.profiler options under which the profiler keeps C++ weak references
+# to the TensorImpl of every tensor an op received (measured on torch 2.13, see
+# incompatibilities()). swap_tensors refuses such tensors.
+_WEAKREF_OPTIONS = ("record_shapes", "with_stack", "with_flops")
+
+
+def memory_path(run_dir: str | Path, window: str, rank: int) -> Path:
+    """RUN_DIR/memory/<window>/rank-NNNNN.pickle."""
+    return Path(run_dir) / MEMORY_DIR / window / f"{rank_name(rank)}.pickle"
+
+
+def oom_window_name(step: int) -> str:
+    """`oom-step-000012`: CUDA ran out of memory during step 12."""
+    return f"oom-step-{step:06d}"
+
+
+def write_atomic(data: bytes, final: Path, tag: str) -> None:
+    """Write `data` to `final` through a hidden temporary sibling: `final` is complete or absent.
+
+    On failure the temporary file is removed and the error raised.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temp = temp_name(final, tag)
+    try:
+        with open(temp, "wb") as fh:
+            fh.write(data)
+        os.replace(temp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    data: bytes
+    path: Path
+    window: str
+
+
+class SnapshotWriter:
+    """Writes pickled snapshots to disk on a daemon thread, one at a time.
+
+    Pickling happens on the caller (it holds the GIL either way); only the disk write,
+    which releases it, is moved off the training thread. `on_error` is called on the
+    writer thread with a one-line cause when a write fails.
+    """
+
+    def __init__(self, on_error: Callable[[str], None]) -> None:
+        self._on_error = on_error
+        self._jobs: queue.Queue[_Write] = queue.Queue()
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def backlog(self) -> int:
+        """Writes submitted and not finished yet."""
+        with self._idle:
+            return self._pending
+
+    def submit(self, data: bytes, path: Path, window: str) -> None:
+        """Queue a write; raises (RuntimeError) if no writer thread can be started."""
+        if self._thread is None:
+            thread = threading.Thread(target=self._run, name="rankscope-memory", daemon=True)
+            thread.start()  # before the write counts as pending: a failed start leaves no wait
+            self._thread = thread
+        with self._idle:
+            self._pending += 1
+        self._jobs.put(_Write(data, path, window))
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every submitted write is done; False if `timeout` ran out first."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    logger.warning(
+                        "rankscope: gave up after %.0f s waiting for %d memory snapshot(s) to be "
+                        "written; they keep temporary names until the write finishes",
+                        timeout,
+                        self._pending,
+                    )
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                began = time.perf_counter()
+                write_atomic(job.data, job.path, f"w{os.getpid()}")
+                logger.debug(
+                    "rankscope: wrote %s (%.1f MB) in %.2f s",
+                    job.path,
+                    len(job.data) / 1e6,
+                    time.perf_counter() - began,
+                )
+            except Exception as exc:  # never let the writer die with writes queued
+                self._on_error(f"writing {job.path} failed ({type(exc).__name__}: {exc})")
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+
+# -- the process's one out-of-memory observer --------------------------------------
+
+
+class _OomObserver:
+    """The function torch calls when CUDA runs out of memory, attached at most once.
+
+    torch keeps every observer it is given for the life of the process and cannot detach
+    one, so rankscope attaches this single object and points it at the MemorySnapshots
+    that is recording (by weak reference), or at nothing.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._attached = False
+        self._target: weakref.ref[MemorySnapshots] | None = None
+
+    def point_at(self, torch: ModuleType, target: MemorySnapshots | None) -> None:
+        """Aim at `target` (None: at nothing), attaching to torch on first use."""
+        with self._lock:
+            if target is not None and not self._attached:
+                torch._C._cuda_attach_out_of_memory_observer(self)
+                self._attached = True
+            self._target = None if target is None else weakref.ref(target)
+
+    def aims_at(self, target: MemorySnapshots) -> bool:
+        ref = self._target
+        return ref is not None and ref() is target
+
+    def __call__(self, device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+        # Called by the CUDA caching allocator, holding the GIL but not its own lock, just
+        # before it raises OutOfMemoryError: anything raised here would replace that error.
+        try:
+            ref = self._target
+            target = ref() if ref is not None else None
+            if target is not None:
+                target._on_oom(device, alloc, device_free)
+        except Exception:
+            with contextlib.suppress(Exception):
+                logger.debug("rankscope: the out-of-memory observer failed", exc_info=True)
+
+
+_OOM_OBSERVER = _OomObserver()
+
+
+class MemorySnapshots:
+    """CUDA allocator history on one rank, dumped when a window closes and when CUDA runs out
+    of memory.
+
+    Without CUDA it logs one info line and every method does nothing. Every call is guarded:
+    a fault logs one warning, stops recording and leaves snapshots off for the rest of the
+    run; nothing raises into training. The snapshot is taken on the calling thread; the
+    file is written in the background except after an out-of-memory error, when the process
+    may be about to end.
+    """
+
+    def __init__(self, config: MemoryConfig, run_dir: str, rank_info: RankInfo) -> None:
+        self._torch: ModuleType = import_torch("memory snapshots")
+        self._config = config
+        self._run_dir = run_dir
+        self._rank = rank_info.rank
+        self._step = 0
+        self._recording = False
+        self._pid = os.getpid()
+        self._oom_step = -1  # the step of the latest out-of-memory dump
+        self._oom_dumps = 0
+        self._oom_lock = threading.Lock()
+        self._fault_lock = threading.Lock()
+        self._failure: str | None = None  # a write failed on the writer thread
+        self._skipped = 0  # windows not saved because writes fell behind
+        self._writer = SnapshotWriter(self._report_failure)
+        self.enabled = True
+        """False once a fault turned snapshots off, or from the start without CUDA."""
+        self.fault_reason: str | None = None
+        """Why a fault turned snapshots off (None: it did not)."""
+        self.dumps = 0
+        """Snapshots taken so far (windows and out-of-memory)."""
+        if not self._torch.cuda.is_available():
+            self.enabled = False
+            logger.info(
+                "rankscope: CUDA memory snapshots need CUDA, which this process does not have; "
+                "nothing is recorded on rank %d",
+                self._rank,
+            )
+            return
+        try:
+            backend = self._torch.cuda.memory.get_allocator_backend()
+        except Exception as exc:
+            self._fail("reading the allocator backend", exc)
+            return
+        if backend != "native":
+            self._fault(
+                f"CUDA memory snapshots need PyTorch's native caching allocator; this process "
+                f"uses {backend!r} (PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF backend), which "
+                f"cannot record history"
+            )
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Record allocator history from now on; with on_oom, dump when CUDA runs out of memory."""
+        if not self.enabled or self._recording:
+            return
+        cfg = self._config
+        try:
+            self._torch.cuda.memory._record_memory_history(
+                enabled="all",
+                context="all",
+                stacks=cfg.stacks,
+                max_entries=cfg.max_entries,
+            )
+        except Exception as exc:
+            self._fail("starting to record allocator history", exc)
+            return
+        self._recording = True
+        self._pid = os.getpid()
+        if cfg.on_oom:
+            try:
+                _OOM_OBSERVER.point_at(self._torch, self)
+            except Exception as exc:
+                self._fail("attaching the out-of-memory observer", exc)
+
+    def step(self) -> None:
+        """Count a training step (names the out-of-memory dumps)."""
+        self._step += 1
+        if self._failure is not None:
+            self.fault(self._failure)  # already warned on the writer thread
+
+    def dump(self, window: str) -> None:
+        """Snapshot now into RUN_DIR/memory/<window>/rank-NNNNN.pickle (written in the background)."""
+        if self._failure is not None:
+            self.fault(self._failure)
+        if not self.enabled or not self._recording:
+            return
+        backlog = self._writer.backlog
+        if backlog >= MAX_PENDING_WRITES:
+            self._skipped += 1
+            if self._skipped == 1:
+                logger.warning(
+                    "rankscope: memory snapshot %s on rank %d not saved: %d earlier snapshots "
+                    "are still being written (lower memory.max_entries or capture less often); "
+                    "later ones are skipped the same way",
+                    window,
+                    self._rank,
+                    backlog,
+                )
+            return
+        try:
+            data, took = self._take()
+            path = memory_path(self._run_dir, window, self._rank)
+            self._writer.submit(data, path, window)
+        except Exception as exc:
+            self._fail(f"dumping a memory snapshot for {window}", exc)
+            return
+        logger.info(
+            "rankscope: memory snapshot %s/%s/%s: %.1f MB, taken and pickled in %.2f s "
+            "on the training thread",
+            MEMORY_DIR,
+            window,
+            path.name,
+            len(data) / 1e6,
+            took,
+        )
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop recording, let go of the out-of-memory observer, wait for pending writes."""
+        if self._recording:
+            self._release()
+        self._writer.drain(timeout)
+        if self._failure is not None:
+            self.fault(self._failure)
+
+    # -- internals -----------------------------------------------------------------
+
+    def _take(self) -> tuple[bytes, float]:
+        """The snapshot, pickled as torch's _dump_snapshot does, and the seconds it took."""
+        began = time.perf_counter()
+        snapshot = self._torch.cuda.memory._snapshot()
+        data = pickle.dumps(snapshot)
+        self.dumps += 1
+        return data, time.perf_counter() - began
+
+    def _on_oom(self, device: int, alloc: int, device_free: int) -> None:
+        """Dump synchronously: the OutOfMemoryError that follows may end the process."""
+        if not self.enabled or not self._recording or os.getpid() != self._pid:
+            return
+        # The allocator may call this on another thread (autograd's device threads); a
+        # second OOM while one is being dumped is left alone rather than waited for.
+        if not self._oom_lock.acquire(blocking=False):
+            return
+        try:
+            step = self._step
+            if step == self._oom_step:
+                return  # torch may retry (a smaller workspace) and fail again in one step
+            if self._oom_dumps >= MAX_OOM_DUMPS:
+                if self._oom_dumps == MAX_OOM_DUMPS:
+                    self._oom_dumps += 1
+                    logger.warning(
+                        "rankscope: CUDA ran out of memory again on rank %d (step %d); "
+                        "%d snapshots were written already, no more are taken this run",
+                        self._rank,
+                        step,
+                        MAX_OOM_DUMPS,
+                    )
+                return
+            self._oom_step = step
+            self._oom_dumps += 1
+            window = oom_window_name(step)
+            path = memory_path(self._run_dir, window, self._rank)
+            data, took = self._take()
+            write_atomic(data, path, f"oom{os.getpid()}")
+            logger.warning(
+                "rankscope: CUDA out of memory on rank %d in step %d (cuda:%d asked for %.1f MB, "
+                "%.1f MB free); allocator snapshot written to %s (%.1f MB, %.2f s)",
+                self._rank,
+                step,
+                device,
+                alloc / 1e6,
+                device_free / 1e6,
+                path,
+                len(data) / 1e6,
+                took,
+            )
+        except Exception as exc:
+            # Possibly not the training thread: that one stops recording at its next call.
+            self._report_failure(
+                f"dumping a memory snapshot after CUDA ran out of memory failed "
+                f"({type(exc).__name__}: {exc})"
+            )
+        finally:
+            self._oom_lock.release()
+
+    def _release(self) -> None:
+        """Stop recording and point the out-of-memory observer away from this object."""
+        self._recording = False
+        if _OOM_OBSERVER.aims_at(self):
+            _OOM_OBSERVER.point_at(self._torch, None)
+        try:
+            self._torch.cuda.memory._record_memory_history(enabled=None)
+        except Exception:
+            logger.debug("rankscope: stopping allocator history failed", exc_info=True)
+
+    # -- faults --------------------------------------------------------------------
+
+    def fault(self, what: str) -> None:
+        """Turn snapshots off for the rest of the run: one warning naming `what`, recording stopped."""
+        self._fault(what)
+        self._failure = None
+        if self._recording:
+            self._release()
+
+    def _report_failure(self, cause: str) -> None:
+        """Called by the writer thread; the training thread stops recording at its next call."""
+        if self._fault(cause):
+            self._failure = cause
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        self.fault(f"{where} failed ({type(exc).__name__}: {exc})")
+
+    def _fault(self, what: str) -> bool:
+        """Warn once and mark snapshots off; True if this call did (the first fault)."""
+        with self._fault_lock:
+            if not self.enabled or self.fault_reason is not None:
+                return False
+            logger.warning(
+                "rankscope: %s; memory snapshots are off for the rest of this run (rank %d), "
+                "training goes on",
+                what,
+                self._rank,
+            )
+            self.enabled = False
+            self.fault_reason = what
+            return True
+
+
+def incompatibilities(config: ProfileConfig, torch: ModuleType) -> list[str]:
+    """Known combinations of `config` and this process's torch settings that break or do
+    nothing, one sentence each naming the fields and why; empty when there are none.
+
+    What runs later (FSDP2's fully_shard, a model moved between devices) cannot be seen
+    here; docs/memory.md says what to avoid.
+    """
+    found: list[str] = []
+    trace = config.trace
+    memory = config.memory
+    held = [name for name in _WEAKREF_OPTIONS if getattr(trace, name)]
+    if trace.enable and trace.tool == "torch" and held and _swaps_module_params(torch):
+        found.append(
+            f"trace.{'/'.join(held)}=True with torch.__future__."
+            f"set_swap_module_params_on_conversion(True): while a trace window is open and "
+            f"until its profiler is released, torch.profiler holds weak references to every "
+            f"tensor an op received, and torch.utils.swap_tensors (used by module.to(), "
+            f".cuda(), .half() and load_state_dict(assign=True) under that flag) then fails "
+            f"with 'Expected no weakrefs'; turn those trace options off or convert modules "
+            f"outside trace windows"
+        )
+    if memory.enable and not memory.on_oom and not trace.enable:
+        found.append(
+            "memory.enable=True with memory.on_oom=False and trace.enable=False: snapshots "
+            "are dumped when a trace window closes or when CUDA runs out of memory, so this "
+            "records allocator history and never writes it; set memory.on_oom=True or "
+            "trace.enable=True"
+        )
+    return found
+
+
+def _swaps_module_params(torch: ModuleType) -> bool:
+    future = getattr(torch, "__future__", None)
+    getter = getattr(future, "get_swap_module_params_on_conversion", None)
+    return bool(getter()) if callable(getter) else False
