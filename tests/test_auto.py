@@ -71,7 +71,9 @@ def test_the_rule_fires_at_the_step_that_completes_a_slow_stretch(
 def test_the_figures_are_the_slow_steps_and_the_median_they_were_compared_with() -> None:
     times = [1.0, 1.2, 0.8, 1.0, 1.1, 0.9, 1.0, 1.0, 1.0, 1.0, 2.5, 3.0, 2.6]
     (slow,) = _fires(times, **SMALL)
-    assert slow == SlowSteps(step=12, seconds=(2.5, 3.0, 2.6), median=1.0, ratio=2.0, capture=1)
+    assert slow == SlowSteps(
+        step=12, seconds=(2.5, 3.0, 2.6), steps=(10, 11, 12), median=1.0, ratio=2.0, capture=1
+    )
 
 
 def test_a_job_slow_from_the_start_never_fires() -> None:
@@ -181,18 +183,24 @@ def test_slow_steps_capture_the_next_window_once_with_the_figures(
     # Step 22 completes the stretch; the window starts after a warm-up step, as SIGUSR2's does.
     assert line["status"] == "accepted" and line["slow_steps"] == [20, 21, 22]
     assert (line["first"], line["last"]) == (25, 26)
-    assert line["window"] == "step-000025-000026"
+    # The folder says why it was captured; the window's summary keeps the figures.
+    window = "step-000025-000026-slow-steps"
+    assert line["window"] == window and line["measured"] == "step"
     assert all(s >= SLOW_S for s in line["step_s"])
     assert BASE_S <= line["median_s"] < SLOW_S and line["ratio"] == 3.0
-    assert _windows(run_dir) == ["step-000001-000001", "step-000025-000026"]
-    trace = read_trace(run_dir / "traces" / "step-000025-000026" / "rank-00000.pt.trace.json.gz")
+    assert _windows(run_dir) == ["step-000001-000001", window]
+    trace = read_trace(run_dir / "traces" / window / "rank-00000.pt.trace.json.gz")
     assert profiler_steps(trace) == [25, 26]
+    summary = json.loads((run_dir / "traces" / window / "rank-00000.summary.json").read_text())
+    because = summary["captured_because"]
+    assert because["by"] == "auto" and because["slow_steps"] == [20, 21, 22]
+    assert because["step_s"] == line["step_s"] and because["median_s"] == line["median_s"]
     assert any("were slow on rank 0" in r.getMessage() for r in caplog.records)
     # The analysis finds the window like any other.
     found = find_traces([run_dir])
-    assert {p.parent.name for p in found} == {"step-000001-000001", "step-000025-000026"}
+    assert {p.parent.name for p in found} == {"step-000001-000001", window}
     listed = {w["window"] for w in build_report(run_dir)["kernels"]["windows"]}
-    assert "step-000025-000026" in listed
+    assert window in listed
 
 
 @pytest.mark.slow
@@ -217,7 +225,11 @@ def test_repeated_slow_stretches_respect_cooldown_and_max_captures(tmp_path: Pat
     lines = _auto_lines(run_dir)
     assert [line["slow_steps"][-1] for line in lines] == [17, 47]
     assert [line["status"] for line in lines] == ["accepted", "accepted"]
-    assert _windows(run_dir) == ["step-000001-000001", "step-000020-000021", "step-000050-000051"]
+    assert _windows(run_dir) == [
+        "step-000001-000001",
+        "step-000020-000021-slow-steps",
+        "step-000050-000051-slow-steps",
+    ]
 
 
 @pytest.mark.slow

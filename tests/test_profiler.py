@@ -161,12 +161,21 @@ def test_unselected_rank_creates_no_profiler_and_writes_nothing(
 ) -> None:
     monkeypatch.setattr(torch.profiler, "profile", _CountingProfile)
     _CountingProfile.created = 0
+    # Triggers may name any rank, so a rank outside trace.ranks listens: it holds a capture
+    # but no profiler, and writes only its meta file.
     prof = Profiler(trace_config(tmp_path, ranks="0"), rank=1, world_size=2)
     _run(prof, steps=4)
     assert _CountingProfile.created == 0
-    assert type(prof.phase("forward")).__name__ == "_NoPhase"  # does nothing
-    assert not tmp_path.exists() or final_files(tmp_path) == []
+    assert prof._capture is not None
+    assert final_files(tmp_path) == ["meta/rank-00001.json"]
     assert prof.last_summary() is None
+    # Nothing that could ask it for a window: no capture at all, phases do nothing.
+    quiet = trace_config(tmp_path / "quiet", ranks="0", trigger_check_every_n_steps=0)
+    prof = Profiler(quiet, rank=1, world_size=2)
+    _run(prof, steps=4)
+    assert prof._capture is None
+    assert type(prof.phase("forward")).__name__ == "_NoPhase"  # does nothing
+    assert not (tmp_path / "quiet").exists()
     selected = Profiler(trace_config(tmp_path, ranks="0"), rank=0, world_size=2)
     _run(selected, steps=4)
     assert _CountingProfile.created == 1

@@ -89,11 +89,11 @@ def _messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
 # (schedule, trace.trigger_max_steps, the window, its steps)
 _CASES = [
     # Seen at step() before step 6: warm up during step 7, record 8-9.
-    (Schedule(warmup=1, active=2), 5, "step-000008-000009", [8, 9]),
+    (Schedule(warmup=1, active=2), 5, "step-000008-000009-sigusr2", [8, 9]),
     # No warm-up in the schedule: record from step 7.
-    (Schedule(warmup=0, active=2), 5, "step-000007-000008", [7, 8]),
+    (Schedule(warmup=0, active=2), 5, "step-000007-000008-sigusr2", [7, 8]),
     # schedule.active is 4, trace.trigger_max_steps bounds the window to 2 steps.
-    (Schedule(warmup=1, active=4), 2, "step-000008-000009", [8, 9]),
+    (Schedule(warmup=1, active=4), 2, "step-000008-000009-sigusr2", [8, 9]),
 ]
 
 
@@ -137,16 +137,20 @@ def test_signals_while_a_window_is_pending_give_one_window_and_later_ones_anothe
         # before steps 7 and 8 fall while that window is ahead or recording. The one seen
         # before step 12 is a new request.
         _train(tmp_path, 16, _config(tmp_path), s5=twice, s6=send, s7=send, s11=send)
-    assert _windows(tmp_path) == ["step-000001-000001", "step-000008-000008", "step-000014-000014"]
+    assert _windows(tmp_path) == [
+        "step-000001-000001",
+        "step-000008-000008-sigusr2",
+        "step-000014-000014-sigusr2",
+    ]
     said = [m for m in _messages(caplog, logging.INFO) if "SIGUSR2" in m]
     assert len(said) == 4, said
     assert said[0].endswith(
-        "before step 6: rank 0 records steps 8-8 into traces/step-000008-000008"
+        "before step 6: rank 0 records steps 8-8 into traces/step-000008-000008-sigusr2"
     )
     assert "before step 7 on rank 0; the window it asked for (steps 8-8) is not over" in said[1]
     assert "before step 8 on rank 0; the window it asked for (steps 8-8) is not over" in said[2]
     assert said[3].endswith(
-        "before step 12: rank 0 records steps 14-14 into traces/step-000014-000014"
+        "before step 12: rank 0 records steps 14-14 into traces/step-000014-000014-sigusr2"
     )
     assert _messages(caplog, logging.WARNING) == []
 
@@ -223,7 +227,7 @@ def test_a_signal_and_a_trigger_file_share_the_plan(
         "rankscope: SIGUSR2 received before step 6; no window on rank 0: "
         "step 8 already belongs to an earlier trigger's window"
     ]
-    assert _windows(tmp_path) == ["step-000001-000001", "step-000008-000008"]
+    assert _windows(tmp_path) == ["step-000001-000001", "step-000008-000008-trigger-first"]
 
 
 def test_a_user_profiler_running_when_the_window_begins_is_left_alone(

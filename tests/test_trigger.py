@@ -128,7 +128,8 @@ def test_a_bad_trigger_is_refused_naming_what_is_wrong(
 
 def test_a_trigger_reads_back_as_written(tmp_path: Path) -> None:
     trigger = parse_trigger(_trigger_data(ranks=[3, 1, 2]), "t1")
-    assert (trigger.ranks, trigger.last, trigger.window) == ("1-3", 21, "step-000020-000021")
+    assert (trigger.ranks, trigger.last) == ("1-3", 21)
+    assert trigger.window == "step-000020-000021-trigger-t1"  # the folder says who asked
     path = write_trigger(tmp_path, trigger)
     assert path == tmp_path / "triggers" / "t1.json"
     assert parse_trigger(json.loads(path.read_text()), "t1") == trigger
@@ -204,13 +205,19 @@ def test_each_trigger_is_honoured_once_even_by_a_later_run_in_the_same_directory
 ) -> None:
     trigger = Trigger("again", 8, 1, "0")
     _train(tmp_path, 12, s3=lambda: write_trigger(tmp_path, trigger))
-    assert _windows(tmp_path) == ["step-000001-000001", "step-000008-000008"]
+    assert _windows(tmp_path) == ["step-000001-000001", "step-000008-000008-trigger-again"]
     (answer,) = read_acks(tmp_path, "again").values()
     assert (answer["status"], answer["window"], answer["seen_at_step"]) == (
         "accepted",
-        "step-000008-000008",
+        "step-000008-000008-trigger-again",
         4,
     )
+    summary = tmp_path / "traces" / answer["window"] / "rank-00000.summary.json"
+    assert json.loads(summary.read_text())["captured_because"] == {
+        "by": "trigger",
+        "trigger": "again",
+        "seen_at_step": 4,
+    }
     # A resumed job counts steps from 0 again: step 8 lies ahead, but the trigger was answered.
     for path in (tmp_path / "traces").rglob("*"):
         if path.is_file():
@@ -243,10 +250,11 @@ def test_late_long_and_overlapping_triggers_are_declined_with_one_warning_each(
     assert answers["late"]["reason"] == "seen at step 6, too late for its start step 3"
     assert answers["long"]["reason"] == "it asks for 6 steps; trace.trigger_max_steps is 5"
     assert answers["overlap"]["reason"] == "step 10 already belongs to an earlier trigger's window"
-    assert _windows(tmp_path) == ["step-000001-000001", "step-000009-000010"]
+    assert _windows(tmp_path) == ["step-000001-000001", "step-000009-000010-trigger-ok"]
     warned = _warnings(caplog)
     assert len(warned) == 3 and all("declined on rank 0" in w for w in warned)
-    trace = read_trace(tmp_path / "traces" / "step-000009-000010" / "rank-00000.pt.trace.json.gz")
+    window = tmp_path / "traces" / "step-000009-000010-trigger-ok"
+    trace = read_trace(window / "rank-00000.pt.trace.json.gz")
     assert profiler_steps(trace) == [9, 10]
 
 
@@ -309,7 +317,11 @@ def test_a_bad_trigger_file_is_ignored_with_one_warning_and_training_goes_on(
         )
     warned = _warnings(caplog)
     assert len(warned) == 1 and "bad.json" in warned[0] and "not valid JSON" in warned[0]
-    assert _windows(tmp_path) == ["step-000001-000001", "step-000008-000008", "step-000012-000012"]
+    assert _windows(tmp_path) == [
+        "step-000001-000001",
+        "step-000008-000008-trigger-good",
+        "step-000012-000012-trigger-more",
+    ]
 
 
 def test_a_run_directory_that_breaks_turns_trigger_checks_off_not_training(
@@ -358,20 +370,24 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 def test_trigger_starts_far_enough_ahead_and_reports_who_will_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run = _run(tmp_path, ranks="0-2")  # rank 3 is not in trace.ranks
+    run = _run(tmp_path, ranks="0-1")  # rank 2 is not in trace.ranks: it listens all the same
+    (run / "meta" / "rank-00003.json").unlink()  # rank 3 has not started
     code, out, err = _cli(["trigger", str(run), "--ranks", "1-3", "--json"], capsys)
     assert code == 0, err
     data = json.loads(out)
     # latest step 19 + timer lag (1 + 1) + check interval 2 + warm-up and margin 2
     assert (data["start"], data["last"], data["steps"]) == (25, 26, 2)
-    assert data["window"] == "step-000025-000026"
-    assert (data["listening"], data["not_listening"]) == ([1, 2], {"3": "not in trace.ranks"})
+    assert data["window"] == f"step-000025-000026-trigger-{data['id']}"
+    assert data["listening"] == [1, 2]
+    assert data["not_listening"] == {
+        "3": "no meta file (the rank neither traces nor times, or has not started)"
+    }
     assert data["note"] is None
     written = parse_trigger(json.loads(Path(data["path"]).read_text()), data["id"])
     assert (written.start, written.steps, written.ranks) == (25, 2, "1-3")
     code, out, err = _cli(["trigger", str(run), "--in", "3", "--steps", "1"], capsys)
     assert code == 0, err
-    assert "step-000022-000022" in out and "ranks 0-2 will record it" in out
+    assert "step-000022-000022-trigger-" in out and "ranks 0, 1 will record it" in out
     assert "note: ranks may first see this trigger as late as step 23" in out
     code, out, err = _cli(["trigger", str(run), "--status", "--json"], capsys)
     assert code == 0, err
@@ -455,7 +471,7 @@ def train_and_trigger(rank: int, world_size: int, init: str, run_dir: str) -> No
 def _train_and_trigger(rank: int, run: Path) -> None:
     model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    config = _config(run, ranks="all")
+    config = _config(run, ranks="0")
     with rankscope.Profiler(config) as prof:
         for step in range(STEPS):
             with prof.phase("forward"):
@@ -499,7 +515,8 @@ def test_a_trigger_starts_the_window_at_the_same_step_on_exactly_the_chosen_rank
     written = json.loads((dist_run / "trigger-out.json").read_text())
     # The timings held steps up to TRIGGER_AT - 1; ranks look every 2 steps, first at step 8.
     assert (written["start"], written["last"], written["listening"]) == (11, 12, [1, 2])
-    window = dist_run / "traces" / "step-000011-000012"
+    window = dist_run / "traces" / written["window"]
+    assert written["window"] == f"step-000011-000012-trigger-{written['id']}"
     assert sorted(p.name for p in window.iterdir()) == [
         "rank-00001.pt.trace.json.gz",
         "rank-00001.summary.json",
@@ -516,13 +533,17 @@ def test_a_trigger_starts_the_window_at_the_same_step_on_exactly_the_chosen_rank
     for answer in answers.values():
         assert (answer["status"], answer["window"], answer["seen_at_step"]) == (
             "accepted",
-            "step-000011-000012",
+            written["window"],
             8,
         )
-    # The schedule's window still ran everywhere; every rank trained every step.
+    # The schedule's window ran on rank 0 alone (trace.ranks); ranks 1 and 2 are outside it
+    # and recorded only the triggered window. Every rank trained every step.
     assert sorted(p.name for p in (dist_run / "traces").iterdir()) == [
         "step-000001-000001",
-        "step-000011-000012",
+        written["window"],
+    ]
+    assert [p.name for p in (dist_run / "traces" / "step-000001-000001").glob("*.gz")] == [
+        "rank-00000.pt.trace.json.gz"
     ]
     timings = read_timings(dist_run)
     assert {r: int(t.step.max()) for r, t in timings.ranks.items()} == {0: 15, 1: 15, 2: 15}
@@ -543,7 +564,7 @@ def test_the_file_dropped_by_hand_got_one_warning_per_rank_and_status_says_who_a
     assert status["skipped"] and "by-hand.json" in status["skipped"][0]
     code, out, err = _cli(["trigger", str(dist_run), "--status"], capsys)
     assert code == 0, err
-    assert "saved: ranks 1, 2 ->" in out and "step-000011-000012" in out
+    assert "saved: ranks 1, 2 ->" in out and "step-000011-000012-trigger-" in out
 
 
 def test_the_watcher_finds_a_folder_that_appears_goes_away_and_comes_back(tmp_path: Path) -> None:
@@ -570,7 +591,7 @@ def test_a_run_leaves_no_descriptor_of_the_triggers_folder_open(tmp_path: Path) 
         ]
 
     _train(tmp_path, 6, s1=lambda: write_trigger(tmp_path, Trigger("t", 4, 1, "0")))
-    assert _windows(tmp_path) == ["step-000001-000001", "step-000004-000004"]
+    assert _windows(tmp_path) == ["step-000001-000001", "step-000004-000004-trigger-t"]
     assert open_here() == []
 
 

@@ -243,6 +243,18 @@ class TraceConfig:
         """The parsed `ranks`."""
         return parse_ranks(self.ranks, "trace.ranks")
 
+    def involves(self, rank: int) -> bool:
+        """True when rank `rank` needs a capture: it is in `ranks`, or it may be asked for
+        a window (a trigger, SIGUSR2 or its own slow steps), which targets "step" allow."""
+        if not self.enable:
+            return False
+        if rank in self.rank_set:
+            return True
+        if self.target != "step":
+            return False
+        auto = self.auto.enable and rank in self.auto.rank_set(self.ranks)
+        return self.trigger_check_every_n_steps > 0 or self.on_signal or auto
+
     @property
     def target_phase(self) -> str | None:
         """NAME for a "phase:NAME" target, None for "step"."""

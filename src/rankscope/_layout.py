@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = [
+    "memory_path",
     "meta_path",
+    "nsys_path",
     "phase_window_name",
     "rank_name",
     "step_window_name",
@@ -21,15 +23,34 @@ def rank_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
-def step_window_name(first: int, last: int) -> str:
-    """`step-000120-000121`: a window over global steps first..last."""
-    return f"step-{first:06d}-{last:06d}"
+def step_window_name(first: int, last: int, why: str | None = None) -> str:
+    """`step-000120-000121`: a window over global steps first..last.
+
+    A window the schedule did not plan says who asked for it: `step-000120-000121-sigusr2`,
+    `-slow-steps`, `-slow-forward` (a phase that turned slow), `-trigger-<id>`.
+    """
+    name = f"step-{first:06d}-{last:06d}"
+    return name if why is None else f"{name}-{_safe(why)}"
 
 
 def phase_window_name(phase: str, invocation: int) -> str:
     """`phase-actor_update-000003`: invocation 3 (counting from 0) of a phase."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in phase)
-    return f"phase-{safe}-{invocation:06d}"
+    return f"phase-{_safe(phase)}-{invocation:06d}"
+
+
+def _safe(text: str) -> str:
+    """`text` with every character a file name should not hold replaced by "_"."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def memory_path(run_dir: str | Path, window: str, rank: int) -> Path:
+    """RUN_DIR/memory/<window>/rank-NNNNN.pickle: a CUDA memory snapshot (memory_viz's format)."""
+    return Path(run_dir) / "memory" / window / f"{rank_name(rank)}.pickle"
+
+
+def nsys_path(run_dir: str | Path, window: str, rank: int) -> Path:
+    """RUN_DIR/nsys/<window>/rank-NNNNN.json: which steps a cudaProfilerStart/Stop range covered."""
+    return Path(run_dir) / "nsys" / window / f"{rank_name(rank)}.json"
 
 
 def meta_path(run_dir: str | Path, rank: int) -> Path:

@@ -46,7 +46,8 @@ class Profiler:
     The environment (RANKSCOPE_*) overrides `config`. `rank` and `world_size` override
     what is detected (Ray workers and tests pass them). A rank the config selects for
     neither tracing nor timing holds no torch object; its step() and phase() cost an
-    attribute check.
+    attribute check. With trace.enable every rank may be asked for a window (a trigger,
+    SIGUSR2, its own slow steps), so every rank holds a capture, idle until asked.
     """
 
     def __init__(
@@ -63,7 +64,7 @@ class Profiler:
         run_dir = str(self.config.output_dir)
         trace, timer = self.config.trace, self.config.timer
         self._capture: TraceCapture | None = None
-        if trace.enable and self.rank_info.rank in trace.rank_set:
+        if trace.involves(self.rank_info.rank):
             from .capture import TraceCapture
 
             self._capture = TraceCapture(trace, run_dir, self.rank_info)
@@ -72,6 +73,8 @@ class Profiler:
             from .timing import PhaseTimer
 
             self._timer = PhaseTimer(timer, run_dir, self.rank_info)
+        if self._capture is not None:
+            self._capture.attach_timer(self._timer)
         self._live: TraceCapture | None = None  # the capture between start() and stop(), else None
         self._timing: PhaseTimer | None = None  # the timer between start() and stop(), else None
         self._sampling = False  # the current step is timed
@@ -234,6 +237,8 @@ class Phase:
     def __enter__(self) -> Phase:
         profiler = self._profiler
         capture = profiler._live
+        if capture is not None and not (capture.recording or capture.phase_target):
+            capture = None  # nothing records now: the capture has nothing to open
         if capture is not None or profiler._sampling:
             opened = self._start(profiler, capture)
             if self._open is None:
@@ -252,7 +257,7 @@ class Phase:
 
     def _start(self, profiler: Profiler, capture: TraceCapture | None) -> _Opened:
         token = None
-        if capture is not None and capture.enabled:
+        if capture is not None:
             token = capture.phase_enter(self._name)
         timer, span = profiler._timing, None
         if profiler._sampling and timer is not None:

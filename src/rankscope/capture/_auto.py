@@ -27,6 +27,8 @@ class SlowSteps:
     """The step whose measurement completed the slow stretch."""
     seconds: tuple[float, ...]
     """The slow measurements, oldest first (`consecutive` of them)."""
+    steps: tuple[int, ...]
+    """The step each of `seconds` was measured on."""
     median: float
     """The rolling median the measurements were compared with (seconds)."""
     ratio: float
@@ -55,7 +57,7 @@ class SlowdownDetector:
         self._history: deque[float] = deque(maxlen=config.history_steps)
         self._seen = 0
         self._limit: float | None = None  # ratio x median; None during warm-up
-        self._streak: list[float] = []
+        self._streak: list[tuple[int, float]] = []
         self._median = 0.0
         self._last_fired: int | None = None
         self.fired = 0
@@ -72,7 +74,7 @@ class SlowdownDetector:
         fire: SlowSteps | None = None
         if limit is not None and seconds > limit:
             streak = self._streak
-            streak.append(seconds)
+            streak.append((step, seconds))
             if len(streak) >= self._consecutive:
                 fire = self._fire(step)
         elif self._streak:
@@ -93,9 +95,11 @@ class SlowdownDetector:
         self._left -= 1
         self.fired += 1
         self._last_fired = step
+        last = streak[-self._consecutive :]
         return SlowSteps(
             step=step,
-            seconds=tuple(streak[-self._consecutive :]),
+            seconds=tuple(seconds for _, seconds in last),
+            steps=tuple(at for at, _ in last),
             median=self._median,
             ratio=self._ratio,
             capture=self.fired,

@@ -5,19 +5,31 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 import warnings
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._config import TraceConfig
-from .._layout import phase_window_name, step_window_name, summary_path, temp_name, trace_path
+from .._layout import (
+    nsys_path,
+    phase_window_name,
+    step_window_name,
+    summary_path,
+    temp_name,
+    trace_path,
+)
 from .._ranks import RankInfo
 from .._torch import import_torch
 from ._auto import SlowdownDetector, SlowSteps
 from ._finalize import FinalizeJob
+from ._nsys import NsysWindows, NvtxRange, nsys_unavailable
 from ._schedule import Action, AddedWindow, StepPlan, action_at
 from ._trigger import (
     SignalHook,
@@ -29,6 +41,9 @@ from ._trigger import (
 )
 from ._worker import TraceFinalizer
 
+if TYPE_CHECKING:
+    from ..timing import PhaseTimer
+
 __all__ = ["AUTO_DIR", "MAX_BACKLOG", "STOP_TIMEOUT_S", "TraceCapture"]
 
 logger = logging.getLogger(__name__)
@@ -38,9 +53,21 @@ _CYCLE_ENDS = (Action.NONE, Action.RECORD_AND_SAVE)
 MAX_BACKLOG = 3
 """Windows waiting to be compressed, at most; a window that ends past it is not saved."""
 
-# How the windows added on demand are named in warnings (a trigger's is "trigger ID").
 _SIGNAL = "SIGUSR2"
-_SLOW_STEPS = "slow-steps"
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """Who asked for a window outside the schedule, and with what figures."""
+
+    who: str
+    """In words, for log lines: "trigger ID", "SIGUSR2", "slow steps"."""
+    tag: str
+    """What the window's directory name ends with: "trigger-ID", "sigusr2", "slow-steps"."""
+    figures: dict[str, Any] = field(default_factory=dict)
+    """What the window's summary records under "captured_because"."""
+    trigger: Trigger | None = None
+
 
 AUTO_DIR = "auto"
 """RUN_DIR/auto/rank-NNNNN.jsonl: one line per anomaly capture asked for, with its figures."""
@@ -57,12 +84,13 @@ class TraceCapture:
     the rest of the run. Only the export of a window's raw JSON runs on the calling
     thread; the rest is the worker's (see TraceFinalizer).
 
-    The schedule's windows run on ranks in `config.ranks`. Every
-    `trigger_check_every_n_steps` steps the capture looks for trigger files (see
-    `_trigger`) and plans the windows they ask for; with `on_signal`, SIGUSR2 plans
-    one on the next steps the same way, and with `auto.enable` so does a stretch of
-    slow steps (see `_auto`). Between windows no profiler is held, and one
-    is started for a triggered window the step before it begins.
+    The schedule's windows run on ranks in `config.ranks`; every rank
+    `config.involves` holds a capture. Every `trigger_check_every_n_steps` steps the
+    capture looks for trigger files (see `_trigger`) and plans the windows they ask
+    for; with `on_signal`, SIGUSR2 plans one on the next steps the same way, and with
+    `auto.enable` so does a stretch of slow steps or slow phases (see `_auto`). Between
+    windows no profiler is held, and one is started for an added window the step
+    before it begins. With `tool="nsys"` an NsysWindows stands in for torch.profiler.
     """
 
     def __init__(self, config: TraceConfig, run_dir: str, rank_info: RankInfo) -> None:
@@ -74,19 +102,36 @@ class TraceCapture:
         self._target_phase = config.target_phase
         self._scheduled = rank_info.rank in config.rank_set
         self._plan = StepPlan(config.schedule if self._scheduled else None)
+        self._nsys = config.tool == "nsys"
+        self.enabled = not self._nsys or self._nsys_usable()
+        """False once a fault turned capture off (or nsys was asked for without CUDA)."""
         every = config.trigger_check_every_n_steps
-        unheard = why_not_listening(config.enable, config.target, every, self._scheduled)
+        unheard = why_not_listening(config.enable, config.target, every)
+        if not self.enabled:
+            unheard = "capture is off"
         self._check_every = every if unheard is None else 0
         self._watcher = TriggerWatcher(run_dir, self._rank) if unheard is None else None
-        self._triggered: dict[AddedWindow, Trigger] = {}  # windows triggers added, and by whom
-        # Who asked for each added window, in words: "trigger ID", "SIGUSR2" or "slow-steps".
-        self._askers: dict[AddedWindow, str] = {}
+        self._asked: dict[AddedWindow, Asked] = {}  # who asked for each added window
         self._signal: SignalHook | None = None  # installed by start() with trace.on_signal
         self._finalizer = TraceFinalizer(self._report_failure)
         auto = config.auto
-        use_auto = auto.enable and self._target_phase is None and self._scheduled
-        self._detector = SlowdownDetector(auto) if use_auto else None
+        use_auto = (
+            self.enabled
+            and auto.enable
+            and self._target_phase is None
+            and self._rank in auto.rank_set(config.ranks)
+        )
+        # Step times, measured here: one perf_counter a step.
+        self._detector = SlowdownDetector(auto) if use_auto and auto.phase is None else None
         self._step_began = 0.0  # perf_counter when the current step began (auto only)
+        # A phase's times, from the phase timer's records (attach_timer); see _observe_phase.
+        self._phase_detector = SlowdownDetector(auto) if use_auto and auto.phase else None
+        self._timer: PhaseTimer | None = None
+        self._phase_step: int | None = None  # the step whose phase times are being summed
+        self._phase_sum = 0.0
+        self._profiled: deque[int] = deque(maxlen=256)  # recent steps a profiler ran in
+        self.on_window_closed: Callable[[str], None] | None = None
+        """Called with a window's name on the training thread when it closes (memory snapshots)."""
         self._prof: Any = None
         self._step = 0
         self._stopping = False
@@ -99,23 +144,51 @@ class TraceCapture:
         self._phase_lock = threading.Lock()
         self._fault_lock = threading.Lock()
         self._failure: str | None = None
-        self.enabled = True
         self.fault_reason: str | None = None
         """Why a fault turned capture off (None: it did not)."""
-        """False once a fault turned capture off."""
         self.recording = False
-        """True while torch.profiler collects, so phases open record_function ranges."""
+        """True while a window records, so phases open record_function (or NVTX) ranges."""
+        self.phase_target = self._target_phase is not None
+        """Phases must reach phase_enter even while nothing records (a "phase:NAME" target)."""
 
     # -- lifecycle ---------------------------------------------------------------
+
+    def _nsys_usable(self) -> bool:
+        missing = nsys_unavailable(self._torch)
+        if missing is None:
+            return True
+        logger.warning(
+            "rankscope: trace.tool is 'nsys' but %s; no window is recorded on rank %d "
+            "(timing and everything else go on)",
+            missing,
+            self._rank,
+        )
+        return False
+
+    def attach_timer(self, timer: PhaseTimer | None) -> None:
+        """The phase timer of this rank, whose records of trace.auto.phase feed the watch."""
+        if self._phase_detector is None:
+            return
+        if timer is None:
+            self._phase_detector = None
+            logger.warning(
+                "rankscope: trace.auto.phase is %r but the phase timer does not run on rank %d "
+                "(not in timer.ranks, or timer off); this rank does not watch its phase times",
+                self._config.auto.phase,
+                self._rank,
+            )
+            return
+        self._timer = timer
+        timer.watch(self._config.auto.phase)
 
     def start(self) -> None:
         self._owner = threading.get_ident()
         self._step_began = time.perf_counter()
-        if self._config.on_signal and self._scheduled and self._target_phase is None:
+        if self._config.on_signal and self._target_phase is None and self.enabled:
             self._signal = install_signal_hook(self._rank)
-        if self._target_phase is not None or not self._scheduled:
-            return  # phase windows start at their phase, triggered ones at their step
-        if self._other_profiler_active():
+        if self._target_phase is not None or not self._scheduled or not self.enabled:
+            return  # phase windows start at their phase, added ones at their step
+        if not self._nsys and self._other_profiler_active():
             return
         self._prof = self._new_profiler(step_target=True)
         if self._guarded("start", self._prof.start):
@@ -128,13 +201,13 @@ class TraceCapture:
                 self._observe(detector, time.perf_counter())
             except Exception as exc:
                 self._detector = None  # a fault in the watch must not cost the run its windows
-                logger.warning(
-                    "rankscope: watching step times failed (%s: %s); anomaly windows are off "
-                    "for the rest of this run (rank %d), training goes on",
-                    type(exc).__name__,
-                    exc,
-                    self._rank,
-                )
+                self._watch_failed("step times", exc)
+        if self._phase_detector is not None:
+            try:
+                self._observe_phase(self._phase_detector)
+            except Exception as exc:
+                self._stop_phase_watch()
+                self._watch_failed(f"phase {self._config.auto.phase!r}", exc)
         self._step += 1
         if self._failure is not None:
             self.fault(self._failure)  # already warned on the worker thread
@@ -203,11 +276,11 @@ class TraceCapture:
         for window in self._plan.added:
             if self._step >= window.first:
                 continue
-            asker = self._askers.get(window)
-            if asker is not None:
+            asked = self._asked.get(window)
+            if asked is not None:
                 logger.warning(
                     "rankscope: %s asked rank %d for steps %d-%d; the run stopped at step %d",
-                    asker,
+                    asked.who,
                     self._rank,
                     window.first,
                     window.last,
@@ -288,8 +361,12 @@ class TraceCapture:
             window = self._plan.add(
                 trigger.start, trigger.last, warmup=cfg.schedule.warmup > 0, after=step
             )
-            self._triggered[window] = trigger
-            self._askers[window] = f"trigger {trigger.id}"
+            figures = {"by": "trigger", "trigger": trigger.id, "seen_at_step": step}
+            if trigger.created is not None:
+                figures["created"] = trigger.created
+            self._asked[window] = Asked(
+                f"trigger {trigger.id}", f"trigger-{trigger.id}", figures, trigger
+            )
             logger.info(
                 "rankscope: trigger %s: rank %d records steps %d-%d into traces/%s",
                 trigger.id,
@@ -317,7 +394,7 @@ class TraceCapture:
         hook.pending = False  # first: a signal arriving while this runs is seen next step
         if not self.enabled:
             return
-        ahead = [w for w, who in self._askers.items() if who == _SIGNAL and w.last >= step]
+        ahead = [w for w, a in self._asked.items() if a.who == _SIGNAL and w.last >= step]
         if ahead:
             window = ahead[0]
             logger.info(
@@ -343,7 +420,8 @@ class TraceCapture:
             )
             return
         window = self._plan.add(first, first + steps - 1, warmup=warmup, after=step)
-        self._askers[window] = _SIGNAL
+        figures = {"by": "SIGUSR2", "received_before_step": step}
+        self._asked[window] = Asked(_SIGNAL, "sigusr2", figures)
         logger.info(
             "rankscope: SIGUSR2 received before step %d: rank %d records steps %d-%d "
             "into traces/%s",
@@ -351,7 +429,7 @@ class TraceCapture:
             self._rank,
             window.first,
             window.last,
-            step_window_name(window.first, window.last),
+            step_window_name(window.first, window.last, "sigusr2"),
         )
 
     # -- anomaly windows -----------------------------------------------------------
@@ -359,7 +437,7 @@ class TraceCapture:
     def _observe(self, detector: SlowdownDetector, now: float) -> None:
         """Feed the time of the step ending now; plan a window when it ends a slow stretch."""
         step = self._step  # the step that just ended
-        if self.recording or self._plan.action(step) is not Action.NONE or not self.enabled:
+        if self._was_profiled(step) or not self.enabled:
             # A profiled step is slow because it is profiled: not the job's own time.
             self._step_began = now
             return
@@ -369,6 +447,59 @@ class TraceCapture:
         if slow is not None:
             self._on_slow(slow, step + 1)
 
+    def _was_profiled(self, step: int) -> bool:
+        """True when a window recorded or warmed up during `step` (the step just ended).
+
+        Between windows no profiler is held, so most steps cost one attribute check.
+        """
+        return self.recording or (
+            self._prof is not None and self._plan.action(step) is not Action.NONE
+        )
+
+    def _observe_phase(self, detector: SlowdownDetector) -> None:
+        """Feed the watched phase's times that the timer wrote since the last step.
+
+        The timer writes a sampled step's records some steps later (at its flush, once
+        the device has passed them); the times of one step are summed (a phase may run
+        several times a step) and fed once a later step's arrive.
+        """
+        step = self._step  # the step that just ended
+        if self._was_profiled(step):
+            self._profiled.append(step)
+        timer = self._timer
+        if timer is None:
+            return
+        for sampled, seconds in timer.take_watched():
+            if sampled == self._phase_step:
+                self._phase_sum += seconds
+                continue
+            done, total = self._phase_step, self._phase_sum
+            self._phase_step, self._phase_sum = sampled, seconds
+            if done is None or done in self._profiled or not self.enabled:
+                continue
+            slow = detector.observe(done, total)
+            if slow is not None:
+                self._on_slow(slow, step + 1)
+            if detector.exhausted:
+                self._stop_phase_watch()
+                return
+
+    def _stop_phase_watch(self) -> None:
+        self._phase_detector = None
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.watch(None)
+
+    def _watch_failed(self, what: str, exc: Exception) -> None:
+        logger.warning(
+            "rankscope: watching %s failed (%s: %s); anomaly windows are off for the rest of "
+            "this run (rank %d), training goes on",
+            what,
+            type(exc).__name__,
+            exc,
+            self._rank,
+        )
+
     def _on_slow(self, slow: SlowSteps, step: int) -> None:
         """Plan `slow`'s window on the next steps, as SIGUSR2 would; record why, or why not."""
         cfg = self._config
@@ -376,21 +507,26 @@ class TraceCapture:
         first = step + 1 + int(warmup)
         steps = cfg.auto.window_steps
         reason = self._why_not(first, steps, step)
+        phase = cfg.auto.phase
+        measured = "step" if phase is None else f"phase {phase}"
+        slow_steps = list(slow.steps)
         record: dict[str, Any] = {
             "rank": self._rank,
             "capture": slow.capture,
             "seen_at_step": step,
-            "slow_steps": list(range(slow.step - len(slow.seconds) + 1, slow.step + 1)),
+            "measured": measured,
+            "slow_steps": slow_steps,
             "step_s": [round(s, 6) for s in slow.seconds],
             "median_s": round(slow.median, 6),
             "ratio": slow.ratio,
         }
+        what = "steps" if phase is None else f"phase {phase!r} on steps"
         if reason is not None:
             logger.warning(
-                "rankscope: steps %d-%d were slow on rank %d (%.4g s and more, median %.4g s); "
+                "rankscope: %s %s were slow on rank %d (%.4g s and more, median %.4g s); "
                 "no window: %s",
-                record["slow_steps"][0],
-                slow.step,
+                what,
+                _steps_text(slow_steps),
                 self._rank,
                 min(slow.seconds),
                 slow.median,
@@ -399,13 +535,16 @@ class TraceCapture:
             record.update(status="declined", reason=reason)
         else:
             window = self._plan.add(first, first + steps - 1, warmup=warmup, after=step)
-            self._askers[window] = _SLOW_STEPS
-            name = step_window_name(window.first, window.last)
+            tag = "slow-steps" if phase is None else f"slow-{phase}"
+            name = step_window_name(window.first, window.last, tag)
+            who = "slow steps" if phase is None else f"slow phase {phase!r}"
+            figures = {k: v for k, v in record.items() if k not in ("rank", "capture")}
+            self._asked[window] = Asked(who, tag, {"by": "auto", **figures})
             logger.info(
-                "rankscope: steps %d-%d were slow on rank %d (%.4g s and more, median %.4g s): "
+                "rankscope: %s %s were slow on rank %d (%.4g s and more, median %.4g s): "
                 "recording steps %d-%d into traces/%s",
-                record["slow_steps"][0],
-                slow.step,
+                what,
+                _steps_text(slow_steps),
                 self._rank,
                 min(slow.seconds),
                 slow.median,
@@ -443,8 +582,8 @@ class TraceCapture:
             )
 
     def _begin_triggered(self, step: int) -> None:
-        """Start a profiler during `step` for the triggered window that begins at the next step."""
-        if self._torch.autograd._profiler_enabled():
+        """Start a profiler during `step` for the added window that begins at the next step."""
+        if not self._nsys and self._torch.autograd._profiler_enabled():
             # Kineto runs one profiler per process: never take over one the user started.
             self._drop_triggered(step, "another torch.profiler was running in this process")
             return
@@ -460,15 +599,16 @@ class TraceCapture:
         plan = self._plan
         for window in [w for w in plan.added if plan.next_added in (w.warmup, w.first)]:
             plan.drop(window, step)
+            asked = self._asked.pop(window, None)
             logger.warning(
                 "rankscope: the %s window (steps %d-%d) not captured on rank %d: %s",
-                self._askers.pop(window, "added"),
+                "added" if asked is None else asked.who,
                 window.first,
                 window.last,
                 self._rank,
                 reason,
             )
-            trigger = self._triggered.pop(window, None)
+            trigger = None if asked is None else asked.trigger
             if trigger is None:
                 continue
             try:
@@ -493,7 +633,10 @@ class TraceCapture:
         def enter() -> None:
             owns_window = name == self._target_phase and self._open_phase_window(name)
             if self.recording:
-                rf = self._torch.profiler.record_function(name)
+                if self._nsys:
+                    rf: Any = NvtxRange(self._torch.cuda.nvtx, name)
+                else:
+                    rf = self._torch.profiler.record_function(name)
                 rf.__enter__()
                 token[0] = (rf, owns_window)
             elif owns_window:
@@ -550,10 +693,21 @@ class TraceCapture:
     # -- torch.profiler ----------------------------------------------------------
 
     def _new_profiler(self, step_target: bool, base: int | None = None) -> Any:
-        """A torch.profiler.profile; with `base`, one made during step `base` that counts
-        steps from there and records nothing before base + 1."""
+        """A torch.profiler.profile (an NsysWindows with tool="nsys"); with `base`, one made
+        during step `base` that counts steps from there and records nothing before base + 1."""
         torch = self._torch
         cfg = self._config
+        if self._nsys:
+            plan, live = self._plan, 0 if base is None else base + 1
+            windows = NsysWindows(
+                torch,
+                (lambda step: plan.action(step) if step >= live else Action.NONE)
+                if step_target
+                else None,
+                self._on_trace_ready if step_target else None,
+            )
+            windows.step_num = 0 if base is None else base
+            return windows
         kinds = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU"}
         activities = [getattr(torch.profiler.ProfilerActivity, kinds[a]) for a in self._activities]
         schedule = None
@@ -596,13 +750,57 @@ class TraceCapture:
         # and cutting that list short leaves a profiler that crashes when stopped.
         last = self._step if self._stopping else self._step - 1
         first = self._plan.window_start(last)
+        asked = next((a for w, a in self._asked.items() if w.first == first), None)
         try:
-            self._export(prof, step_window_name(first, last))
+            if asked is None:
+                self._export(prof, step_window_name(first, last))
+            else:
+                self._export(prof, step_window_name(first, last, asked.tag), asked.figures)
         except Exception as exc:
             self._export_error = exc
 
-    def _export(self, prof: Any, window: str) -> None:
-        """Export on the calling thread (torch.profiler's own cost), finalise in the background."""
+    def _export(self, prof: Any, window: str, why: dict[str, Any] | None = None) -> None:
+        """Export on the calling thread (torch.profiler's own cost), finalise in the background.
+
+        `why`: who asked for the window and the figures that made them, for its summary.
+        """
+        try:
+            if self._nsys:
+                self._note_nsys_range(prof, window, why)
+            else:
+                self._export_trace(prof, window, why)
+        finally:
+            closed = self.on_window_closed
+            if closed is not None:
+                try:
+                    closed(window)
+                except Exception:  # its own faults are its own to report
+                    logger.debug("rankscope: the window-closed hook failed", exc_info=True)
+
+    def _note_nsys_range(self, prof: NsysWindows, window: str, why: dict[str, Any] | None) -> None:
+        """RUN_DIR/nsys/<window>/rank-NNNNN.json: the steps and times a cudaProfilerApi range
+        covered, so the report can say which nsys report holds which window."""
+        path = nsys_path(self._run_dir, window, self._rank)
+        last = self._step if self._stopping else self._step - 1
+        record = {
+            "rank": self._rank,
+            "window": window,
+            "first": prof.first_step,
+            "last": last,
+            "start_ns": prof.start_ns,
+            "end_ns": prof.end_ns,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }
+        if why is not None:
+            record["captured_because"] = why
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_name(path, str(os.getpid()))
+        tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+        self._windows += 1
+
+    def _export_trace(self, prof: Any, window: str, why: dict[str, Any] | None) -> None:
         backlog = self._finalizer.backlog
         if backlog >= MAX_BACKLOG:
             # Windows end faster than they are saved (repeat=0 with short cycles and big
@@ -637,6 +835,7 @@ class TraceCapture:
                 summary=str(summary_path(self._run_dir, window, self._rank)),
                 rank=self._rank,
                 window=window,
+                why=why,
             )
         )
 
@@ -761,3 +960,10 @@ class TraceCapture:
                 autograd._disable_profiler()
         except Exception:
             logger.debug("rankscope: disabling the autograd profiler failed", exc_info=True)
+
+
+def _steps_text(steps: list[int]) -> str:
+    """ "11-13" for a run of steps, "10, 20, 30" otherwise."""
+    if steps == list(range(steps[0], steps[0] + len(steps))):
+        return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
+    return ", ".join(map(str, steps))

@@ -39,6 +39,9 @@ class FinalizeJob:
     """The summary's final path."""
     rank: int
     window: str
+    why: dict[str, Any] | None = None
+    """Who asked for the window outside the schedule, with their figures (the summary's
+    "captured_because"); None for a scheduled window."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -63,6 +66,8 @@ def finalize(job: FinalizeJob) -> dict[str, Any]:
         data = summarize_trace(raw, window=job.window)
         data["trace"] = trace.name
         data["rank"] = job.rank
+        if job.why is not None:
+            data["captured_because"] = job.why
         summary_tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
         if trace.name.endswith(".gz"):
             with open(raw, "rb") as src, gzip.open(trace_tmp, "wb", _COMPRESS_LEVEL) as dst:

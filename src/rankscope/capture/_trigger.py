@@ -75,17 +75,15 @@ def ack_path(run_dir: str | os.PathLike[str], trigger_id: str, rank: int) -> Pat
     return trigger_dir(run_dir) / trigger_id / f"{rank_name(rank)}.json"
 
 
-def why_not_listening(enable: object, target: object, every: object, scheduled: bool) -> str | None:
+def why_not_listening(enable: object, target: object, every: object) -> str | None:
     """Why a rank with this trace config checks for no triggers; None when it checks.
 
     The one statement of which ranks listen, for the capture and for the CLI (which
-    reads the values from each rank's meta file). Only ranks in trace.ranks hold a
-    trace capture (`scheduled`), so only they can answer.
+    reads the values from each rank's meta file). Every rank listens, in trace.ranks
+    or not: a trigger may name any rank.
     """
     if enable is not True:
         return "trace.enable is false"
-    if not scheduled:
-        return "not in trace.ranks"
     if target != "step":
         return f"trace.target is {target!r} (triggers record steps)"
     if not isinstance(every, int) or isinstance(every, bool) or every <= 0:
@@ -93,7 +91,7 @@ def why_not_listening(enable: object, target: object, every: object, scheduled: 
     return None
 
 
-def rank_listens(meta: dict[str, Any] | None, rank: int) -> str | None:
+def rank_listens(meta: dict[str, Any] | None) -> str | None:
     """`why_not_listening` for a rank as its meta file (RUN_DIR/meta) describes it."""
     if meta is None:
         return "no meta file (the rank neither traces nor times, or has not started)"
@@ -101,12 +99,8 @@ def rank_listens(meta: dict[str, Any] | None, rank: int) -> str | None:
     trace = config.get("trace") if isinstance(config, dict) else None
     if not isinstance(trace, dict):
         return "its meta file holds no trace config"
-    try:
-        scheduled = rank in parse_ranks(trace.get("ranks"), "trace.ranks")
-    except ConfigError:
-        return "its meta file holds no valid trace.ranks"
     every = trace.get("trigger_check_every_n_steps", 0)
-    return why_not_listening(trace.get("enable"), trace.get("target"), every, scheduled)
+    return why_not_listening(trace.get("enable"), trace.get("target"), every)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +121,8 @@ class Trigger:
 
     @property
     def window(self) -> str:
-        """The window directory the selected ranks write: step-AAAAAA-BBBBBB."""
-        return step_window_name(self.start, self.last)
+        """The window directory the selected ranks write: step-AAAAAA-BBBBBB-trigger-<id>."""
+        return step_window_name(self.start, self.last, f"trigger-{self.id}")
 
     @property
     def rank_set(self) -> RankSet:

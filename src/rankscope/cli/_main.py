@@ -473,7 +473,7 @@ def _new_trigger(args: argparse.Namespace, meta: Any) -> dict[str, Any]:
     listening: list[int] = []
     unheard: dict[int, str] = {}
     for rank in selected:
-        reason = rank_listens(meta.meta.get(rank), rank)
+        reason = rank_listens(meta.meta.get(rank))
         if reason is None:
             listening.append(rank)
         else:
@@ -599,12 +599,10 @@ def _trigger_status(run_dir: Path, meta: Any) -> dict[str, Any]:
         for rank in selected:
             ack = acks.get(rank)
             if ack is not None and ack.get("status") == "accepted":
-                first = ack.get("first", trigger.start)
+                window = str(ack.get("window", trigger.window))
                 done = sorted(
-                    (Path(run_dir) / "traces").glob(
-                        f"step-{first:06d}-*/{rank_name(rank)}.pt.trace.json*"
-                    )
-                )
+                    (Path(run_dir) / "traces" / window).glob(f"{rank_name(rank)}.pt.trace.json*")
+                ) or sorted((Path(run_dir) / "nsys" / window).glob(f"{rank_name(rank)}.json"))
                 if done:
                     states["saved"].append(rank)
                     saved[str(rank)] = str(done[0])
@@ -614,7 +612,7 @@ def _trigger_status(run_dir: Path, meta: Any) -> dict[str, Any]:
                 states["declined"].append(rank)
                 reasons[str(rank)] = str(ack.get("reason"))
             else:
-                why = rank_listens(meta.meta.get(rank), rank)
+                why = rank_listens(meta.meta.get(rank))
                 if why is None:
                     states["waiting"].append(rank)
                 else:

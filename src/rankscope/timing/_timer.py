@@ -74,6 +74,8 @@ class PhaseTimer:
         self._sampled: int | None = None  # the current step while it is sampled, else None
         self._step_span: Span | None = None
         self._file: Any = None
+        self._watch: str | None = None  # the phase whose times `take_watched` hands out
+        self._watched: list[tuple[int, float]] = []
         self._warned = False
         self.fault_reason: str | None = None
         """Why a fault turned the timer off (None: it did not)."""
@@ -133,8 +135,8 @@ class PhaseTimer:
     # -- phases (any thread) -------------------------------------------------------
 
     def enter(self, name: str, kind: str, meta: dict[str, Any] | None, ranged: bool) -> Span | None:
-        """Open a span for a phase on a sampled step. `ranged`: a record_function range is
-        already open for it (capture opened one), so the timer does not open another."""
+        """Open a span for a phase on a sampled step. `ranged`: the capture already opened a
+        range of this name (record_function or NVTX), so the timer opens neither."""
         step = self._sampled  # read once: step() may move on while this thread runs
         if step is None or not self.enabled:
             return None
@@ -148,7 +150,7 @@ class PhaseTimer:
                 # Someone's torch.profiler is running: give it a range of the same name.
                 span.range = self._record_function(span.phase)
                 span.range.__enter__()
-            if self._nvtx is not None:
+            if self._nvtx is not None and not ranged:
                 span.nvtx = self._nvtx.range_start(span.phase)
             if self._clock is not None:
                 span.dev_start = self._clock.mark()
@@ -182,6 +184,24 @@ class PhaseTimer:
                     self._flush()
         except Exception as exc:
             self.fault(f"phase {span.phase!r} failed to end", exc)
+
+    # -- a watched phase (trace.auto.phase) ------------------------------------------
+
+    def watch(self, phase: str | None) -> None:
+        """Keep each record of `phase` for `take_watched` (None: stop keeping them)."""
+        self._watch = None if phase is None else safe_str(phase)
+        if phase is None:
+            with self._lock:
+                self._watched = []
+
+    def take_watched(self) -> list[tuple[int, float]]:
+        """(step, seconds) of each record of the watched phase written since the last call,
+        in the order written: device time where there is one, else host time."""
+        if not self._watched:
+            return []
+        with self._lock:
+            out, self._watched = self._watched, []
+        return out
 
     # -- faults --------------------------------------------------------------------
 
@@ -274,6 +294,13 @@ class PhaseTimer:
                 return
             ready, self._ready = self._ready, []
             dropped, self._dropped = self._dropped, 0
+            watch = self._watch
+            if watch is not None:
+                self._watched.extend(
+                    (span.step, span.cpu_ns / 1e9 if gpu_ms is None else gpu_ms / 1e3)
+                    for span, gpu_ms in ready
+                    if span.phase == watch
+                )
         lines = []
         for span, gpu_ms in ready:
             lines.append(format_record(self._rank, span, gpu_ms, dropped))
