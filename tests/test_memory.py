@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-from rankscope import MemoryConfig, ProfileConfig, TraceConfig
+from rankscope import ConfigError, MemoryConfig, ProfileConfig, TraceConfig
+from rankscope._layout import memory_path
 from rankscope._ranks import RankInfo
 from rankscope.capture._memory import (
     MemorySnapshots,
     SnapshotWriter,
     incompatibilities,
-    memory_path,
     oom_window_name,
     write_atomic,
 )
@@ -186,10 +186,11 @@ def test_swap_flag_off_or_harmless_options_are_not_reported(
     assert incompatibilities(_traced(tmp_path, record_shapes=True), torch) == []
 
 
-def test_memory_that_can_never_dump_is_reported(tmp_path: Path) -> None:
-    never = ProfileConfig(output_dir=tmp_path, memory=MemoryConfig(enable=True, on_oom=False))
-    (found,) = incompatibilities(never, torch)
-    assert "memory.on_oom=False" in found and "trace.enable=False" in found
+def test_memory_that_can_never_dump_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        ProfileConfig(output_dir=tmp_path, memory=MemoryConfig(enable=True, on_oom=False))
+    assert info.value.field == "memory.on_oom"
+    assert "recorded and never written" in str(info.value)
     oom_only = ProfileConfig(output_dir=tmp_path, memory=MemoryConfig(enable=True))
     assert incompatibilities(oom_only, torch) == []
     windows = ProfileConfig(
@@ -317,3 +318,43 @@ def test_gpu_failed_write_warns_once_and_turns_snapshots_off(
     assert snaps.dumps == 1
     assert _files(tmp_path) == [tmp_path / "memory"]
     del keep
+
+
+# -- through the Profiler ----------------------------------------------------------------
+
+
+def test_profiler_without_cuda_says_so_once_and_writes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rankscope import Profiler
+
+    config = ProfileConfig(output_dir=tmp_path / "run", memory=MemoryConfig(enable=True))
+    with (
+        caplog.at_level(logging.DEBUG, logger=LOGGER),
+        Profiler(config, rank=0, world_size=1) as prof,
+    ):
+        for _ in range(3):
+            prof.step()
+    said = [r for r in caplog.records if "effective config" not in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO]
+    assert "memory snapshots need CUDA" in said[0].getMessage()
+    assert "rank 0" in said[0].getMessage()
+    assert not (tmp_path / "run").exists()
+    assert prof.faults == []
+
+
+def test_profiler_warns_once_about_trace_options_that_break_swap_tensors(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rankscope import Profiler
+
+    config = _traced(tmp_path, record_shapes=True)
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            Profiler(config, rank=0, world_size=2)
+            Profiler(config, rank=1, world_size=2)  # said once, by rank 0
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert "trace.record_shapes=True" in warned and "swap_tensors" in warned

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from pathlib import Path
@@ -385,3 +386,24 @@ def test_a_run_that_captured_says_nothing(tmp_path: Path, caplog: pytest.LogCapt
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         _run(Profiler(trace_config(tmp_path), rank=0, world_size=1), steps=3)
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_module_can_be_converted_after_a_window_that_recorded_shapes(tmp_path: Path) -> None:
+    """torch.profiler holds weak references to the tensors ops received (record_shapes);
+    swap_tensors (FSDP2, module.to() under swap-on-conversion) fails while they live.
+    rankscope lets them go when the window is exported, not at the next GC pass."""
+    config = trace_config(tmp_path, record_shapes=True, schedule=rankscope.Schedule(active=1))
+    model, opt = tiny_model()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    gc.disable()  # no collection pass frees the profiler's results by chance
+    try:
+        with Profiler(config, rank=0, world_size=1) as prof:
+            for _ in range(3):  # step 1 is the window
+                tiny_step(model, opt, prof)
+                prof.step()
+            model.to(torch.float64)  # swaps every parameter
+    finally:
+        gc.enable()
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    assert final_files(tmp_path)[-1] == "traces/step-000001-000001/rank-00000.summary.json"

@@ -397,6 +397,14 @@ class ProfileConfig:
             raise ConfigError("timer", self.timer, "a TimerConfig")
         if not isinstance(self.memory, MemoryConfig):
             raise ConfigError("memory", self.memory, "a MemoryConfig")
+        if self.memory.enable and not self.memory.on_oom and not self.trace.enable:
+            raise ConfigError(
+                "memory.on_oom",
+                False,
+                "True, or False with trace.enable=True",
+                "snapshots are dumped when a trace window closes or CUDA runs out of memory, "
+                "so with neither the history would be recorded and never written",
+            )
         auto = self.trace.auto
         if self.trace.enable and auto.enable and auto.phase is not None and not self.timer.enable:
             raise ConfigError(

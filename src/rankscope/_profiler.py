@@ -22,6 +22,7 @@ from ._ranks import RankInfo, detect_rank_info
 
 if TYPE_CHECKING:
     from .capture import TraceCapture
+    from .capture._memory import MemorySnapshots
     from .timing import PhaseTimer
     from .timing._record import Span
 
@@ -73,9 +74,22 @@ class Profiler:
             from .timing import PhaseTimer
 
             self._timer = PhaseTimer(timer, run_dir, self.rank_info)
+        self._memory: MemorySnapshots | None = None
+        memory = self.config.memory
+        if memory.enable and self.rank_info.rank in memory.rank_set:
+            from .capture._memory import MemorySnapshots
+
+            snapshots = MemorySnapshots(memory, run_dir, self.rank_info)
+            if snapshots.enabled or snapshots.fault_reason is not None:
+                self._memory = snapshots  # without CUDA it said so in one line and is done
         if self._capture is not None:
             self._capture.attach_timer(self._timer)
+            if self._memory is not None:
+                self._capture.on_window_closed = self._memory.dump
+        if self.rank_info.rank == 0 and (self._capture is not None or self._memory is not None):
+            _warn_incompatible(self.config)
         self._live: TraceCapture | None = None  # the capture between start() and stop(), else None
+        self._recorder: MemorySnapshots | None = None  # memory between start() and stop()
         self._timing: PhaseTimer | None = None  # the timer between start() and stop(), else None
         self._sampling = False  # the current step is timed
         self._state = "new"
@@ -104,17 +118,20 @@ class Profiler:
             )
         _Active.profiler = self
         _STARTED.add(self)
-        capture, timer = self._capture, self._timer
-        if capture is None and timer is None:
+        capture, timer, memory = self._capture, self._timer, self._memory
+        if capture is None and timer is None and memory is None:
             return
         try:
             write_meta(str(self.config.output_dir), self.rank_info, self.config.to_dict())
         except OSError as exc:
             what = f"cannot write to {self.config.output_dir} ({exc})"
-            for part in (capture, timer):
+            for part in (capture, timer, memory):
                 if part is not None:
                     part.fault(what)
             return
+        if memory is not None:
+            memory.start()  # before the capture: a window at step 0 is dumped with history
+            self._recorder = memory
         if capture is not None:
             capture.start()
             self._live = capture
@@ -132,6 +149,9 @@ class Profiler:
         timer = self._timing
         if timer is not None:
             self._sampling = timer.step()
+        memory = self._recorder
+        if memory is not None:
+            memory.step()
 
     def stop(self) -> None:
         """Close and save an open window and wait for background work. Safe to call twice."""
@@ -140,15 +160,19 @@ class Profiler:
         if _Active.profiler is self:
             _Active.profiler = None
         _STARTED.discard(self)
+        memory = self._recorder
         capture, timer = self._detach()
         if timer is not None:
             timer.stop()
         if capture is not None:
             capture.stop()
+        if memory is not None:
+            memory.stop()  # after the capture: a window that stop() closes is dumped first
 
     def _detach(self) -> tuple[TraceCapture | None, PhaseTimer | None]:
         """End the run for step() and phase() (and the atexit hook); return what was live."""
         self._state = "stopped"
+        self._recorder = None  # a forked child lets it go without touching CUDA
         capture, self._live = self._live, None
         timer, self._timing = self._timing, None
         self._sampling = False
@@ -182,7 +206,11 @@ class Profiler:
         workers (the Ray integration) finds out which ones lost profiling.
         """
         out = []
-        for part, component in (("trace capture", self._capture), ("phase timer", self._timer)):
+        for part, component in (
+            ("trace capture", self._capture),
+            ("phase timer", self._timer),
+            ("memory snapshots", self._memory),
+        ):
             reason = getattr(component, "fault_reason", None)
             if reason is not None:
                 out.append(f"{part}: {reason}")
@@ -347,6 +375,15 @@ def annotate(name: str, kind: str = "compute", **meta: Any) -> Callable[[F], F]:
         return _decorate(fn, make)
 
     return decorator
+
+
+def _warn_incompatible(config: ProfileConfig) -> None:
+    """Log the known-incompatible combinations of this config and this process's torch."""
+    from ._torch import import_torch
+    from .capture._memory import incompatibilities
+
+    for problem in incompatibilities(config, import_torch("trace capture")):
+        logger.warning("rankscope: %s", problem)
 
 
 def _as_config(config: object) -> ProfileConfig:

@@ -821,6 +821,7 @@ class TraceCapture:
         raw = temp_name(trace_path(self._run_dir, window, self._rank, False), f"raw-{os.getpid()}")
         raw.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(raw))
+        _let_go(prof)
         if not raw.is_file() or raw.stat().st_size == 0:
             # Kineto logs a failed write and returns normally; a missing file is our signal.
             # It may leave its own partial file beside ours.
@@ -908,6 +909,7 @@ class TraceCapture:
         prof, self._prof = self._prof, None
         if prof is not None:
             prof.on_trace_ready = None
+            _let_go(prof)
         self._disable_autograd_profiler()
 
     def fault(self, what: str) -> None:
@@ -950,6 +952,7 @@ class TraceCapture:
             prof.stop()
         except Exception:
             logger.debug("rankscope: stopping a faulty profiler failed", exc_info=True)
+        _let_go(prof)
         self._disable_autograd_profiler()
 
     def _disable_autograd_profiler(self) -> None:
@@ -967,3 +970,16 @@ def _steps_text(steps: list[int]) -> str:
     if steps == list(range(steps[0], steps[0] + len(steps))):
         return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
     return ", ".join(map(str, steps))
+
+
+def _let_go(prof: Any) -> None:
+    """Drop the results a torch.profiler keeps after its window was exported.
+
+    With record_shapes, with_stack or with_flops they hold a weak reference to every
+    tensor an op received, and until the profile object is collected (a cyclic
+    garbage-collector pass, whenever that comes) torch.utils.swap_tensors fails on
+    those tensors: FSDP2 moving parameters, module.to() under swap-on-conversion.
+    torch makes a new one at the next window's start.
+    """
+    if getattr(prof, "profiler", None) is not None:
+        prof.profiler = None

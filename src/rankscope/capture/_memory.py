@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .._layout import rank_name, temp_name
+from .._layout import memory_path, temp_name
 from .._ranks import RankInfo
 from .._torch import import_torch
 
@@ -36,7 +36,6 @@ __all__ = [
     "MemorySnapshots",
     "SnapshotWriter",
     "incompatibilities",
-    "memory_path",
     "oom_window_name",
     "write_atomic",
 ]
@@ -60,11 +59,6 @@ STOP_TIMEOUT_S = 300.0
 # to the TensorImpl of every tensor an op received (measured on torch 2.13, see
 # incompatibilities()). swap_tensors refuses such tensors.
 _WEAKREF_OPTIONS = ("record_shapes", "with_stack", "with_flops")
-
-
-def memory_path(run_dir: str | Path, window: str, rank: int) -> Path:
-    """RUN_DIR/memory/<window>/rank-NNNNN.pickle."""
-    return Path(run_dir) / MEMORY_DIR / window / f"{rank_name(rank)}.pickle"
 
 
 def oom_window_name(step: int) -> str:
@@ -447,7 +441,6 @@ def incompatibilities(config: ProfileConfig, torch: ModuleType) -> list[str]:
     """
     found: list[str] = []
     trace = config.trace
-    memory = config.memory
     held = [name for name in _WEAKREF_OPTIONS if getattr(trace, name)]
     if trace.enable and trace.tool == "torch" and held and _swaps_module_params(torch):
         found.append(
@@ -458,13 +451,6 @@ def incompatibilities(config: ProfileConfig, torch: ModuleType) -> list[str]:
             f".cuda(), .half() and load_state_dict(assign=True) under that flag) then fails "
             f"with 'Expected no weakrefs'; turn those trace options off or convert modules "
             f"outside trace windows"
-        )
-    if memory.enable and not memory.on_oom and not trace.enable:
-        found.append(
-            "memory.enable=True with memory.on_oom=False and trace.enable=False: snapshots "
-            "are dumped when a trace window closes or when CUDA runs out of memory, so this "
-            "records allocator history and never writes it; set memory.on_oom=True or "
-            "trace.enable=True"
         )
     return found
 
