@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import rankscope
 from rankscope import AutoTrigger, ConfigError, Schedule
@@ -252,3 +253,86 @@ def test_an_anomaly_overlapping_the_schedule_is_declined_and_recorded(tmp_path: 
     (line,) = _auto_lines(tmp_path)
     assert line["status"] == "declined" and "the schedule" in line["reason"]
     assert _windows(tmp_path) == ["step-000031-000032"]
+
+
+# -- a named phase as the measurement (trace.auto.phase) ---------------------------------
+
+
+def _phase_run(run_dir: Path, steps: int, slow_phase: set[int], slow_elsewhere: set[int]) -> Path:
+    """Forward sleeps SLOW_S on `slow_phase` steps; the step (outside any phase) on
+    `slow_elsewhere` steps, as a rank waiting for a straggler would."""
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir,
+        trace=rankscope.TraceConfig(
+            enable=True,
+            schedule=Schedule(warmup=1, active=1),
+            auto=AutoTrigger(**LOOP_AUTO, phase="forward"),
+            trigger_check_every_n_steps=0,
+        ),
+        timer=rankscope.TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1),
+    )
+    model, opt = tiny_model()
+    with rankscope.Profiler(config, rank=0, world_size=1) as prof:
+        for i in range(steps):
+            with prof.phase("forward"):
+                time.sleep(SLOW_S if i in slow_phase else BASE_S)
+                loss = model(torch.randn(4, 8)).sum()
+            with prof.phase("backward"):
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(SLOW_S if i in slow_elsewhere else 0)
+            prof.step()
+    return run_dir
+
+
+@pytest.mark.slow
+def test_a_slow_phase_fires_and_slow_steps_elsewhere_do_not(tmp_path: Path) -> None:
+    # Steps 16-18 are slow outside forward (waiting, say); steps 30-32 are slow in forward.
+    run_dir = _phase_run(tmp_path, 50, slow_phase={30, 31, 32}, slow_elsewhere={16, 17, 18})
+    (line,) = _auto_lines(run_dir)
+    assert line["status"] == "accepted" and line["measured"] == "phase forward"
+    assert line["slow_steps"] == [30, 31, 32]
+    assert all(s >= SLOW_S for s in line["step_s"]) and line["median_s"] < SLOW_S
+    # The timer's records arrive a step or two late; the window starts after them.
+    assert 32 < line["seen_at_step"] < line["first"] <= line["seen_at_step"] + 2
+    window = f"step-{line['first']:06d}-{line['last']:06d}-slow-forward"
+    assert line["window"] == window
+    assert _windows(run_dir) == ["step-000001-000001", window]
+    summary = json.loads((run_dir / "traces" / window / "rank-00000.summary.json").read_text())
+    assert summary["captured_because"]["measured"] == "phase forward"
+
+
+@pytest.mark.slow
+def test_a_phase_watch_on_a_rank_without_the_timer_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = rankscope.ProfileConfig(
+        output_dir=tmp_path,
+        trace=rankscope.TraceConfig(enable=True, auto=AutoTrigger(enable=True, phase="forward")),
+        timer=rankscope.TimerConfig(enable=True, ranks="1"),
+    )
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        rankscope.Profiler(config, rank=0, world_size=2)
+        rankscope.Profiler(config, rank=1, world_size=2)  # has the timer: no warning
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert "trace.auto.phase is 'forward' but the phase timer does not run on rank 0" in warned
+
+
+def test_auto_ranks_widen_the_watch_beyond_trace_ranks(tmp_path: Path) -> None:
+    auto = AutoTrigger(enable=True, ranks="all")
+    config = rankscope.ProfileConfig(
+        output_dir=tmp_path,
+        trace=rankscope.TraceConfig(
+            enable=True, ranks="0", auto=auto, trigger_check_every_n_steps=0
+        ),
+    )
+    watching = rankscope.Profiler(config, rank=3, world_size=4)
+    assert watching._capture is not None and watching._capture._detector is not None
+    narrow = rankscope.ProfileConfig(
+        output_dir=tmp_path,
+        trace=rankscope.TraceConfig(
+            enable=True, ranks="0", auto=AutoTrigger(enable=True), trigger_check_every_n_steps=0
+        ),
+    )
+    assert rankscope.Profiler(narrow, rank=3, world_size=4)._capture is None
