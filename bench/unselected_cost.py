@@ -29,29 +29,42 @@ class _Empty:
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        config = rankscope.ProfileConfig(
-            output_dir=tmp, trace=rankscope.TraceConfig(enable=True, ranks="0")
-        )
-        unselected = rankscope.Profiler(config, rank=1, world_size=2)
-        disabled = rankscope.Profiler(rankscope.ProfileConfig(output_dir=tmp), rank=0, world_size=1)
+        trace = rankscope.TraceConfig(enable=True, ranks="0")
+        deaf = rankscope.TraceConfig(enable=True, ranks="0", trigger_check_every_n_steps=0)
+        timer = rankscope.TimerConfig(enable=True, every_n_steps=1_000_000_000, start_step=1)
+        profilers = {
+            # Outside trace.ranks, listening for triggers (the default): an idle capture.
+            "listening": rankscope.Profiler(
+                rankscope.ProfileConfig(output_dir=tmp, trace=trace), rank=1, world_size=2
+            ),
+            # Outside trace.ranks with trigger checks off: nothing can ask it for a window.
+            "unselected": rankscope.Profiler(
+                rankscope.ProfileConfig(output_dir=tmp, trace=deaf), rank=1, world_size=2
+            ),
+            "disabled": rankscope.Profiler(
+                rankscope.ProfileConfig(output_dir=tmp), rank=0, world_size=1
+            ),
+            # The phase timer on a step it does not sample: the always-on path.
+            "timer": rankscope.Profiler(
+                rankscope.ProfileConfig(output_dir=tmp, timer=timer), rank=0, world_size=1
+            ),
+        }
         env: dict[str, object] = {
             "nullcontext": contextlib.nullcontext,
             "empty": _Empty(),
-            "unselected": unselected,
-            "disabled": disabled,
+            **profilers,
         }
-        unselected.start()
-        disabled.start()
+        for prof in profilers.values():
+            prof.start()
         rows = {
             "empty method call": _best_ns("empty.step()", env),
             "with nullcontext()": _best_ns("with nullcontext(): pass", env),
-            "unselected step()": _best_ns("unselected.step()", env),
-            "disabled step()": _best_ns("disabled.step()", env),
-            "unselected with phase()": _best_ns("with unselected.phase('forward'): pass", env),
-            "disabled with phase()": _best_ns("with disabled.phase('forward'): pass", env),
         }
-        unselected.stop()
-        disabled.stop()
+        for name in profilers:
+            rows[f"{name} step()"] = _best_ns(f"{name}.step()", env)
+            rows[f"{name} with phase()"] = _best_ns(f"with {name}.phase('forward'): pass", env)
+        for prof in profilers.values():
+            prof.stop()
     base_call = rows["empty method call"]
     base_ctx = rows["with nullcontext()"]
     print(f"{'what':<26} {'ns/call':>8} {'vs empty call':>14} {'vs nullcontext':>15}")
@@ -64,6 +77,14 @@ def main() -> None:
     print(
         f"unselected step() vs an empty method call: {rows['unselected step()'] / base_call:.2f}x "
         "(goal <= 2x: an attribute check)"
+    )
+    print(
+        "listening step() vs an unsampled timer step(): "
+        f"{rows['listening step()'] / rows['timer step()']:.2f}x (goal <= 1x: issue 6)"
+    )
+    print(
+        "listening phase() vs an unsampled timer phase(): "
+        f"{rows['listening with phase()'] / rows['timer with phase()']:.2f}x (goal <= 1x)"
     )
 
 

@@ -238,7 +238,9 @@ class Profiler:
             # A fresh object, not a shared one: torch.compile traces through a context
             # manager made inside the compiled region but not one made outside it.
             return _NoPhase()
-        if (self._sampling or self._live is not None) and _compiling():
+        live = self._live
+        busy = live is not None and (live.recording or live.phase_target)
+        if (self._sampling or busy) and _compiling():
             # torch.compile traces through a plain nullcontext without a graph break.
             return contextlib.nullcontext()
         return Phase(self, name, kind, meta or None)

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -134,6 +135,7 @@ class TraceCapture:
         """Called with a window's name on the training thread when it closes (memory snapshots)."""
         self._prof: Any = None
         self._step = 0
+        self._wake_at = 0  # step() has nothing to do before this step (see _next_work)
         self._stopping = False
         self._phase_calls = 0
         self._windows = 0  # windows exported so far
@@ -195,6 +197,9 @@ class TraceCapture:
             self.recording = self._plan.action(0) is not Action.NONE
 
     def step(self) -> None:
+        if self._step + 1 < self._wake_at:
+            self._step += 1  # idle: no check, no window and no watch until then
+            return
         detector = self._detector
         if detector is not None:
             try:
@@ -221,15 +226,16 @@ class TraceCapture:
                 return
         elif not self.enabled:
             return
-        if self._check_every and step % self._check_every == 0:
-            if prof is None and not self._on_owner_thread("step()"):
-                return
-            self._check_triggers(step)
+        check = self._check_every and step % self._check_every == 0
         hook = self._signal
-        if hook is not None and hook.pending:
+        signalled = hook is not None and hook.pending
+        if check or signalled:
             if prof is None and not self._on_owner_thread("step()"):
                 return
-            self._on_signal(hook, step)
+            if check:
+                self._check_triggers(step)
+            if hook is not None and signalled:
+                self._on_signal(hook, step)
         plan = self._plan
         plan.forget_before(step)
         if self._prof is not None:
@@ -241,6 +247,26 @@ class TraceCapture:
         if self._detector is not None:
             # Measured from here: rankscope's own work in step() (an export) is not the job's.
             self._step_began = time.perf_counter()
+        self._wake_at = self._next_work(step)
+
+    def _next_work(self, step: int) -> int:
+        """The next step whose step() has work to do, when every step until then is idle
+        (no profiler held, nothing watched each step); 0 when the next one may."""
+        plan = self._plan
+        if (
+            self._prof is not None
+            or self._detector is not None
+            or self._phase_detector is not None
+            or self._signal is not None
+            or not plan.schedule_over(step)
+        ):
+            return 0
+        wake = sys.maxsize
+        if self._check_every:
+            wake = (step // self._check_every + 1) * self._check_every
+        if plan.next_added is not None:
+            wake = min(wake, plan.next_added - 1)
+        return wake
 
     def _advance(self, prof: Any, step: int) -> bool:
         """torch.profiler's step(); False if it faulted (capture is off then)."""
