@@ -188,6 +188,8 @@ class TraceCapture:
         self._step_began = time.perf_counter()
         if self._config.on_signal and self._target_phase is None and self.enabled:
             self._signal = install_signal_hook(self._rank)
+            if self._signal is not None:
+                self._signal.wake = self._wake
         if self._target_phase is not None or not self._scheduled or not self.enabled:
             return  # phase windows start at their phase, added ones at their step
         if not self._nsys and self._other_profiler_active():
@@ -249,15 +251,19 @@ class TraceCapture:
             self._step_began = time.perf_counter()
         self._wake_at = self._next_work(step)
 
+    def _wake(self) -> None:
+        """Make the next step() do its work (SIGUSR2 arrived: an assignment, safe in a handler)."""
+        self._wake_at = 0
+
     def _next_work(self, step: int) -> int:
         """The next step whose step() has work to do, when every step until then is idle
-        (no profiler held, nothing watched each step); 0 when the next one may."""
+        (no profiler held, nothing watched each step); 0 when the next one may. A signal
+        resets it (`_wake`)."""
         plan = self._plan
         if (
             self._prof is not None
             or self._detector is not None
             or self._phase_detector is not None
-            or self._signal is not None
             or not plan.schedule_over(step)
         ):
             return 0

@@ -347,13 +347,16 @@ class SignalHook:
     training loop happens to be, so this one sets `pending` and calls the handler that
     was installed before it (a Python callable; SIG_DFL, which would end the process,
     and SIG_IGN are not called): no I/O, no locks, no logging. The capture reads and
-    clears `pending` at its next step(). Once released, it only passes signals on.
+    clears `pending` at its next step(), which `wake` (set by the capture) makes sure
+    happens. Once released, it only passes signals on.
     """
 
-    __slots__ = ("pending", "previous", "released")
+    __slots__ = ("pending", "previous", "released", "wake")
 
     def __init__(self, previous: Any) -> None:
         self.pending: bool = False
+        self.wake: Any = None
+        """Called with no argument when a signal is noted: the capture's next step() looks."""
         self.previous: Any = previous
         """What getsignal() returned before: a callable, SIG_DFL or SIG_IGN."""
         self.released: bool = False
@@ -361,6 +364,9 @@ class SignalHook:
     def __call__(self, signum: int, frame: Any) -> None:
         if not self.released:
             self.pending = True
+            wake = self.wake
+            if wake is not None:
+                wake()
         previous = self.previous
         if callable(previous):
             previous(signum, frame)
