@@ -301,6 +301,9 @@ def test_a_slow_phase_fires_and_slow_steps_elsewhere_do_not(tmp_path: Path) -> N
     assert _windows(run_dir) == ["step-000001-000001", window]
     summary = json.loads((run_dir / "traces" / window / "rank-00000.summary.json").read_text())
     assert summary["captured_because"]["measured"] == "phase forward"
+    (listed,) = [w for w in build_report(run_dir)["kernels"]["windows"] if w["window"] == window]
+    (why,) = listed["why"]
+    assert why.startswith("rank 0 asked for it: its phase forward on steps 30-32 took up to")
 
 
 @pytest.mark.slow

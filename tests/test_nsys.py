@@ -24,6 +24,7 @@ import torch
 import rankscope
 import rankscope.timing._timer
 from rankscope import Profiler, Schedule
+from rankscope.analysis import build_report
 from rankscope.capture._nsys import NsysWindows
 from rankscope.capture._schedule import Action, StepPlan
 from rankscope.capture._trigger import Trigger, write_trigger
@@ -139,6 +140,13 @@ def test_scheduled_windows_are_cuda_profiler_ranges_with_steps_and_phases(
     note = json.loads((tmp_path / notes[0]).read_text())
     assert (note["first"], note["last"], note["rank"], note["pid"]) == (2, 3, 0, os.getpid())
     assert 0 < note["start_ns"] <= note["end_ns"]
+    # The report lists the ranges beside the timings.
+    report = build_report(tmp_path)
+    assert report["captures"]["nsys"] == [
+        {"window": "step-000002-000003", "first": 2, "last": 3, "ranks": [0]},
+        {"window": "step-000006-000007", "first": 6, "last": 7, "ranks": [0]},
+    ]
+    assert not report.get("kernels", {}).get("windows")  # no torch.profiler trace
 
 
 def test_the_timer_times_phases_inside_windows_without_a_second_nvtx_range(

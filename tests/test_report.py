@@ -139,3 +139,33 @@ def test_the_report_says_why_a_window_was_captured_outside_the_schedule(tmp_path
         ],
     }
     assert any(s.endswith("rank-00003.jsonl:3: not an anomaly record") for s in report["skipped"])
+
+
+def test_memory_snapshots_and_nsys_ranges_are_listed(tmp_path: Path) -> None:
+    import pickle
+
+    from rankscope._synthetic import write_timings
+
+    write_timings(tmp_path, ranks=2, steps=10)
+    for rank in (0, 1):
+        snapshot = tmp_path / "memory" / "step-000004-000005" / f"rank-{rank:05d}.pickle"
+        snapshot.parent.mkdir(parents=True, exist_ok=True)
+        snapshot.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]] * (rank + 1)}))
+    (tmp_path / "memory" / "oom-step-000007").mkdir()
+    (tmp_path / "memory" / "oom-step-000007" / "rank-00001.pickle").write_bytes(b"x" * 10)
+    (tmp_path / "nsys" / "step-000002-000003").mkdir(parents=True)
+    (tmp_path / "nsys" / "step-000002-000003" / "rank-00000.json").write_text(
+        json.dumps({"rank": 0, "window": "step-000002-000003", "first": 2, "last": 3})
+    )
+    (tmp_path / "nsys" / "step-000002-000003" / "rank-00001.json").write_text("{not json")
+    report = build_report(tmp_path)
+    memory = report["captures"]["memory"]
+    assert [(m["window"], m["ranks"]) for m in memory] == [
+        ("oom-step-000007", [1]),
+        ("step-000004-000005", [0, 1]),
+    ]
+    assert memory[0]["bytes"] == 10
+    assert report["captures"]["nsys"] == [
+        {"window": "step-000002-000003", "first": 2, "last": 3, "ranks": [0]}
+    ]
+    assert any("rank-00001.json: not an nsys range record" in s for s in report["skipped"])

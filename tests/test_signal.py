@@ -17,6 +17,7 @@ import torch
 
 import rankscope
 from rankscope import ConfigError, Schedule
+from rankscope.analysis import build_report
 from rankscope.capture._trigger import SignalHook, Trigger, install_signal_hook, write_trigger
 
 from ._helpers import final_files, profiler_steps, read_trace, tiny_model, tiny_step
@@ -120,6 +121,8 @@ def test_a_signal_records_the_next_steps_the_capture_can_start(
     ]
     assert _messages(caplog, logging.WARNING) == []
     assert witness.calls == 1  # the handler installed before rankscope's was called too
+    (listed,) = [w for w in build_report(tmp_path)["kernels"]["windows"] if w["window"] == window]
+    assert listed["why"] == ["SIGUSR2 asked for it (rank 0)"]
     assert signal.getsignal(signal.SIGUSR2) is witness  # and put back by stop()
 
 

@@ -96,7 +96,9 @@ def build_report(
     else:
         if not report["kernels"]["windows"]:
             kernels_error = "; ".join(report["kernels"]["skipped"]) or "none readable"
-    if timings_error is not None and kernels_error is not None:
+    report["captures"] = _other_captures(root, skipped)
+    other = report["captures"]["nsys"] or report["captures"]["memory"]
+    if timings_error is not None and kernels_error is not None and not other:
         raise TraceError(
             f"{root}: nothing to report (no timings: {timings_error}; no traces: {kernels_error})"
         )
@@ -262,12 +264,22 @@ def _why_captured(root: Path, skipped: list[str]) -> dict[str, list[str]]:
                 window, rank = str(record["window"]), int(record["rank"])
                 slow, median = list(record["slow_steps"]), float(record["median_s"])
                 worst = max(float(s) for s in record["step_s"]) / median
+                measured = str(record.get("measured", "step"))
             except (ValueError, KeyError, TypeError, ZeroDivisionError):
                 skipped.append(f"{path}:{number}: not an anomaly record")
                 continue
+            steps = (
+                f"{slow[0]}-{slow[-1]}"
+                if slow == list(range(slow[0], slow[-1] + 1))
+                else (", ".join(map(str, slow)))
+            )
+            if measured == "step":
+                what = f"its steps {steps} took up to {worst:.1f}x its median step time"
+            else:
+                phase = measured.removeprefix("phase ")
+                what = f"its phase {phase} on steps {steps} took up to {worst:.1f}x its median"
             why.setdefault(window, []).append(
-                f"rank {rank} asked for it: its steps {slow[0]}-{slow[-1]} took up to "
-                f"{worst:.1f}x its median step time ({median * 1000:.1f} ms)"
+                f"rank {rank} asked for it: {what} ({median * 1000:.1f} ms)"
             )
     triggered: dict[tuple[str, str], list[int]] = {}
     for path in sorted((root / "triggers").glob("*/rank-*.json")):
@@ -282,7 +294,47 @@ def _why_captured(root: Path, skipped: list[str]) -> dict[str, list[str]]:
         why.setdefault(window, []).append(
             f"rankscope trigger {trigger} asked for it ({format_ranks(ranks)})"
         )
+    for folder in sorted((root / "traces").glob("*-sigusr2")):
+        ranks = sorted(
+            int(p.name[5:10])
+            for p in folder.glob("rank-*.pt.trace.json*")
+            if p.name[5:10].isdigit()
+        )
+        if ranks:
+            why.setdefault(folder.name, []).append(f"SIGUSR2 asked for it ({format_ranks(ranks)})")
     return why
+
+
+def _other_captures(root: Path, skipped: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """What was captured besides torch.profiler traces: nsys capture ranges (their
+    records in RUN_DIR/nsys) and CUDA memory snapshots (RUN_DIR/memory), per window."""
+    nsys: dict[str, dict[str, Any]] = {}
+    for path in sorted((root / "nsys").glob("*/rank-*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            rank, first, last = int(record["rank"]), int(record["first"]), int(record["last"])
+        except (OSError, ValueError, KeyError, TypeError):
+            skipped.append(f"{path}: not an nsys range record")
+            continue
+        entry = nsys.setdefault(
+            path.parent.name,
+            {"window": path.parent.name, "first": first, "last": last, "ranks": []},
+        )
+        entry["ranks"].append(rank)
+    memory: dict[str, dict[str, Any]] = {}
+    for path in sorted((root / "memory").glob("*/rank-*.pickle")):
+        try:
+            size, rank = path.stat().st_size, int(path.stem.removeprefix("rank-"))
+        except (OSError, ValueError):
+            skipped.append(f"{path}: not a memory snapshot")
+            continue
+        entry = memory.setdefault(
+            path.parent.name,
+            {"window": path.parent.name, "path": str(path.parent), "ranks": [], "bytes": 0},
+        )
+        entry["ranks"].append(rank)
+        entry["bytes"] += size
+    return {"nsys": list(nsys.values()), "memory": list(memory.values())}
 
 
 def _lines(path: Path, skipped: list[str]) -> list[str]:

@@ -163,6 +163,21 @@ def report(data: dict[str, Any], html: Path | None) -> None:
         for reason in window.get("why", []):
             _console.print(Text(f"window {window['window']}: {reason}"))
         _console.print(_items_table(window["items"][:10], title))
+    captures = data.get("captures", {})
+    for entry in captures.get("nsys", []):
+        _console.print(
+            Text(
+                f"nsys capture range {entry['window']} (steps {entry['first']}-{entry['last']}): "
+                f"{_rank_list(entry['ranks'])}; the report is where nsys -o put it"
+            )
+        )
+    for entry in captures.get("memory", []):
+        _console.print(
+            Text(
+                f"memory snapshots {entry['path']}: {_rank_list(entry['ranks'])}, "
+                f"{entry['bytes'] / 1e6:.1f} MB (open at https://pytorch.org/memory_viz)"
+            )
+        )
     _skipped(data.get("skipped", []))
     if html is not None:
         _console.print(Text(f"\nHTML report: {html}"))
