@@ -19,6 +19,7 @@ from rankscope._ranks import RankInfo
 from rankscope.capture._memory import (
     MemorySnapshots,
     SnapshotWriter,
+    _Write,
     incompatibilities,
     oom_window_name,
     write_atomic,
@@ -135,14 +136,14 @@ def test_snapshot_writer_writes_in_background_and_reports_a_failure_once(
     errors: list[str] = []
     writer = SnapshotWriter(errors.append)
     good = memory_path(tmp_path / "ok", "step-000001-000002", 0)
-    writer.submit(pickle.dumps(_snapshot_like()), good, "step-000001-000002")
+    writer.submit(_Write(pickle.dumps(_snapshot_like()), good, "step-000001-000002"))
     bad_root = tmp_path / "bad"
     bad_root.mkdir()
     (bad_root / "memory").write_text("not a directory")
     bad = memory_path(bad_root, "step-000003-000004", 0)
-    writer.submit(b"lost", bad, "step-000003-000004")
+    writer.submit(_Write(b"lost", bad, "step-000003-000004"))
     later = memory_path(tmp_path / "ok", "step-000005-000006", 0)
-    writer.submit(pickle.dumps({"n": 5}), later, "step-000005-000006")
+    writer.submit(_Write(pickle.dumps({"n": 5}), later, "step-000005-000006"))
     assert writer.drain(timeout=30)
     assert writer.backlog == 0
     assert len(errors) == 1

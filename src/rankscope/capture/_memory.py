@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import pickle
-import queue
 import threading
 import time
 import weakref
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 from .._layout import memory_path, temp_name
 from .._ranks import RankInfo
 from .._torch import import_torch
+from ._worker import JobThread
 
 if TYPE_CHECKING:
     from .._config import MemoryConfig, ProfileConfig
@@ -90,7 +90,7 @@ class _Write:
     window: str
 
 
-class SnapshotWriter:
+class SnapshotWriter(JobThread[_Write]):
     """Writes pickled snapshots to disk on a daemon thread, one at a time.
 
     Pickling happens on the caller (it holds the GIL either way); only the disk write,
@@ -99,63 +99,20 @@ class SnapshotWriter:
     """
 
     def __init__(self, on_error: Callable[[str], None]) -> None:
-        self._on_error = on_error
-        self._jobs: queue.Queue[_Write] = queue.Queue()
-        self._pending = 0
-        self._idle = threading.Condition()
-        self._thread: threading.Thread | None = None
+        super().__init__("rankscope-memory", "memory snapshot(s)", on_error)
 
-    @property
-    def backlog(self) -> int:
-        """Writes submitted and not finished yet."""
-        with self._idle:
-            return self._pending
+    def _work(self, job: _Write) -> None:
+        began = time.perf_counter()
+        write_atomic(job.data, job.path, f"w{os.getpid()}")
+        logger.debug(
+            "rankscope: wrote %s (%.1f MB) in %.2f s",
+            job.path,
+            len(job.data) / 1e6,
+            time.perf_counter() - began,
+        )
 
-    def submit(self, data: bytes, path: Path, window: str) -> None:
-        """Queue a write; raises (RuntimeError) if no writer thread can be started."""
-        if self._thread is None:
-            thread = threading.Thread(target=self._run, name="rankscope-memory", daemon=True)
-            thread.start()  # before the write counts as pending: a failed start leaves no wait
-            self._thread = thread
-        with self._idle:
-            self._pending += 1
-        self._jobs.put(_Write(data, path, window))
-
-    def drain(self, timeout: float) -> bool:
-        """Wait until every submitted write is done; False if `timeout` ran out first."""
-        deadline = time.monotonic() + timeout
-        with self._idle:
-            while self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    logger.warning(
-                        "rankscope: gave up after %.0f s waiting for %d memory snapshot(s) to be "
-                        "written; they keep temporary names until the write finishes",
-                        timeout,
-                        self._pending,
-                    )
-                    return False
-                self._idle.wait(left)
-        return True
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            try:
-                began = time.perf_counter()
-                write_atomic(job.data, job.path, f"w{os.getpid()}")
-                logger.debug(
-                    "rankscope: wrote %s (%.1f MB) in %.2f s",
-                    job.path,
-                    len(job.data) / 1e6,
-                    time.perf_counter() - began,
-                )
-            except Exception as exc:  # never let the writer die with writes queued
-                self._on_error(f"writing {job.path} failed ({type(exc).__name__}: {exc})")
-            finally:
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()
+    def _failed(self, job: _Write, exc: Exception) -> str:
+        return f"writing {job.path} failed ({type(exc).__name__}: {exc})"
 
 
 # -- the process's one out-of-memory observer --------------------------------------
@@ -307,7 +264,7 @@ class MemorySnapshots:
         try:
             data, took = self._take()
             path = memory_path(self._run_dir, window, self._rank)
-            self._writer.submit(data, path, window)
+            self._writer.submit(_Write(data, path, window))
         except Exception as exc:
             self._fail(f"dumping a memory snapshot for {window}", exc)
             return
