@@ -3,7 +3,10 @@
 For every (rank, phase) and sampled step: the ratio of the rank's time to the cross-rank
 median (with two ranks, to the faster one). A pair is a finding when it is above
 `threshold` at `min_persistence` of its sampled steps (from the step where that began,
-when it began part-way) and the time lost is not negligible against the step.
+when it began part-way), far more often than the other ranks are, and the time lost is
+not negligible against the step. An excess must also hold at the rank's fast steps (a
+rank that is slower is slower every time); one that comes and goes, as a busy machine's
+does, stands only where other ranks are found waiting for that rank.
 
 Waiting is told apart by when ranks arrive. A phase that ends in a collective (kind
 "comm", or a phase whose ranks leave it together although they entered it apart, such as
@@ -11,7 +14,10 @@ a DDP backward with its gradient all-reduce inside) lasts longer on the ranks th
 arrive early: their excess there is waiting, and the rank that arrives last is the one
 they wait for. Arrival is the host wall clock at phase entry, corrected by each rank's
 clock offset where comm phases show one; with device times it is the device time spent
-in the step before the phase.
+in the step before the phase. Lateness a rank carries in, having left the last
+collective (or entered the step) after the others, is not its own: on one host that is
+the order the scheduler woke them in. It waits for a rank only when that rank made most
+of its lateness in its own work.
 """
 
 from __future__ import annotations
@@ -40,8 +46,11 @@ Vector = npt.NDArray[np.float64]
 _SYNC_SPREAD = 0.25
 # ...judged only at steps where entries spread by at least this share of its time.
 _CONCLUSIVE = 0.05
-# A finding's excess is waiting when arriving early explains at least this share of it.
+# A late rank is late by its own work when it made at least this share of its lateness
+# after the ranks were last together (the step began, or they left a collective).
 _EXPLAINED = 0.5
+# A rank's fast steps: this percentile of its times (see _slow_at_its_best).
+_FAST = 10
 
 
 @dataclass(frozen=True)
@@ -157,6 +166,10 @@ def find_stragglers(
         return report
     arrive, leave = _arrivals(m, hosts)
     floor = min_share * _step_ms(m)
+    # Where each rank's own work since the ranks were last together began: the step's
+    # first phase, then the end of each phase that ends in a collective.
+    since = _first_arrival(m, arrive)
+    unconfirmed: list[StragglerFinding] = []
     for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True)):
         if phase == STEP:
             continue
@@ -168,8 +181,10 @@ def find_stragglers(
             # In a phase that ends in a collective a rank can only take longer by
             # arriving earlier: measure each rank against the last one to arrive.
             last = _last_arrivals(arrive[p])
-            ref_w = np.take_along_axis(d, np.maximum(last, 0)[None, :], axis=0)[0]
-            ref_w = np.where(last >= 0, ref_w, np.nan)
+            late_ns, made_ns = _lateness(arrive[p], since, last)
+            if m.depths[p] == 0:
+                since = np.where(np.isnan(leave[p]), since, leave[p])
+            ref_w = _times_of(d, last)
         ratio, excess = _against(d, ref)
         report.table.extend(_table(m.ranks, phase, ratio, excess, threshold=threshold, floor=floor))
         if sync:
@@ -189,30 +204,36 @@ def find_stragglers(
             chance = float(np.median(np.delete(shares, r)))
             if not sync and not row.beyond_chance(onset, chance, tests):
                 continue
-            waits_for: tuple[int, ...] = ()
-            if sync:
-                window = last[row.valid[onset:]]
-                waits_for = _often(window, r)
-                # Waiting for whoever is late this time is jitter, not a straggler: the
-                # same rank must arrive last far more often than one in len(ranks).
-                late = int(np.sum(window == waits_for[0])) if waits_for else 0
-                if _binomial_tail(late, len(window), 1 / len(m.ranks)) >= 0.01 / tests:
-                    continue
-            report.findings.append(
-                StragglerFinding(
-                    rank=m.ranks[r],
-                    phase=phase,
-                    kind=kind,
-                    role="waits" if sync else "slow",
-                    median_ratio=row.median_ratio(onset),
-                    share_above=row.share(onset),
-                    lost_ms=row.lost(onset),
-                    steps=len(row.valid) - onset,
-                    since_step=m.steps[int(row.valid[onset])],
-                    waits_for=tuple(m.ranks[i] for i in waits_for),
-                    ratios=tuple(None if math.isnan(v) else round(float(v), 4) for v in ratio[r]),
+            waits_for = (
+                _waited_for(
+                    r, row.valid[onset:], last, late_ns, made_ns, ranks=len(m.ranks), tests=tests
                 )
+                if sync
+                else ()
             )
+            if sync and not waits_for:
+                continue
+            finding = StragglerFinding(
+                rank=m.ranks[r],
+                phase=phase,
+                kind=kind,
+                role="waits" if sync else "slow",
+                median_ratio=row.median_ratio(onset),
+                share_above=row.share(onset),
+                lost_ms=row.lost(onset),
+                steps=len(row.valid) - onset,
+                since_step=m.steps[int(row.valid[onset])],
+                waits_for=tuple(m.ranks[i] for i in waits_for),
+                ratios=tuple(None if math.isnan(v) else round(float(v), 4) for v in ratio[r]),
+            )
+            if sync or _slow_at_its_best(d, r, row.valid[onset:], threshold):
+                report.findings.append(finding)
+            else:
+                unconfirmed.append(finding)
+    # An excess the rank sheds at its fastest steps comes and goes, as a busy machine's
+    # does: it stands only where the others are found waiting for this rank.
+    waited_for = {f.waits_for[0] for f in report.findings if f.waits_for}
+    report.findings.extend(f for f in unconfirmed if f.rank in waited_for)
     report.findings.sort(key=lambda f: (-f.lost_ms, f.rank, f.phase))
     report.summary = _sentences(report)
     return report
@@ -414,6 +435,92 @@ def _last_arrivals(arrive: Matrix) -> npt.NDArray[np.int64]:
     present = np.sum(~np.isnan(arrive), axis=0)
     last = np.argmax(np.where(np.isnan(arrive), -np.inf, arrive), axis=0)
     return np.where(present >= 2, last, -1)
+
+
+def _first_arrival(m: PhaseMatrices, arrive: list[Matrix]) -> Matrix:
+    """Per rank and step, when it entered the step's first top-level phase."""
+    for p, depth in enumerate(m.depths):
+        if depth == 0 and m.phases[p] != STEP:
+            return arrive[p]
+    return np.full((len(m.ranks), len(m.steps)), np.nan)
+
+
+def _lateness(arrive: Matrix, since: Matrix, last: npt.NDArray[np.int64]) -> tuple[Vector, Vector]:
+    """Per step, how late the last rank to arrive was, and how much of that it made since `since`.
+
+    Both are against the median rank, in ns; NaN where a record is missing.
+    """
+    cols = np.arange(arrive.shape[1])
+    at = np.maximum(last, 0)
+    own = arrive - since
+    with _quiet():
+        late = arrive[at, cols] - np.nanmedian(arrive, axis=0)
+        made = own[at, cols] - np.nanmedian(own, axis=0)
+    return late, made
+
+
+def _late_by_own_work(late: Vector, made: Vector) -> bool:
+    """Most of the lateness was made in the rank's own work, not carried in.
+
+    A rank that left the previous collective after the others, or entered the step after
+    them, carries that lateness in: on one host that is the scheduler waking it last (or
+    the collective releasing ranks in a fixed order), not its own work.
+    """
+    known = np.isfinite(late) & np.isfinite(made)
+    if not known.any():
+        return True  # nothing to tell it by: as before this was checked
+    total = float(np.sum(np.clip(late[known], 0, None)))
+    return total <= 0 or float(np.sum(made[known])) >= _EXPLAINED * total
+
+
+def _slow_at_its_best(d: Matrix, r: int, cols: npt.NDArray[np.int64], threshold: float) -> bool:
+    """The rank's fast steps are above `threshold` times the other ranks' fast steps.
+
+    Fast steps: the tenth percentile of the times over the steps `cols`. A rank whose
+    own work is slower (a slower device, a throttled core, a sleep) is slower at every
+    step, its fastest included; a rank that a busy machine slows now and then is not.
+    """
+    mine = d[r, cols]
+    others = np.delete(d, r, axis=0)[:, cols]
+    mine, others = mine[np.isfinite(mine)], others[np.isfinite(others)]
+    if not mine.size or not others.size:
+        return False
+    theirs = float(np.percentile(others, _FAST))
+    return theirs > 0 and float(np.percentile(mine, _FAST)) > threshold * theirs
+
+
+def _waited_for(
+    r: int,
+    cols: npt.NDArray[np.int64],
+    last: npt.NDArray[np.int64],
+    late_ns: Vector,
+    made_ns: Vector,
+    *,
+    ranks: int,
+    tests: int,
+) -> tuple[int, ...]:
+    """The ranks that row `r` waits for over the steps `cols`; () where it is not waiting.
+
+    Waiting for whoever is late this time is jitter, not a straggler: the same rank must
+    arrive last far more often than one time in len(ranks) (a binomial test at 1% over
+    all the rows tried), and be late by its own work, not by leaving a collective late.
+    """
+    window = last[cols]
+    waits_for = _often(window, r)
+    if not waits_for:
+        return ()
+    hits = window == waits_for[0]
+    if _binomial_tail(int(np.sum(hits)), len(window), 1 / ranks) >= 0.01 / tests:
+        return ()
+    if not _late_by_own_work(late_ns[cols[hits]], made_ns[cols[hits]]):
+        return ()
+    return waits_for
+
+
+def _times_of(d: Matrix, who: npt.NDArray[np.int64]) -> Vector:
+    """Per step, the time of rank index `who` (NaN where it is -1)."""
+    times = np.take_along_axis(d, np.maximum(who, 0)[None, :], axis=0)[0]
+    return np.where(who >= 0, times, np.nan)
 
 
 def _often(last: npt.NDArray[np.int64], r: int) -> tuple[int, ...]:
