@@ -339,3 +339,28 @@ def test_auto_ranks_widen_the_watch_beyond_trace_ranks(tmp_path: Path) -> None:
         ),
     )
     assert rankscope.Profiler(narrow, rank=3, world_size=4)._capture is None
+
+
+def test_a_watched_phase_that_never_ran_is_said_at_stop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = rankscope.ProfileConfig(
+        output_dir=tmp_path,
+        trace=rankscope.TraceConfig(
+            enable=True,
+            auto=AutoTrigger(enable=True, phase="forwrad"),
+            trigger_check_every_n_steps=0,
+        ),
+        timer=rankscope.TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1),
+    )
+    model, opt = tiny_model()
+    profiler = rankscope.Profiler(config, rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"), profiler as prof:
+        for _ in range(6):
+            tiny_step(model, opt, prof)  # forward, backward, optimizer: no "forwrad"
+            prof.step()
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert (
+        "trace.auto.phase is 'forwrad' but the phase timer recorded no phase of that name" in warned
+    )
+    assert "rank 0 in 6 steps" in warned

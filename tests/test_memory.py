@@ -359,3 +359,26 @@ def test_profiler_warns_once_about_trace_options_that_break_swap_tensors(
         torch.__future__.set_swap_module_params_on_conversion(False)
     (warned,) = [r.getMessage() for r in caplog.records]
     assert "trace.record_shapes=True" in warned and "swap_tensors" in warned
+
+
+def test_memory_that_no_window_could_ever_dump_on_this_rank_is_turned_off_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rankscope import Profiler
+
+    config = ProfileConfig(
+        output_dir=tmp_path,
+        trace=TraceConfig(enable=True, ranks="0", trigger_check_every_n_steps=0),
+        memory=MemoryConfig(enable=True, ranks="0-1", on_oom=False),
+    )
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        outside = Profiler(config, rank=1, world_size=2)
+    assert outside._memory is None and outside._capture is None
+    (warned,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "memory.on_oom is False and rank 1 can be asked for no trace window" in warned
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        Profiler(config, rank=0, world_size=2)  # windows there: no warning (CPU: one info line)
+    assert [r.levelno for r in caplog.records if "effective config" not in r.getMessage()] == [
+        logging.INFO
+    ]

@@ -210,10 +210,11 @@ def test_a_phase_target_gets_a_range_per_recorded_invocation(
     _train(Profiler(config, rank=0, world_size=1), 4)
     ranges = cuda.ranges()
     assert [names for _, names in ranges] == [["backward"], ["backward"]]
-    assert sorted(p.parent.name for p in (tmp_path / "nsys").glob("*/*.json")) == [
-        "phase-backward-000000",
-        "phase-backward-000001",
-    ]
+    notes = sorted((tmp_path / "nsys").glob("*/*.json"))
+    assert [p.parent.name for p in notes] == ["phase-backward-000000", "phase-backward-000001"]
+    # Each record names the step the invocation ran in.
+    steps = [json.loads(p.read_text()) for p in notes]
+    assert [(n["first"], n["last"]) for n in steps] == [(0, 0), (1, 1)]
 
 
 def test_without_cuda_one_warning_and_everything_else_goes_on(
@@ -326,3 +327,33 @@ def test_gpu_under_nsys_each_window_is_one_report(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     reports = sorted(tmp_path.glob("report*.nsys-rep"))
     assert len(reports) == 2, (reports, done.stdout)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("device lost"), KeyboardInterrupt()])
+def test_a_failure_while_a_range_ends_still_ends_it(
+    tmp_path: Path, cuda: CudaRecorder, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    """The device synchronize before cudaProfilerStop raises (a CUDA error, or Ctrl-C while
+    the GPU drains): the range is closed all the same, so nsys does not record what follows."""
+
+    def synchronize() -> None:
+        cuda.calls.append(("sync", None))
+        raise error
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    prof = Profiler(_config(tmp_path, schedule=Schedule(warmup=0, active=1)), rank=0, world_size=1)
+    model, opt = tiny_model()
+    interrupted = False
+    try:
+        with prof:
+            for _ in range(4):
+                tiny_step(model, opt, prof)
+                prof.step()
+    except KeyboardInterrupt:
+        interrupted = True
+    assert interrupted is isinstance(error, KeyboardInterrupt)
+    calls = [call for call, _ in cuda.calls if call in ("start", "stop")]
+    assert calls == ["start", "stop"]
+    assert not cuda.open  # no NVTX range left open either
+    if not interrupted:
+        assert prof.faults and "device lost" in prof.faults[0]

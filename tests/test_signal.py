@@ -320,3 +320,26 @@ def test_a_bad_on_signal_is_refused_at_construction(trace: dict[str, Any], messa
     with pytest.raises(ConfigError) as caught:
         rankscope.TraceConfig(**trace)
     assert str(caught.value).startswith(message)
+
+
+def test_a_signal_that_lands_inside_step_on_an_idle_rank_is_not_lost(
+    tmp_path: Path, witness: Witness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trigger checks off, the schedule's window over: step() has nothing to do until a
+    signal. One that arrives while step() runs (here: from inside it) still plans a window."""
+    from rankscope.capture._schedule import StepPlan
+
+    send = _send(witness)
+    real = StepPlan.forget_before
+    sent: list[int] = []
+
+    def forget_before(plan: StepPlan, step: int) -> None:
+        if step == 2 and not sent:
+            sent.append(step)
+            send()  # between reading the signal flag and deciding when to look again
+        real(plan, step)
+
+    monkeypatch.setattr(StepPlan, "forget_before", forget_before)
+    _train(tmp_path, 12, _config(tmp_path))
+    assert sent == [2]
+    assert _windows(tmp_path) == ["step-000001-000001", "step-000005-000005-sigusr2"]

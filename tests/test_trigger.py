@@ -23,7 +23,7 @@ import rankscope
 from rankscope import Schedule
 from rankscope._meta import write_meta
 from rankscope._ranks import RankInfo
-from rankscope.analysis import read_timings
+from rankscope.analysis import build_report, read_timings
 from rankscope.capture._schedule import Action, StepPlan
 from rankscope.capture._trigger import (
     Trigger,
@@ -600,3 +600,21 @@ def _link(path: str) -> str:
         return os.readlink(path)
     except OSError:  # closed since the listing
         return ""
+
+
+def test_a_window_cut_short_by_stop_still_counts_as_saved_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Steps 5-7 asked for; the run stops during step 6, so the trace ends at step 6.
+    _train(tmp_path, 6, s1=lambda: write_trigger(tmp_path, Trigger("t1", 5, 3, "0")))
+    assert _windows(tmp_path) == ["step-000001-000001", "step-000005-000006-trigger-t1"]
+    (answer,) = read_acks(tmp_path, "t1").values()
+    assert answer["window"] == "step-000005-000007-trigger-t1"  # as announced
+    code, out, err = _cli(["trigger", str(tmp_path), "--status", "--json"], capsys)
+    assert code == 0, err
+    (trigger,) = json.loads(out)["triggers"]
+    assert trigger["ranks_by_state"]["saved"] == [0]
+    windows = {w["window"]: w["why"] for w in build_report(tmp_path)["kernels"]["windows"]}
+    assert windows["step-000005-000006-trigger-t1"] == [
+        "rankscope trigger t1 asked for it (rank 0)"
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 __all__ = [
@@ -15,7 +16,10 @@ __all__ = [
     "temp_name",
     "timing_path",
     "trace_path",
+    "window_key",
 ]
+
+_STEP_WINDOW = re.compile(r"step-(\d{6,})-\d{6,}(?:-(.+))?")
 
 
 def rank_name(rank: int) -> str:
@@ -31,6 +35,16 @@ def step_window_name(first: int, last: int, why: str | None = None) -> str:
     """
     name = f"step-{first:06d}-{last:06d}"
     return name if why is None else f"{name}-{_safe(why)}"
+
+
+def window_key(name: str) -> tuple[int, str] | None:
+    """(first step, who asked: "" for the schedule) of a step window's name; None for another
+    name. A window that stop() cut short is named with the step it ended at, not the one
+    announced for it; the key matches the two."""
+    match = _STEP_WINDOW.fullmatch(name)
+    if match is None:
+        return None
+    return int(match.group(1)), match.group(2) or ""
 
 
 def phase_window_name(phase: str, invocation: int) -> str:

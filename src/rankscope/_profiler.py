@@ -76,7 +76,16 @@ class Profiler:
             self._timer = PhaseTimer(timer, run_dir, self.rank_info)
         self._memory: MemorySnapshots | None = None
         memory = self.config.memory
-        if memory.enable and self.rank_info.rank in memory.rank_set:
+        selected = memory.enable and self.rank_info.rank in memory.rank_set
+        if selected and not memory.on_oom and self._capture is None:
+            logger.warning(
+                "rankscope: memory.on_oom is False and rank %d can be asked for no trace "
+                "window (not in trace.ranks, no trigger checks, SIGUSR2 or trace.auto), so "
+                "no snapshot could be written; memory snapshots are off on this rank",
+                self.rank_info.rank,
+            )
+            selected = False
+        if selected:
             from .capture._memory import MemorySnapshots
 
             snapshots = MemorySnapshots(memory, run_dir, self.rank_info)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import TraceError
+from .._layout import window_key
 from ._kernels import find_traces, kernel_report
 from ._matrix import STEP, PhaseMatrices, phase_matrices
 from ._run import read_run_meta
@@ -246,8 +247,11 @@ def _kernels(root: Path, progress: Progress | None) -> dict[str, Any]:
                 }
             )
     why = _why_captured(root, skipped)
+    by_key = {window_key(name): reasons for name, reasons in why.items()}
     for entry in out:
-        entry["why"] = why.get(entry["window"], [])
+        # A window cut short by stop() ends earlier than the name its asker announced.
+        reasons = why.get(entry["window"]) or by_key.get(window_key(entry["window"]))
+        entry["why"] = reasons or []
     return {"windows": out, "skipped": skipped}
 
 

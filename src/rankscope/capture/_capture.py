@@ -99,9 +99,12 @@ class TraceCapture:
         self._config = config
         self._run_dir = run_dir
         self._rank = rank_info.rank
-        self._activities = self._resolve_activities()
         self._target_phase = config.target_phase
         self._scheduled = rank_info.rank in config.rank_set
+        # Resolved (and warned about) where windows are certain; elsewhere when one is asked for.
+        self._activities: tuple[str, ...] | None = (
+            self._resolve_activities() if self._scheduled else None
+        )
         self._plan = StepPlan(config.schedule if self._scheduled else None)
         self._nsys = config.tool == "nsys"
         self.enabled = not self._nsys or self._nsys_usable()
@@ -250,6 +253,9 @@ class TraceCapture:
             # Measured from here: rankscope's own work in step() (an export) is not the job's.
             self._step_began = time.perf_counter()
         self._wake_at = self._next_work(step)
+        signal_hook = self._signal
+        if signal_hook is not None and signal_hook.pending:
+            self._wake_at = 0  # a signal that came during this step() must not wait for a check
 
     def _wake(self) -> None:
         """Make the next step() do its work (SIGUSR2 arrived: an assignment, safe in a handler)."""
@@ -301,6 +307,7 @@ class TraceCapture:
             elif self._guarded("stop", self._prof.stop):
                 self._prof = None
         self.recording = False
+        self._check_phase_watch()
         if self.enabled and self._windows == 0 and self._scheduled:
             logger.warning(
                 "rankscope: trace capture is on but captured nothing: %s", self._why_empty()
@@ -515,6 +522,22 @@ class TraceCapture:
             if detector.exhausted:
                 self._stop_phase_watch()
                 return
+
+    def _check_phase_watch(self) -> None:
+        """At stop(): a watched phase that never got a timing record is config that did
+        nothing (a misspelt name, a phase never entered, a timer past its end_step)."""
+        timer = self._timer
+        if self._phase_detector is None or timer is None:
+            return
+        if self._phase_step is None and not timer.take_watched():
+            logger.warning(
+                "rankscope: trace.auto.phase is %r but the phase timer recorded no phase of "
+                "that name on rank %d in %d steps (is it entered, and spelt so?); its time "
+                "was never watched",
+                self._config.auto.phase,
+                self._rank,
+                self._step,
+            )
 
     def _stop_phase_watch(self) -> None:
         self._phase_detector = None
@@ -738,8 +761,10 @@ class TraceCapture:
                 else None,
                 self._on_trace_ready if step_target else None,
             )
-            windows.step_num = 0 if base is None else base
+            windows.step_num = self._step if base is None else base
             return windows
+        if self._activities is None:
+            self._activities = self._resolve_activities()
         kinds = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU"}
         activities = [getattr(torch.profiler.ProfilerActivity, kinds[a]) for a in self._activities]
         schedule = None
@@ -813,7 +838,9 @@ class TraceCapture:
         """RUN_DIR/nsys/<window>/rank-NNNNN.json: the steps and times a cudaProfilerApi range
         covered, so the report can say which nsys report holds which window."""
         path = nsys_path(self._run_dir, window, self._rank)
-        last = self._step if self._stopping else self._step - 1
+        # A step window is saved in the step() after its last step; a phase window, or one
+        # that stop() cut short, during the step it ends in.
+        last = self._step - 1 if prof.stepped and not self._stopping else self._step
         record = {
             "rank": self._rank,
             "window": window,
@@ -835,6 +862,7 @@ class TraceCapture:
     def _export_trace(self, prof: Any, window: str, why: dict[str, Any] | None) -> None:
         backlog = self._finalizer.backlog
         if backlog >= MAX_BACKLOG:
+            _let_go(prof)
             # Windows end faster than they are saved (repeat=0 with short cycles and big
             # traces): queueing more would grow disk use and the wait at stop() without end.
             self._skipped += 1
@@ -942,6 +970,8 @@ class TraceCapture:
         if prof is not None:
             prof.on_trace_ready = None
             _let_go(prof)
+            if isinstance(prof, NsysWindows):
+                prof.abort()
         self._disable_autograd_profiler()
 
     def fault(self, what: str) -> None:
@@ -981,7 +1011,10 @@ class TraceCapture:
             return
         prof.on_trace_ready = None
         try:
-            prof.stop()
+            if isinstance(prof, NsysWindows):
+                prof.abort()  # no synchronize: the device may be what failed
+            else:
+                prof.stop()
         except Exception:
             logger.debug("rankscope: stopping a faulty profiler failed", exc_info=True)
         _let_go(prof)

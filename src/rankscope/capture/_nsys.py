@@ -83,6 +83,11 @@ class NsysWindows:
         self.end_ns = 0
         """Wall clock (epoch ns) at the last cudaProfilerStop."""
 
+    @property
+    def stepped(self) -> bool:
+        """True for a window over steps; False for a phase window (one invocation)."""
+        return self._schedule is not None
+
     def _at(self, step: int) -> Action:
         return Action.RECORD if self._schedule is None else self._schedule(step)
 
@@ -120,12 +125,26 @@ class NsysWindows:
             self._nvtx.range_end(self._step_range)
         self._step_range = self._nvtx.range_start(f"ProfilerStep#{self.step_num}")
 
+    def abort(self) -> None:
+        """Close an open range without waiting for the device or saving anything (after a
+        fault or an interrupt): nsys must not go on recording what follows."""
+        recording, self._action = self._action in _RECORDING, Action.NONE
+        try:
+            if self._step_range is not None:
+                self._nvtx.range_end(self._step_range)
+                self._step_range = None
+        finally:
+            if recording:
+                self._cuda.profiler.stop()
+
     def _end(self) -> None:
-        if self._step_range is not None:
-            self._nvtx.range_end(self._step_range)
-            self._step_range = None
-        self._cuda.synchronize()  # the window's kernels finish inside the range
-        self._cuda.profiler.stop()
+        try:
+            if self._step_range is not None:
+                self._nvtx.range_end(self._step_range)
+                self._step_range = None
+            self._cuda.synchronize()  # the window's kernels finish inside the range
+        finally:
+            self._cuda.profiler.stop()  # whatever failed above, the range ends
         self.end_ns = time.time_ns()
         ready = self.on_trace_ready
         if ready is not None:

@@ -557,6 +557,21 @@ def _new_trigger(args: argparse.Namespace, meta: Any) -> dict[str, Any]:
     }
 
 
+def _saved_window(run_dir: Path, window: str, rank: int) -> list[Path]:
+    """The trace (or nsys record) `rank` saved for the window announced as `window`, which
+    stop() may have cut short (and so named after an earlier last step)."""
+    from .._layout import rank_name, window_key
+
+    key = window_key(window)
+    found: list[Path] = []
+    for folder, pattern in (("traces", ".pt.trace.json*"), ("nsys", ".json")):
+        for path in sorted((run_dir / folder).glob(f"*/{rank_name(rank)}{pattern}")):
+            name = path.parent.name
+            if name == window or (key is not None and window_key(name) == key):
+                found.append(path)
+    return found
+
+
 def _latest_step(run_dir: Path) -> int | None:
     """The latest step in the run's timings; None without any."""
     from ..analysis._timings import read_timings
@@ -571,7 +586,6 @@ def _latest_step(run_dir: Path) -> int | None:
 
 def _trigger_status(run_dir: Path, meta: Any) -> dict[str, Any]:
     """Every trigger in the run and, per selected rank, where it stands."""
-    from .._layout import rank_name
     from .._ranks import parse_ranks
     from ..capture._trigger import rank_listens, read_acks, read_trigger, trigger_dir
 
@@ -600,9 +614,7 @@ def _trigger_status(run_dir: Path, meta: Any) -> dict[str, Any]:
             ack = acks.get(rank)
             if ack is not None and ack.get("status") == "accepted":
                 window = str(ack.get("window", trigger.window))
-                done = sorted(
-                    (Path(run_dir) / "traces" / window).glob(f"{rank_name(rank)}.pt.trace.json*")
-                ) or sorted((Path(run_dir) / "nsys" / window).glob(f"{rank_name(rank)}.json"))
+                done = _saved_window(Path(run_dir), window, rank)
                 if done:
                     states["saved"].append(rank)
                     saved[str(rank)] = str(done[0])
