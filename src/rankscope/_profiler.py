@@ -45,10 +45,10 @@ class Profiler:
 
     `config` is a ProfileConfig, a mapping of its fields, or a path to a YAML file.
     The environment (RANKSCOPE_*) overrides `config`. `rank` and `world_size` override
-    what is detected (Ray workers and tests pass them). A rank the config selects for
-    neither tracing nor timing holds no torch object; its step() and phase() cost an
-    attribute check. With trace.enable every rank may be asked for a window (a trigger,
-    SIGUSR2, its own slow steps), so every rank holds a capture, idle until asked.
+    what is detected (Ray workers and tests pass them). With trace.enable any rank may
+    be asked for a window (a trigger, SIGUSR2, its own slow steps), so every rank that
+    can be holds a capture, idle until asked. A rank that neither times, nor traces, nor
+    can be asked holds no torch object; its step() and phase() cost an attribute check.
     """
 
     def __init__(
