@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -364,3 +365,90 @@ def test_a_watched_phase_that_never_ran_is_said_at_stop(
         "trace.auto.phase is 'forwrad' but the phase timer recorded no phase of that name" in warned
     )
     assert "rank 0 in 6 steps" in warned
+
+
+# -- spawned ranks over gloo: the straggler captures itself, the ranks waiting for it do not --
+
+WORLD = 3
+STRAGGLER = 2
+SLOW_FROM = 30  # the straggler's forward sleeps SLOW_S from this step on
+RUN_STEPS = 40
+
+
+def _straggling_rank(rank: int, world_size: int, init: str, run_dir: str, phase: str) -> None:
+    import gc
+
+    import torch.distributed as dist
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
+    try:
+        auto = AutoTrigger(**LOOP_AUTO, ranks="all", phase=phase or None)
+        config = rankscope.ProfileConfig(
+            output_dir=run_dir,
+            trace=rankscope.TraceConfig(
+                enable=True, ranks="0", auto=auto, trigger_check_every_n_steps=0
+            ),
+            timer=rankscope.TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1),
+        )
+        model, opt = tiny_model()
+        with rankscope.Profiler(config) as prof:
+            for i in range(RUN_STEPS):
+                with prof.phase("forward"):
+                    slow = rank == STRAGGLER and i >= SLOW_FROM
+                    time.sleep(SLOW_S if slow else BASE_S)
+                    loss = model(torch.randn(4, 8)).sum()
+                with prof.phase("backward"):
+                    loss.backward()
+                with prof.phase("loss_allreduce", kind="comm"):
+                    dist.all_reduce(loss.detach())  # every rank waits here for the straggler
+                opt.step()
+                opt.zero_grad()
+                prof.step()
+        dist.barrier()
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _spawn_straggler(root: Path, phase: str) -> Path:
+    import torch.multiprocessing as mp
+
+    mp.spawn(
+        _straggling_rank,
+        args=(WORLD, f"file://{root}/rendezvous", str(root), phase),
+        nprocs=WORLD,
+        join=True,
+    )
+    return root
+
+
+def _fired(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted((run_dir / "auto").glob("rank-*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        out[int(path.stem[5:])] = lines
+    return out
+
+
+@pytest.mark.slow
+def test_watching_a_phase_on_every_rank_captures_the_straggler_alone(tmp_path: Path) -> None:
+    run_dir = _spawn_straggler(tmp_path, "forward")
+    fired = _fired(run_dir)
+    assert list(fired) == [STRAGGLER]
+    (line,) = fired[STRAGGLER]
+    assert line["status"] == "accepted" and line["slow_steps"] == [30, 31, 32]
+    window = line["window"]
+    assert window.endswith("-slow-forward")
+    traced = sorted(p.name for p in (run_dir / "traces" / window).glob("*.pt.trace.json.gz"))
+    assert traced == [f"rank-{STRAGGLER:05d}.pt.trace.json.gz"]
+
+
+@pytest.mark.slow
+def test_watching_the_step_on_every_rank_captures_the_waiting_ranks_too(tmp_path: Path) -> None:
+    """Why `phase` exists: the ranks waiting for the straggler got slow steps as well."""
+    run_dir = _spawn_straggler(tmp_path, "")
+    fired = _fired(run_dir)
+    assert sorted(fired) == list(range(WORLD))
+    assert all(lines[0]["measured"] == "step" for lines in fired.values())
