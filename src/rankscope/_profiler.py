@@ -393,7 +393,12 @@ def _warn_incompatible(config: ProfileConfig) -> None:
     from ._torch import import_torch
     from .capture._memory import incompatibilities
 
-    for problem in incompatibilities(config, import_torch("trace capture")):
+    try:
+        problems = incompatibilities(config, import_torch("trace capture"))
+    except Exception:  # a check that fails must not stop the job it was meant to help
+        logger.debug("rankscope: checking for incompatible settings failed", exc_info=True)
+        return
+    for problem in problems:
         logger.warning("rankscope: %s", problem)
 
 
