@@ -78,13 +78,16 @@ def main() -> None:
         f"unselected step() vs an empty method call: {rows['unselected step()'] / base_call:.2f}x "
         "(goal <= 2x: an attribute check)"
     )
+    # Issue 6's goal is on the trigger check itself (bench/trigger_check.py); these say what
+    # a rank that listens pays in all, next to the always-on timer's unsampled path.
     print(
         "listening step() vs an unsampled timer step(): "
-        f"{rows['listening step()'] / rows['timer step()']:.2f}x (goal <= 1x: issue 6)"
+        f"{rows['listening step()'] / rows['timer step()']:.2f}x (its check alone: "
+        "bench/trigger_check.py)"
     )
     print(
         "listening phase() vs an unsampled timer phase(): "
-        f"{rows['listening with phase()'] / rows['timer with phase()']:.2f}x (goal <= 1x)"
+        f"{rows['listening with phase()'] / rows['timer with phase()']:.2f}x"
     )
 
 
