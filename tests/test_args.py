@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,48 @@ def test_a_bad_yaml_file_is_a_config_error(tmp_path: Path) -> None:
     bad.write_text("timer: {every_n_steps: 0}\n")
     with pytest.raises(rankscope.ConfigError, match=r"timer\.every_n_steps=0"):
         _config(["--rankscope-config", str(bad)])
+
+
+def test_none_on_a_flag_overrides_a_value_in_the_yaml_file(tmp_path: Path) -> None:
+    path = tmp_path / "profile.yaml"
+    path.write_text(
+        "timer: {enable: true, end_step: 50}\n"
+        "trace: {enable: true, activities: [cpu], auto: {phase: forward, ranks: all}}\n"
+    )
+    kept = _config(["--rankscope-config", str(path)])
+    assert (kept.timer.end_step, kept.trace.auto.phase, kept.trace.auto.ranks) == (
+        50,
+        "forward",
+        "all",
+    )
+    assert kept.trace.activities == ("cpu",)
+    config = _config(
+        [
+            "--rankscope-config",
+            str(path),
+            "--rankscope-timer-end-step",
+            "none",
+            "--rankscope-trace-auto-phase",
+            "none",
+            "--rankscope-trace-auto-ranks",
+            "None",
+            "--rankscope-trace-activities",
+            "none",
+        ]
+    )
+    assert config.timer.end_step is None
+    assert (config.trace.auto.phase, config.trace.auto.ranks) == (None, None)
+    assert config.trace.activities is None
+
+
+def test_an_output_dir_flag_is_the_only_one_resolved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="rankscope"):
+        config = _config(["--rankscope-output-dir", "runs/mine"])
+    assert config.output_dir == str(tmp_path / "runs" / "mine")
+    resolved = [r.getMessage() for r in caplog.records if "resolved to" in r.getMessage()]
+    assert resolved == [
+        f"rankscope: output_dir 'runs/mine' resolved to {tmp_path / 'runs' / 'mine'}"
+    ]

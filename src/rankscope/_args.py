@@ -53,7 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         help="a YAML file of ProfileConfig fields, read before the flags below",
     )
     for field in config_fields():
-        kwargs: dict[str, Any] = {"dest": _dest(field), "default": None, "help": _help(field)}
+        kwargs: dict[str, Any] = {
+            "dest": _dest(field),
+            "default": _NOT_GIVEN,
+            "help": _help(field),
+        }
         if field.type == "bool":
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
@@ -68,25 +72,45 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
     from ._config import ProfileConfig
 
     path = getattr(args, _CONFIG_DEST, None)
-    base = ProfileConfig() if path is None else ProfileConfig.from_yaml(path)
-    data = base.to_dict()
     given: dict[str, str] = {}
+    values: dict[tuple[str, ...], Any] = {}
     for field in config_fields():
-        value = getattr(args, _dest(field), None)
-        if value is None:
+        # "none" is a value ("--rankscope-timer-end-step none" over a YAML end_step), so
+        # a flag left out is told apart by the sentinel, not by None.
+        value = getattr(args, _dest(field), _NOT_GIVEN)
+        if value is _NOT_GIVEN:
             continue
-        node = data
-        for key in field.path[:-1]:
-            node = node[key]
-        node[field.path[-1]] = value
+        values[field.path] = value
         given[field.name] = flag_name(field)
     try:
+        if path is not None:
+            base = ProfileConfig.from_yaml(path)
+        elif ("output_dir",) in values:  # the default directory would be resolved (and logged)
+            base = ProfileConfig(output_dir=values.pop(("output_dir",)))
+        else:
+            base = ProfileConfig()
+        data = base.to_dict()
+        for field_path, value in values.items():
+            node = data
+            for key in field_path[:-1]:
+                node = node[key]
+            node[field_path[-1]] = value
         return ProfileConfig.from_dict(data)
     except ConfigError as exc:
         flag = given.get(exc.field)
         if flag is None:
             raise
         raise ConfigError(flag, exc.value, exc.accepted, exc.problem) from None
+
+
+class _NotGiven:
+    """The default of every generated flag: the flag was left out."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_NOT_GIVEN: Any = _NotGiven()
 
 
 def _help(field: ConfigField) -> str:
@@ -108,7 +132,9 @@ def _optional_text(text: str) -> str | None:
     return None if text.strip().lower() == "none" else text
 
 
-def _words(text: str) -> list[str]:
+def _words(text: str) -> list[str] | None:
+    if text.strip().lower() == "none":
+        return None
     return [word.strip() for word in text.split(",") if word.strip()]
 
 
