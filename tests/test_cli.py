@@ -168,3 +168,22 @@ def test_without_rich_the_cli_names_the_extra_and_json_still_works(tmp_path: Pat
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert "json: 0" in done.stdout and "terminal: 2" in done.stdout
     assert 'pip install "rankscope[cli]"' in done.stderr
+
+
+def test_a_reader_that_goes_away_stops_the_command_quietly(tmp_path: Path) -> None:
+    """`rankscope report RUN --json | head -c 10`: no traceback, no error line."""
+    import subprocess
+    import sys
+
+    from rankscope._synthetic import write_timings
+
+    write_timings(tmp_path, ranks=32, steps=200)
+    command = [sys.executable, "-m", "rankscope.cli", "report", str(tmp_path), "--json"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        head = proc.stdout.read(10)
+        proc.stdout.close()  # the reader goes away with most of the report unread
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=120)
+    assert head.startswith(b"{")
+    assert (code, err) == (141, "")

@@ -966,3 +966,27 @@ def test_memory_config_checks_its_fields(run_dir: Path) -> None:
     assert cfg.memory == MemoryConfig(enable=True)
     with pytest.raises(ConfigError, match=r"memory\.depth"):
         ProfileConfig.from_dict({"memory": {"depth": 3}})
+
+
+def test_nsys_refuses_an_uncompressed_trace_option() -> None:
+    with pytest.raises(ConfigError, match=r"trace\.gzip=False .*nsys writes its own reports"):
+        TraceConfig(tool="nsys", gzip=False)
+
+
+def test_trace_options_left_idle_by_trace_enable_false_are_said_once(
+    run_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rankscope import Profiler
+
+    trace = TraceConfig(on_signal=True, auto=AutoTrigger(enable=True))
+    config = ProfileConfig(output_dir=run_dir, trace=trace)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        Profiler(config, rank=0, world_size=2)
+        Profiler(config, rank=1, world_size=2)  # said by rank 0 only
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert warned.startswith("rankscope: trace.on_signal and trace.auto.enable set, but")
+    assert "RANKSCOPE_TRACE=1" in warned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        Profiler(ProfileConfig(output_dir=run_dir), rank=0, world_size=1)
+    assert caplog.records == []

@@ -27,7 +27,7 @@ from rankscope import Profiler, Schedule
 from rankscope.analysis import build_report
 from rankscope.capture._nsys import NsysWindows
 from rankscope.capture._schedule import Action, StepPlan
-from rankscope.capture._trigger import Trigger, write_trigger
+from rankscope.capture._trigger import SignalHook, Trigger, write_trigger
 
 from ._helpers import final_files, tiny_model, tiny_step
 
@@ -221,9 +221,26 @@ def test_without_cuda_one_warning_and_everything_else_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert not torch.cuda.is_available()
-    with caplog.at_level(logging.WARNING, logger="rankscope"):
-        prof = Profiler(_config(tmp_path, on_signal=True), rank=0, world_size=1)
-        _train(prof, 5)
+    reached: list[int] = []
+    before = signal.signal(signal.SIGUSR2, lambda *_: reached.append(1))  # pytest must survive
+
+    def send() -> None:
+        # SIGUSR2 still has rankscope's handler in front: its default action would end the job.
+        assert isinstance(signal.getsignal(signal.SIGUSR2), SignalHook)
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+    try:
+        with caplog.at_level(logging.INFO, logger="rankscope"):
+            prof = Profiler(_config(tmp_path, on_signal=True), rank=0, world_size=1)
+            _train(prof, 5, {2: send})
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert reached == [1]  # passed on to the handler found at start()
+    said = [r.getMessage() for r in caplog.records if "SIGUSR2" in r.getMessage()]
+    assert said == [
+        "rankscope: SIGUSR2 received before step 3; no window on rank 0: capture is off "
+        "(see the warning at start)"
+    ]
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warned == [
         "rankscope: trace.tool is 'nsys' but CUDA is not available in this process; no window "

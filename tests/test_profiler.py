@@ -407,3 +407,20 @@ def test_a_module_can_be_converted_after_a_window_that_recorded_shapes(tmp_path:
         torch.__future__.set_swap_module_params_on_conversion(False)
     assert all(p.dtype == torch.float64 for p in model.parameters())
     assert final_files(tmp_path)[-1] == "traces/step-000001-000001/rank-00000.summary.json"
+
+
+def test_a_loop_that_raises_before_the_first_window_is_not_told_to_call_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = trace_config(tmp_path, schedule=rankscope.Schedule(wait=5))
+    prof = Profiler(config, rank=0, world_size=1)
+    with (
+        caplog.at_level(logging.WARNING, logger="rankscope"),
+        pytest.raises(ZeroDivisionError),
+        prof,
+    ):
+        prof.step()
+        _ = 1 / 0
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert "captured nothing: the training loop raised during step 1" in warned
+    assert "is step() called" not in warned

@@ -415,6 +415,7 @@ def test_trigger_starts_far_enough_ahead_and_reports_who_will_record(
             "no selected rank checks for triggers (rank 0: trace.enable is false)",
         ),
         ([], {"target": "phase:fwd"}, "trace.target is 'phase:fwd'"),
+        ([], {"tool": "nsys"}, "trace.tool is 'nsys' and the rank has no CUDA device (cpu)"),
         ([], {"timings": False}, "no timings to tell which step the run has reached"),
         (["--status", "--at", "30"], {}, "cannot be combined with --at"),
         (["--run-is-no-run"], {}, "unrecognized arguments"),
@@ -618,3 +619,17 @@ def test_a_window_cut_short_by_stop_still_counts_as_saved_and_says_why(
     assert windows["step-000005-000006-trigger-t1"] == [
         "rankscope trigger t1 asked for it (rank 0)"
     ]
+
+
+def test_an_nsys_run_on_gpus_is_told_where_its_range_records_go(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run(tmp_path, tool="nsys")
+    for path in (run / "meta").glob("rank-*.json"):
+        meta = json.loads(path.read_text())
+        path.write_text(json.dumps({**meta, "device": "cuda:0 NVIDIA H100 80GB HBM3"}))
+    code, out, err = _cli(["trigger", str(run), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["traces"] == str(run / "nsys" / data["window"])
+    assert data["listening"] == [0, 1, 2, 3]

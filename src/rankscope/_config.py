@@ -103,7 +103,7 @@ class AutoTrigger:
     history_steps: int = 50
     """Step times the rolling median is taken over (>= 3)."""
     warmup_steps: int = 20
-    """Step times measured before any can count as slow (start-up and compilation are slow)."""
+    """Step times measured before any can count as slow (>= 3; start-up and compilation are slow)."""
     max_captures: int = 3
     """Anomaly windows per run on this rank, at most, so a job slow everywhere cannot trace forever."""
     cooldown_steps: int = 200
@@ -270,6 +270,10 @@ def _check_nsys_options(trace: TraceConfig) -> None:
     if trace.activities is not None:
         raise ConfigError(
             "trace.activities", list(trace.activities), "None with trace.tool='nsys'", why
+        )
+    if not trace.gzip:
+        raise ConfigError(
+            "trace.gzip", False, "True with trace.tool='nsys'", "nsys writes its own reports"
         )
 
 

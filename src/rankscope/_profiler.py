@@ -95,8 +95,10 @@ class Profiler:
             self._capture.attach_timer(self._timer)
             if self._memory is not None:
                 self._capture.on_window_closed = self._memory.dump
-        if self.rank_info.rank == 0 and (self._capture is not None or self._memory is not None):
-            _warn_incompatible(self.config)
+        if self.rank_info.rank == 0:
+            _warn_unused(self.config)
+            if self._capture is not None or self._memory is not None:
+                _warn_incompatible(self.config)
         self._live: TraceCapture | None = None  # the capture between start() and stop(), else None
         self._recorder: MemorySnapshots | None = None  # memory between start() and stop()
         self._timing: PhaseTimer | None = None  # the timer between start() and stop(), else None
@@ -204,7 +206,10 @@ class Profiler:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        capture = self._live
+        if exc_type is not None and capture is not None:
+            capture.loop_raised = True  # "captured nothing" then needs no hint about step()
         self.stop()
 
     @property
@@ -386,6 +391,28 @@ def annotate(name: str, kind: str = "compute", **meta: Any) -> Callable[[F], F]:
         return _decorate(fn, make)
 
     return decorator
+
+
+def _warn_unused(config: ProfileConfig) -> None:
+    """Say so when trace options are set that trace.enable=False leaves doing nothing."""
+    trace = config.trace
+    if trace.enable:
+        return
+    unused = [
+        name
+        for name, on in (
+            ("trace.on_signal", trace.on_signal),
+            ("trace.auto.enable", trace.auto.enable),
+            ("trace.tool='nsys'", trace.tool == "nsys"),
+        )
+        if on
+    ]
+    if unused:
+        logger.warning(
+            "rankscope: %s set, but trace.enable is False, so no window is ever recorded "
+            "(set trace.enable, or RANKSCOPE_TRACE=1)",
+            " and ".join(unused),
+        )
 
 
 def _warn_incompatible(config: ProfileConfig) -> None:

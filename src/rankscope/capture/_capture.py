@@ -118,22 +118,7 @@ class TraceCapture:
         self._asked: dict[AddedWindow, Asked] = {}  # who asked for each added window
         self._signal: SignalHook | None = None  # installed by start() with trace.on_signal
         self._finalizer = TraceFinalizer(self._report_failure)
-        auto = config.auto
-        use_auto = (
-            self.enabled
-            and auto.enable
-            and self._target_phase is None
-            and self._rank in auto.rank_set(config.ranks)
-        )
-        # Step times, measured here: one perf_counter a step.
-        self._detector = SlowdownDetector(auto) if use_auto and auto.phase is None else None
-        self._step_began = 0.0  # perf_counter when the current step began (auto only)
-        # A phase's times, from the phase timer's records (attach_timer); see _observe_phase.
-        self._phase_detector = SlowdownDetector(auto) if use_auto and auto.phase else None
-        self._timer: PhaseTimer | None = None
-        self._phase_step: int | None = None  # the step whose phase times are being summed
-        self._phase_sum = 0.0
-        self._profiled: deque[int] = deque(maxlen=256)  # recent steps a profiler ran in
+        self._init_auto(config)
         self.on_window_closed: Callable[[str], None] | None = None
         """Called with a window's name on the training thread when it closes (memory snapshots)."""
         self._prof: Any = None
@@ -155,8 +140,29 @@ class TraceCapture:
         """True while a window records, so phases open record_function (or NVTX) ranges."""
         self.phase_target = self._target_phase is not None
         """Phases must reach phase_enter even while nothing records (a "phase:NAME" target)."""
+        self.loop_raised = False
+        """Set by the Profiler when the training loop's exception ends the run."""
 
     # -- lifecycle ---------------------------------------------------------------
+
+    def _init_auto(self, config: TraceConfig) -> None:
+        """The anomaly watch's state (trace.auto); its detectors stay None where it is off."""
+        auto = config.auto
+        use_auto = (
+            self.enabled
+            and auto.enable
+            and self._target_phase is None
+            and self._rank in auto.rank_set(config.ranks)
+        )
+        # Step times, measured here: one perf_counter a step.
+        self._detector = SlowdownDetector(auto) if use_auto and auto.phase is None else None
+        self._step_began = 0.0  # perf_counter when the current step began (auto only)
+        # A phase's times, from the phase timer's records (attach_timer); see _observe_phase.
+        self._phase_detector = SlowdownDetector(auto) if use_auto and auto.phase else None
+        self._timer: PhaseTimer | None = None
+        self._phase_step: int | None = None  # the step whose phase times are being summed
+        self._phase_sum = 0.0
+        self._profiled: deque[int] = deque(maxlen=256)  # recent steps a profiler ran in
 
     def _nsys_usable(self) -> bool:
         missing = nsys_unavailable(self._torch)
@@ -189,7 +195,9 @@ class TraceCapture:
     def start(self) -> None:
         self._owner = threading.get_ident()
         self._step_began = time.perf_counter()
-        if self._config.on_signal and self._target_phase is None and self.enabled:
+        if self._config.on_signal and self._target_phase is None:
+            # Installed even where capture is off (nsys without CUDA): the promise was that
+            # SIGUSR2 asks for a window, and its default action would end the process.
             self._signal = install_signal_hook(self._rank)
             if self._signal is not None:
                 self._signal.wake = self._wake
@@ -230,6 +238,16 @@ class TraceCapture:
             if not self._on_owner_thread("step()") or not self._advance(prof, step):
                 return
         elif not self.enabled:
+            hook = self._signal
+            if hook is not None and hook.pending:
+                hook.pending = False
+                logger.info(
+                    "rankscope: SIGUSR2 received before step %d; no window on rank %d: capture "
+                    "is off (%s)",
+                    step,
+                    self._rank,
+                    self.fault_reason or "see the warning at start",
+                )
             return
         check = self._check_every and step % self._check_every == 0
         hook = self._signal
@@ -336,10 +354,12 @@ class TraceCapture:
                 f"phase {self._target_phase!r} was entered {self._phase_calls} time(s); "
                 f"the schedule records invocation {first_call} first"
             )
-        return (
-            f"stopped during step {self._step}; the schedule's first window is steps "
-            f"{first_call}-{first_call + sched.active - 1} (is step() called once per iteration?)"
+        window = (
+            f"the schedule's first window is steps {first_call}-{first_call + sched.active - 1}"
         )
+        if self.loop_raised:
+            return f"the training loop raised during step {self._step}; {window}"
+        return f"stopped during step {self._step}; {window} (is step() called once per iteration?)"
 
     @property
     def last_summary(self) -> dict[str, Any] | None:

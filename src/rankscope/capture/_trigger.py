@@ -100,7 +100,11 @@ def rank_listens(meta: dict[str, Any] | None) -> str | None:
     if not isinstance(trace, dict):
         return "its meta file holds no trace config"
     every = trace.get("trigger_check_every_n_steps", 0)
-    return why_not_listening(trace.get("enable"), trace.get("target"), every)
+    why = why_not_listening(trace.get("enable"), trace.get("target"), every)
+    device = meta.get("device")
+    if why is None and trace.get("tool") == "nsys" and not str(device).startswith("cuda"):
+        return f"trace.tool is 'nsys' and the rank has no CUDA device ({device})"
+    return why
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,10 @@ bad input is one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +23,7 @@ from .._version import __version__
 __all__ = ["main"]
 
 EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command a pipe cut short
 # ConfigError fields that are this CLI's options (the analysis's and the demo's).
 _OPTIONS = {
     "threshold",
@@ -51,25 +54,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Callable[[argparse.Namespace], int] = args.run
     try:
         return command(args)
-    except ConfigError as exc:
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as a command killed by SIGPIPE would.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except (RankscopeError, OSError, ImportError) as exc:  # ConfigError is a RankscopeError
+        print(f"rankscope {args.command}: {_error_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _error_line(exc: Exception) -> str:
+    """What went wrong, in one line, naming the option the user typed where it was one."""
+    if isinstance(exc, ConfigError):
+        if exc.field not in _OPTIONS:
+            return str(exc)
         # Name the option the user typed, not the keyword argument it became.
-        what = (
-            f"--{exc.field.replace('_', '-')} {exc.value!r}" if exc.field in _OPTIONS else str(exc)
+        return (
+            f"--{exc.field.replace('_', '-')} {exc.value!r} is not valid; accepted: {exc.accepted}"
         )
-        if exc.field in _OPTIONS:
-            what += f" is not valid; accepted: {exc.accepted}"
-        print(f"rankscope {args.command}: {what}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except RankscopeError as exc:
-        print(f"rankscope {args.command}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:
+    if isinstance(exc, OSError) and not isinstance(exc, RankscopeError):
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"rankscope {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ImportError as exc:
-        print(f"rankscope {args.command}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return f"{where}{exc.strerror or exc}"
+    return str(exc)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -487,6 +494,8 @@ def _new_trigger(args: argparse.Namespace, meta: Any) -> dict[str, Any]:
             f"no selected rank checks for triggers (rank {first}: {unheard[first]})",
         )
     traces = [meta.meta[r]["config"]["trace"] for r in listening]
+    # With trace.tool="nsys", nsys writes the reports; rankscope notes each range here.
+    folder = "nsys" if all(t.get("tool") == "nsys" for t in traces) else "traces"
     timers = [meta.meta[r]["config"].get("timer") or {} for r in listening]
     max_steps = min(int(t.get("trigger_max_steps", 1)) for t in traces)
     steps = min(2, max_steps) if args.steps is None else args.steps
@@ -547,7 +556,7 @@ def _new_trigger(args: argparse.Namespace, meta: Any) -> dict[str, Any]:
         "path": str(path),
         "last": trigger.last,
         "window": trigger.window,
-        "traces": str(Path(args.run_dir) / "traces" / trigger.window),
+        "traces": str(Path(args.run_dir) / folder / trigger.window),
         "latest_step": latest,
         "selected": selected,
         "listening": listening,
