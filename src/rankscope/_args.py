@@ -62,7 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = _PARSERS.get(field.type, str)
-            kwargs["metavar"] = _METAVARS.get(field.type, "VALUE")
+            choices = _choices().get(field.name)
+            kwargs["metavar"] = (
+                "{" + ",".join(choices) + "}" if choices else _METAVARS.get(field.type, "VALUE")
+            )
         group.add_argument(flag_name(field), **kwargs)
     return group
 
@@ -111,6 +114,13 @@ class _NotGiven:
 
 
 _NOT_GIVEN: Any = _NotGiven()
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """Fields with a fixed set of words: the help shows them (the config checks them)."""
+    from ._config import STACKS, TOOLS
+
+    return {"trace.tool": TOOLS, "memory.stacks": STACKS}
 
 
 def _help(field: ConfigField) -> str:

@@ -19,6 +19,7 @@ from ._ranks import RankSet, RankSpec, parse_ranks
 
 __all__ = [
     "ACTIVITIES",
+    "STACKS",
     "TOOLS",
     "AutoTrigger",
     "MemoryConfig",
