@@ -29,6 +29,7 @@ from .._layout import (
 from .._ranks import RankInfo
 from .._torch import import_torch
 from ._auto import SlowdownDetector, SlowSteps
+from ._faults import OneFault
 from ._finalize import FinalizeJob
 from ._nsys import NsysWindows, NvtxRange, nsys_unavailable
 from ._schedule import Action, AddedWindow, StepPlan, action_at
@@ -77,7 +78,7 @@ STOP_TIMEOUT_S = 600.0
 """How long stop() waits for traces still being compressed before it returns anyway."""
 
 
-class TraceCapture:
+class TraceCapture(OneFault):
     """torch.profiler windows on one rank: the schedule's, and those triggers ask for.
 
     Every call from the training loop is guarded: a fault inside torch.profiler or
@@ -95,6 +96,8 @@ class TraceCapture:
     """
 
     def __init__(self, config: TraceConfig, run_dir: str, rank_info: RankInfo) -> None:
+        super().__init__()
+        self._part = "trace capture"
         self._torch: ModuleType = import_torch("trace capture")
         self._config = config
         self._run_dir = run_dir
@@ -132,10 +135,7 @@ class TraceCapture:
         self._export_error: Exception | None = None  # raised inside torch's on_trace_ready
         self._phase_window: str | None = None  # the open window of a phase target
         self._phase_lock = threading.Lock()
-        self._fault_lock = threading.Lock()
         self._failure: str | None = None
-        self.fault_reason: str | None = None
-        """Why a fault turned capture off (None: it did not)."""
         self.recording = False
         """True while a window records, so phases open record_function (or NVTX) ranges."""
         self.phase_target = self._target_phase is not None
@@ -967,7 +967,7 @@ class TraceCapture:
         thread rankscope drops capture rather than touch the profiler."""
         if threading.get_ident() == self._owner:
             return True
-        self._warn_once(f"{what} was called from another thread than start()")
+        self._switch_off(f"{what} was called from another thread than start()")
         self.enabled = False
         self.recording = False
         self._prof = None  # touching it from this thread can crash the process
@@ -977,7 +977,7 @@ class TraceCapture:
         """Kineto runs one profiler per process: never take over one the user started."""
         if not self._torch.autograd._profiler_enabled():
             return False
-        self._warn_once("another torch.profiler is already running in this process")
+        self._switch_off("another torch.profiler is already running in this process")
         self.enabled = False
         return True
 
@@ -996,7 +996,7 @@ class TraceCapture:
 
     def fault(self, what: str) -> None:
         """Turn capture off for the rest of the run: one warning naming `what`, profiler stopped."""
-        self._warn_once(what)
+        self._switch_off(what)
         self.enabled = False
         self.recording = False
         self._failure = None
@@ -1005,25 +1005,11 @@ class TraceCapture:
 
     def _report_failure(self, cause: str) -> None:
         """Called by the worker thread; the training thread acts on it at its next step."""
-        if self._warn_once(f"writing a trace failed ({cause})"):
+        if self._switch_off(f"writing a trace failed ({cause})"):
             self._failure = cause
 
     def _fail(self, where: str, exc: BaseException) -> None:
         self.fault(f"trace capture failed in {where} ({type(exc).__name__}: {exc})")
-
-    def _warn_once(self, what: str) -> bool:
-        with self._fault_lock:
-            if not self.enabled or self._failure is not None:
-                return False
-            logger.warning(
-                "rankscope: %s; trace capture is off for the rest of this run (rank %d), "
-                "training goes on",
-                what,
-                self._rank,
-            )
-            self.enabled = False
-            self.fault_reason = what
-            return True
 
     def _abandon(self, prof: Any) -> None:
         """Stop a profiler after a fault without exporting, so it cannot keep collecting."""

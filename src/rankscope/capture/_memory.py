@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from .._layout import memory_path, temp_name
 from .._ranks import RankInfo
 from .._torch import import_torch
+from ._faults import OneFault
 from ._worker import JobThread
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ class _OomObserver:
 _OOM_OBSERVER = _OomObserver()
 
 
-class MemorySnapshots:
+class MemorySnapshots(OneFault):
     """CUDA allocator history on one rank, dumped when a window closes and when CUDA runs out
     of memory.
 
@@ -171,6 +172,8 @@ class MemorySnapshots:
     """
 
     def __init__(self, config: MemoryConfig, run_dir: str, rank_info: RankInfo) -> None:
+        super().__init__()
+        self._part = "memory snapshots"
         self._torch: ModuleType = import_torch("memory snapshots")
         self._config = config
         self._run_dir = run_dir
@@ -181,14 +184,11 @@ class MemorySnapshots:
         self._oom_step = -1  # the step of the latest out-of-memory dump
         self._oom_dumps = 0
         self._oom_lock = threading.Lock()
-        self._fault_lock = threading.Lock()
         self._failure: str | None = None  # a write failed on the writer thread
         self._skipped = 0  # windows not saved because writes fell behind
         self._writer = SnapshotWriter(self._report_failure)
         self.enabled = True
         """False once a fault turned snapshots off, or from the start without CUDA."""
-        self.fault_reason: str | None = None
-        """Why a fault turned snapshots off (None: it did not)."""
         self.dumps = 0
         """Snapshots taken so far (windows and out-of-memory)."""
         if not self._torch.cuda.is_available():
@@ -205,7 +205,7 @@ class MemorySnapshots:
             self._fail("reading the allocator backend", exc)
             return
         if backend != "native":
-            self._fault(
+            self._switch_off(
                 f"CUDA memory snapshots need PyTorch's native caching allocator; this process "
                 f"uses {backend!r} (PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF backend), which "
                 f"cannot record history"
@@ -360,33 +360,18 @@ class MemorySnapshots:
 
     def fault(self, what: str) -> None:
         """Turn snapshots off for the rest of the run: one warning naming `what`, recording stopped."""
-        self._fault(what)
+        self._switch_off(what)
         self._failure = None
         if self._recording:
             self._release()
 
     def _report_failure(self, cause: str) -> None:
         """Called by the writer thread; the training thread stops recording at its next call."""
-        if self._fault(cause):
+        if self._switch_off(cause):
             self._failure = cause
 
     def _fail(self, where: str, exc: BaseException) -> None:
         self.fault(f"{where} failed ({type(exc).__name__}: {exc})")
-
-    def _fault(self, what: str) -> bool:
-        """Warn once and mark snapshots off; True if this call did (the first fault)."""
-        with self._fault_lock:
-            if not self.enabled or self.fault_reason is not None:
-                return False
-            logger.warning(
-                "rankscope: %s; memory snapshots are off for the rest of this run (rank %d), "
-                "training goes on",
-                what,
-                self._rank,
-            )
-            self.enabled = False
-            self.fault_reason = what
-            return True
 
 
 def incompatibilities(config: ProfileConfig, torch: ModuleType) -> list[str]:
