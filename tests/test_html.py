@@ -522,3 +522,32 @@ def test_the_driver_skips_without_chromium(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(_chromium, "CHROMIUM", Path("/nonexistent/chromium"))
     with pytest.raises(pytest.skip.Exception, match="not found"), chromium():
         pass
+
+
+def test_windows_say_who_asked_and_other_captures_are_listed() -> None:
+    report = realistic_report()
+    first = report["kernels"]["windows"][0]
+    first["why"] = [f"rankscope trigger t-{PWN_IMG} asked for it (rank 0)"]
+    report["captures"] = {
+        "nsys": [{"window": "step-000002-000003", "first": 2, "last": 3, "ranks": [0, 1, 2]}],
+        "memory": [
+            {
+                "window": "oom-step-000007",
+                "path": "/r/memory/oom-step-000007",
+                "ranks": [3],
+                "bytes": 2_500_000,
+            }
+        ],
+    }
+    page = render_html(report)
+    kernels = page.split('<section id="kernels">')[1].split("</section>")[0]
+    assert html.escape(f"rankscope trigger t-{PWN_IMG} asked for it (rank 0)") in kernels
+    assert PWN_IMG not in kernels  # escaped
+    assert "nsys capture range <code>step-000002-000003</code> · steps 2-3 · ranks 0-2" in kernels
+    assert (
+        "CUDA memory snapshots <code>/r/memory/oom-step-000007</code> · rank 3 · 2.5 MB" in kernels
+    )
+    # Without traces the list still shows.
+    report["kernels"] = {"windows": []}
+    kernels = render_html(report).split('<section id="kernels">')[1].split("</section>")[0]
+    assert "none (no traces captured)" in kernels and "nsys capture range" in kernels

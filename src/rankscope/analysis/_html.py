@@ -458,7 +458,8 @@ def _kernels(report: Mapping[str, Any]) -> str:
     head = '<section id="kernels">\n<h2>Top kernels per captured window</h2>\n'
     windows = [_map(w) for w in _seq(_map(report.get("kernels")).get("windows"))]
     if not windows:
-        return head + '<p class="none">none (no traces captured)</p>\n</section>'
+        none = '<p class="none">none (no traces captured)</p>\n'
+        return head + none + _other_captures(report) + "\n</section>"
     parts = [head]
     for i, window in enumerate(windows):
         items = [_map(item) for item in _seq(window.get("items"))]
@@ -489,11 +490,40 @@ def _kernels(report: Mapping[str, Any]) -> str:
                     f'<p class="note">Top {len(top)} of {len(items)} by total time; '
                     f"the other {len(items) - len(top)} take {_share(rest)}.</p>"
                 )
-        parts.append(
-            f"<details{' open' if i < 4 else ''}><summary>{title}</summary>\n{table}\n</details>"
+        why = "".join(
+            f'<p class="note">{_esc(_text(reason))}</p>\n' for reason in _seq(window.get("why"))
         )
+        parts.append(
+            f"<details{' open' if i < 4 else ''}><summary>{title}</summary>\n{why}{table}\n"
+            "</details>"
+        )
+    parts.append(_other_captures(report))
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _other_captures(report: Mapping[str, Any]) -> str:
+    """nsys capture ranges and CUDA memory snapshots, where the run has any."""
+    captures = _map(report.get("captures"))
+    lines = []
+    for entry in (_map(e) for e in _seq(captures.get("nsys"))):
+        ranks = _ints(entry.get("ranks"))
+        lines.append(
+            f"<li>nsys capture range <code>{_esc(_text(entry.get('window')))}</code> · steps "
+            f"{_esc(_text(entry.get('first')))}-{_esc(_text(entry.get('last')))} · "
+            f"rank{_s(len(ranks))} {_esc(_ranges(ranks))}</li>"
+        )
+    for entry in (_map(e) for e in _seq(captures.get("memory"))):
+        ranks = _ints(entry.get("ranks"))
+        size = (_num(entry.get("bytes")) or 0.0) / 1e6
+        lines.append(
+            f"<li>CUDA memory snapshots <code>{_esc(_text(entry.get('path')))}</code> · "
+            f"rank{_s(len(ranks))} {_esc(_ranges(ranks))} · {size:.1f} MB "
+            "(open at https://pytorch.org/memory_viz)</li>"
+        )
+    if not lines:
+        return ""
+    return "<h3>Also captured</h3>\n<ul>\n" + "\n".join(lines) + "\n</ul>"
 
 
 def _kernel_row(n: int, item: Mapping[str, Any]) -> str:
