@@ -530,20 +530,14 @@ def _trace_from_dict(data: object) -> TraceConfig:
     if isinstance(data, TraceConfig):
         return data
     kwargs = _section("trace", data, TraceConfig)
-    schedule = kwargs.get("schedule")
-    if isinstance(schedule, Mapping):
-        _check_keys("trace.schedule.", schedule, Schedule)
-        try:
-            kwargs["schedule"] = Schedule(**schedule)
-        except ConfigError as exc:
-            raise exc.under("trace") from None
-    auto = kwargs.get("auto")
-    if isinstance(auto, Mapping):
-        _check_keys("trace.auto.", auto, AutoTrigger)
-        try:
-            kwargs["auto"] = AutoTrigger(**auto)
-        except ConfigError as exc:
-            raise exc.under("trace") from None
+    for name, cls in (("schedule", Schedule), ("auto", AutoTrigger)):
+        nested = kwargs.get(name)
+        if isinstance(nested, Mapping):
+            _check_keys(f"trace.{name}.", nested, cls)
+            try:
+                kwargs[name] = cls(**nested)
+            except ConfigError as exc:
+                raise exc.under("trace") from None
     return TraceConfig(**kwargs)
 
 
