@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from rankscope.analysis import _html
-from rankscope.analysis._html import render_html
+from rankscope.analysis.render import _html
+from rankscope.analysis.render._html import render_html
 
 from . import _chromium
 from ._chromium import BrowserError, Chromium, chromium

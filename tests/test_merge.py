@@ -16,7 +16,7 @@ from rankscope import ConfigError, TraceError
 from rankscope._synthetic import write_trace
 from rankscope.analysis import _merge
 from rankscope.analysis._merge import merge_traces
-from rankscope.analysis._stream import scan_trace
+from rankscope.analysis.read._stream import scan_trace
 
 BASE = 1_790_000_000_000_000_000
 META = {"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"}

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rankscope import TraceError
-from rankscope.analysis._timings import read_rank_timings, read_timings
+from rankscope.analysis.read._timings import read_rank_timings, read_timings
 
 settings.register_profile("timings", deadline=None, max_examples=200)
 
@@ -181,7 +181,7 @@ GARBAGE = st.binary(max_size=40).filter(lambda b: b"\n" not in b)
 def test_good_lines_are_read_exactly_whatever_lies_between(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, items: list[Any], batch: int
 ) -> None:
-    from rankscope.analysis import _timings
+    from rankscope.analysis.read import _timings
 
     monkeypatch.setattr(_timings, "_BATCH", batch)
     path = tmp_path / "rank-00000.jsonl"
@@ -247,7 +247,7 @@ def _columns(timings: Any) -> tuple[Any, ...]:
 def test_the_timers_own_lines_are_read_as_columns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rankscope.analysis import _timings
+    from rankscope.analysis.read import _timings
 
     lines = [
         _timer_line(3, s, name, 1_234_567 * (s + 1), None if s % 2 else 0.25 * s, error=s == 4)
@@ -293,7 +293,7 @@ TIMER_LINE = st.builds(
     )
 )
 def test_the_column_path_reads_exactly_what_json_reads(tmp_path: Path, lines: list[str]) -> None:
-    from rankscope.analysis import _timings
+    from rankscope.analysis.read import _timings
 
     path = tmp_path / "rank-00000.jsonl"
     path.write_bytes("".join(lines).encode("utf-8", "surrogatepass"))
@@ -315,7 +315,7 @@ def test_the_column_path_reads_exactly_what_json_reads(tmp_path: Path, lines: li
 def test_integers_past_int64_are_skipped_on_both_paths(
     tmp_path: Path, field: str, value: int, usable: bool
 ) -> None:
-    from rankscope.analysis import _timings
+    from rankscope.analysis.read import _timings
 
     fields = {"step": 1, "start_ns": 5, field: value}
     lines = [

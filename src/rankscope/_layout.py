@@ -1,30 +1,105 @@
-"""The run directory: the one place that knows its file names (DESIGN.md, "Run directory")."""
+"""The run directory's contract: every folder and file name, the one rule for a file's
+rank, and window names with their tags (DESIGN.md, "Run directory").
+
+Writers build their paths with the `*_path` functions; readers list a run directory
+through `RunDir`, which finds each kind of file and says its rank. No other module
+spells a name of the run directory.
+
+::
+
+    RUN_DIR/meta/rank-00003.json
+    RUN_DIR/timings/rank-00003.jsonl
+    RUN_DIR/traces/<window>/rank-00003.pt.trace.json.gz   (.pt.trace.json without gzip)
+    RUN_DIR/traces/<window>/rank-00003.summary.json
+    RUN_DIR/triggers/<id>.json, RUN_DIR/triggers/<id>/rank-00003.json
+    RUN_DIR/auto/rank-00003.jsonl
+    RUN_DIR/nsys/<window>/rank-00003.json
+    RUN_DIR/memory/<window>/rank-00003.pickle
+    RUN_DIR/report.html
+"""
 
 from __future__ import annotations
 
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "AUTO",
+    "MEMORY",
+    "META",
+    "NSYS",
+    "REPORT",
+    "SIGNAL_TAG",
+    "SLOW_STEPS_TAG",
+    "TIMINGS",
+    "TRACES",
+    "TRIGGERS",
+    "RankFile",
+    "RunDir",
+    "ack_path",
+    "auto_path",
+    "is_temp",
+    "is_trace_name",
     "memory_path",
     "meta_path",
     "nsys_path",
     "phase_window_name",
     "rank_name",
+    "rank_of_file",
+    "slow_phase_tag",
     "step_window_name",
     "summary_path",
     "temp_name",
     "timing_path",
     "trace_path",
+    "trigger_path",
+    "trigger_tag",
     "window_key",
 ]
+
+# -- folders, and the suffix of each kind of file ---------------------------------------
+
+META = "meta"
+TIMINGS = "timings"
+TRACES = "traces"
+TRIGGERS = "triggers"
+AUTO = "auto"
+"""RUN_DIR/auto/rank-NNNNN.jsonl: one line per anomaly window a rank asked for, with its figures."""
+NSYS = "nsys"
+MEMORY = "memory"
+REPORT = "report.html"
+
+_META_SUFFIX = ".json"
+_TIMINGS_SUFFIX = ".jsonl"
+_TRACE_SUFFIX = ".pt.trace.json"
+_GZIP_SUFFIX = ".gz"
+_SUMMARY_SUFFIX = ".summary.json"
+_AUTO_SUFFIX = ".jsonl"
+_TRIGGER_SUFFIX = ".json"
+_ACK_SUFFIX = ".json"
+_NSYS_SUFFIX = ".json"
+_MEMORY_SUFFIX = ".pickle"
+
+# -- window names and their tags ---------------------------------------------------------
+
+SIGNAL_TAG = "sigusr2"
+"""The tag of a window SIGUSR2 asked for: `step-000120-000121-sigusr2`."""
+SLOW_STEPS_TAG = "slow-steps"
+"""The tag of a window a rank's own slow steps asked for (trace.auto)."""
 
 _STEP_WINDOW = re.compile(r"step-(\d{6,})-\d{6,}(?:-(.+))?")
 
 
-def rank_name(rank: int) -> str:
-    """`rank-00003`: zero-padded so listings sort."""
-    return f"rank-{rank:05d}"
+def trigger_tag(trigger_id: str) -> str:
+    """The tag of a window `rankscope trigger` asked for: `trigger-<id>`."""
+    return f"trigger-{trigger_id}"
+
+
+def slow_phase_tag(phase: str) -> str:
+    """The tag of a window a slow phase asked for (trace.auto.phase): `slow-<phase>`."""
+    return f"slow-{phase}"
 
 
 def step_window_name(first: int, last: int, why: str | None = None) -> str:
@@ -57,33 +132,242 @@ def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
-def memory_path(run_dir: str | Path, window: str, rank: int) -> Path:
-    """RUN_DIR/memory/<window>/rank-NNNNN.pickle: a CUDA memory snapshot (memory_viz's format)."""
-    return Path(run_dir) / "memory" / window / f"{rank_name(rank)}.pickle"
+# -- a file's rank -----------------------------------------------------------------------
+
+_RANK_FILE = re.compile(r"rank-(\d+)(\..+)")
+# Other tools' names: rank3_trace.json, trace-rank_12.json.gz, worker.RANK-7.json.
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 
 
-def nsys_path(run_dir: str | Path, window: str, rank: int) -> Path:
-    """RUN_DIR/nsys/<window>/rank-NNNNN.json: which steps a cudaProfilerStart/Stop range covered."""
-    return Path(run_dir) / "nsys" / window / f"{rank_name(rank)}.json"
+def rank_name(rank: int) -> str:
+    """`rank-00003`: zero-padded so listings sort."""
+    return f"rank-{rank:05d}"
 
 
-def meta_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "meta" / f"{rank_name(rank)}.json"
+def rank_of_file(name: str, suffix: str | None = None) -> int | None:
+    """The rank a file's name gives; None when it gives none.
+
+    With `suffix` the name must be one rankscope writes, `rank-<digits><suffix>`.
+    Without, a name from elsewhere is read too: the digits after the last "rank",
+    "rank-" or "rank_" that starts a word (`rank3_trace.json` is rank 3).
+    """
+    named = _RANK_FILE.fullmatch(name)
+    if suffix is not None:
+        return int(named.group(1)) if named is not None and named.group(2) == suffix else None
+    if named is not None:
+        return int(named.group(1))
+    found = _RANK_IN_NAME.findall(name)
+    return int(found[-1]) if found else None
 
 
-def timing_path(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / "timings" / f"{rank_name(rank)}.jsonl"
-
-
-def trace_path(run_dir: str | Path, window: str, rank: int, gzip: bool) -> Path:
-    suffix = ".pt.trace.json.gz" if gzip else ".pt.trace.json"
-    return Path(run_dir) / "traces" / window / f"{rank_name(rank)}{suffix}"
-
-
-def summary_path(run_dir: str | Path, window: str, rank: int) -> Path:
-    return Path(run_dir) / "traces" / window / f"{rank_name(rank)}.summary.json"
+def is_temp(name: str) -> bool:
+    """A file still being written (hidden: see `temp_name`), which readers leave alone."""
+    return name.startswith(".")
 
 
 def temp_name(final: Path, tag: str) -> Path:
     """A hidden sibling of `final` for writing it: readers skip names starting with a dot."""
     return final.with_name(f".{final.name}.{tag}.tmp")
+
+
+# -- paths the writers write -------------------------------------------------------------
+
+
+def meta_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / META / f"{rank_name(rank)}{_META_SUFFIX}"
+
+
+def timing_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / TIMINGS / f"{rank_name(rank)}{_TIMINGS_SUFFIX}"
+
+
+def trace_path(run_dir: str | os.PathLike[str], window: str, rank: int, gzip: bool) -> Path:
+    suffix = _TRACE_SUFFIX + _GZIP_SUFFIX if gzip else _TRACE_SUFFIX
+    return Path(run_dir) / TRACES / window / f"{rank_name(rank)}{suffix}"
+
+
+def summary_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
+    return Path(run_dir) / TRACES / window / f"{rank_name(rank)}{_SUMMARY_SUFFIX}"
+
+
+def auto_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """RUN_DIR/auto/rank-NNNNN.jsonl: why a rank asked for windows itself."""
+    return Path(run_dir) / AUTO / f"{rank_name(rank)}{_AUTO_SUFFIX}"
+
+
+def trigger_path(run_dir: str | os.PathLike[str], trigger_id: str) -> Path:
+    """RUN_DIR/triggers/<id>.json: what `rankscope trigger` asks for."""
+    return Path(run_dir) / TRIGGERS / f"{trigger_id}{_TRIGGER_SUFFIX}"
+
+
+def ack_path(run_dir: str | os.PathLike[str], trigger_id: str, rank: int) -> Path:
+    """RUN_DIR/triggers/<id>/rank-NNNNN.json: a rank's answer to a trigger."""
+    return Path(run_dir) / TRIGGERS / trigger_id / f"{rank_name(rank)}{_ACK_SUFFIX}"
+
+
+def nsys_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
+    """RUN_DIR/nsys/<window>/rank-NNNNN.json: which steps a cudaProfilerStart/Stop range covered."""
+    return Path(run_dir) / NSYS / window / f"{rank_name(rank)}{_NSYS_SUFFIX}"
+
+
+def memory_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
+    """RUN_DIR/memory/<window>/rank-NNNNN.pickle: a CUDA memory snapshot (memory_viz's format)."""
+    return Path(run_dir) / MEMORY / window / f"{rank_name(rank)}{_MEMORY_SUFFIX}"
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RankFile:
+    """A file of the run directory and the rank its name gives."""
+
+    rank: int | None
+    """None only for a trace named by another tool without a rank in its name."""
+    path: Path
+    folder: str | None = None
+    """The window (traces, nsys, memory) or trigger id (answers) whose folder holds it."""
+
+    @property
+    def window(self) -> str | None:
+        return self.folder
+
+
+class RunDir:
+    """The reader's view of a run directory: each kind of file, with its rank.
+
+    Lists names only; reading a file and judging its content is the caller's. Files
+    being written (hidden names) are never listed, and listings are sorted, so ranks
+    come in order. A missing folder lists as empty.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    @staticmethod
+    def looks_like(path: str | os.PathLike[str]) -> bool:
+        """True when `path` holds a folder that only a run directory has."""
+        root = Path(path)
+        return any((root / part).is_dir() for part in (TRACES, TIMINGS, META))
+
+    @property
+    def timings_dir(self) -> Path:
+        return self.root / TIMINGS
+
+    @property
+    def triggers_dir(self) -> Path:
+        return self.root / TRIGGERS
+
+    @property
+    def report_path(self) -> Path:
+        return self.root / REPORT
+
+    def meta(self) -> list[RankFile]:
+        """meta/rank-NNNNN.json."""
+        return self._ranked(self.root / META, _META_SUFFIX)
+
+    def timings(self) -> list[RankFile]:
+        """timings/rank-NNNNN.jsonl."""
+        return self._ranked(self.timings_dir, _TIMINGS_SUFFIX)
+
+    def auto_records(self) -> list[RankFile]:
+        """auto/rank-NNNNN.jsonl."""
+        return self._ranked(self.root / AUTO, _AUTO_SUFFIX)
+
+    def windows(self) -> list[str]:
+        """The names of the windows that traces/ holds a folder for."""
+        return [path.name for path in _entries(self.root / TRACES) if path.is_dir()]
+
+    def traces(self, window: str | None = None) -> list[RankFile]:
+        """Every trace under traces/ (those of `window` alone, if given), rank from its name.
+
+        Capture's own `rank-NNNNN.pt.trace.json[.gz]`, and any other `*.json[.gz]` that
+        is not a summary: a trace a user put there, ranked by `rank_of_file`.
+        """
+        top = self.root / TRACES
+        found = [
+            RankFile(rank_of_file(path.name), path, path.parent.name)
+            for path in sorted(top.rglob("*") if top.is_dir() else ())
+            if is_trace_name(path.name) and path.is_file()
+        ]
+        return [f for f in found if window is None or f.folder == window]
+
+    def summaries(self, window: str | None = None) -> list[RankFile]:
+        """traces/<window>/rank-NNNNN.summary.json."""
+        return self._in_windows(TRACES, _SUMMARY_SUFFIX, window)
+
+    def nsys_ranges(self) -> list[RankFile]:
+        """nsys/<window>/rank-NNNNN.json."""
+        return self._in_windows(NSYS, _NSYS_SUFFIX)
+
+    def memory_snapshots(self) -> list[RankFile]:
+        """memory/<window>/rank-NNNNN.pickle."""
+        return self._in_windows(MEMORY, _MEMORY_SUFFIX)
+
+    def triggers(self) -> list[Path]:
+        """triggers/<id>.json."""
+        return [
+            path
+            for path in _entries(self.triggers_dir)
+            if path.name.endswith(_TRIGGER_SUFFIX) and not path.is_dir()
+        ]
+
+    def trigger_answers(self, trigger_id: str | None = None) -> list[RankFile]:
+        """triggers/<id>/rank-NNNNN.json: every rank's answer (to one trigger, if given)."""
+        return self._in_windows(TRIGGERS, _ACK_SUFFIX, trigger_id)
+
+    def saved(self, window: str, rank: int) -> list[RankFile]:
+        """What `rank` saved for a window announced as `window` (its trace, or nsys range),
+        which stop() may have cut short and so named after an earlier last step."""
+        key = window_key(window)
+        found = [f for f in self.traces() if f.rank == rank]
+        found += [f for f in self.nsys_ranges() if f.rank == rank]
+        return [
+            f
+            for f in found
+            if f.folder == window or (key is not None and window_key(f.folder or "") == key)
+        ]
+
+    @staticmethod
+    def summary_of(trace: Path) -> Path | None:
+        """The capture's summary beside a trace it wrote; None for another trace's name."""
+        for suffix in (_TRACE_SUFFIX + _GZIP_SUFFIX, _TRACE_SUFFIX):
+            rank = rank_of_file(trace.name, suffix)
+            if rank is not None:
+                return trace.with_name(f"{rank_name(rank)}{_SUMMARY_SUFFIX}")
+        return None
+
+    def _ranked(self, folder: Path, suffix: str, within: str | None = None) -> list[RankFile]:
+        out = []
+        for path in _entries(folder):
+            rank = rank_of_file(path.name, suffix)
+            if rank is not None:
+                out.append(RankFile(rank, path, within))
+        return out
+
+    def _in_windows(self, top: str, suffix: str, only: str | None = None) -> list[RankFile]:
+        folders = _entries(self.root / top) if only is None else [self.root / top / only]
+        out: list[RankFile] = []
+        for folder in folders:
+            if folder.is_dir():
+                out.extend(self._ranked(folder, suffix, folder.name))
+        return out
+
+
+def is_trace_name(name: str) -> bool:
+    """A name a Kineto trace may have (`*.json`, `*.json.gz`), not a summary, not being written."""
+    if is_temp(name) or name.endswith(_SUMMARY_SUFFIX):
+        return False
+    return name.endswith((".json", ".json.gz"))
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The entries of `folder` that are not being written, sorted; none if it is missing."""
+    try:
+        names = sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [folder / name for name in names if not is_temp(name)]

@@ -10,15 +10,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._html import render_html
     from ._kernels import KernelReport, KernelTable, find_traces, kernel_report
-    from ._kineto import load_trace, scan_trace, summarize_events, summarize_trace
     from ._matrix import PhaseMatrices, phase_matrices
     from ._merge import MergeResult, merge_traces
     from ._report import build_report
-    from ._run import RunMeta, read_run_meta
     from ._stragglers import StragglerFinding, StragglerReport, find_stragglers
-    from ._timings import RankTimings, RunTimings, read_rank_timings, read_timings
+    from .read._kineto import load_trace, scan_trace, summarize_events, summarize_trace
+    from .read._run import RunMeta, read_run_meta
+    from .read._timings import RankTimings, RunTimings, read_rank_timings, read_timings
+    from .render._html import render_html
 
 __all__ = [
     "KernelReport",
@@ -47,29 +47,29 @@ __all__ = [
 ]
 
 _WHERE = {
-    "render_html": "_html",
+    "render_html": "render._html",
     "KernelReport": "_kernels",
     "KernelTable": "_kernels",
     "find_traces": "_kernels",
     "kernel_report": "_kernels",
-    "load_trace": "_kineto",
-    "scan_trace": "_kineto",
-    "summarize_events": "_kineto",
-    "summarize_trace": "_kineto",
+    "load_trace": "read._kineto",
+    "scan_trace": "read._kineto",
+    "summarize_events": "read._kineto",
+    "summarize_trace": "read._kineto",
     "PhaseMatrices": "_matrix",
     "phase_matrices": "_matrix",
     "MergeResult": "_merge",
     "merge_traces": "_merge",
     "build_report": "_report",
-    "RunMeta": "_run",
-    "read_run_meta": "_run",
+    "RunMeta": "read._run",
+    "read_run_meta": "read._run",
     "StragglerFinding": "_stragglers",
     "StragglerReport": "_stragglers",
     "find_stragglers": "_stragglers",
-    "RankTimings": "_timings",
-    "RunTimings": "_timings",
-    "read_rank_timings": "_timings",
-    "read_timings": "_timings",
+    "RankTimings": "read._timings",
+    "RunTimings": "read._timings",
+    "read_rank_timings": "read._timings",
+    "read_timings": "read._timings",
 }
 
 

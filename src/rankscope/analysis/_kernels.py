@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError, TraceError
-from ._kineto import SUMMARY_VERSION, summarize_trace
+from ._parallel import PARALLEL_BYTES, file_size, ordered_map
+from .read._kineto import SUMMARY_VERSION, summarize_trace
 
 __all__ = ["KernelReport", "KernelTable", "find_traces", "kernel_report"]
 
@@ -19,7 +20,7 @@ BY = ("name", "category")
 _TRACE_NAME = re.compile(r".*\.json(\.gz)?$")
 _NOT_TRACES = re.compile(r".*\.summary\.json$|^\.")  # summaries; hidden files being written
 _RANK_NAME = re.compile(r"rank-(\d+)\.pt\.trace\.json(\.gz)?$")  # as capture names them
-_PARALLEL_BYTES = 32 << 20
+_PARALLEL_BYTES = PARALLEL_BYTES  # tests lower it to read small traces in workers
 
 
 # Plain classes, not dataclasses: importing dataclasses (and inspect with it) would cost
@@ -221,30 +222,15 @@ def _rank_of(path: Path, summary: dict[str, Any]) -> int | None:
 def _summaries(
     paths: list[Path], progress: Callable[[int, int], None] | None, workers: int | None
 ) -> list[dict[str, Any] | str]:
-    cores = os.cpu_count() or 1
-    workers = min(cores, len(paths)) if workers is None else max(1, min(workers, len(paths)))
-    total = sum(p.stat().st_size for p in paths if p.is_file())
-    if workers < 2 or total < _PARALLEL_BYTES:
-        out: list[dict[str, Any] | str] = []
-        for i, path in enumerate(paths):
-            out.append(_summary_or_say(path))
-            if progress is not None:
-                progress(i + 1, len(paths))
-        return out
-    import multiprocessing  # here: reading a few small traces needs no pool
-    import platform
-    from concurrent.futures import ProcessPoolExecutor
-
-    linux = platform.system() == "Linux"
-    context = multiprocessing.get_context("fork" if linux else "spawn")
-    results: list[dict[str, Any] | str] = []
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        # Largest first would balance better, but results must come back in order.
-        for result in pool.map(_summary_or_say, paths):
-            results.append(result)
-            if progress is not None:
-                progress(len(results), len(paths))
-    return results
+    size = sum(file_size(p) for p in paths)
+    return ordered_map(
+        _summary_or_say,
+        paths,
+        size=size,
+        workers=workers,
+        progress=progress,
+        min_bytes=_PARALLEL_BYTES,
+    )
 
 
 def _summary_or_say(path: Path) -> dict[str, Any] | str:

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import ConfigError
-from ._timings import RunTimings
+from .read._timings import RunTimings
 
 __all__ = ["STEP", "TIME_BASES", "PhaseMatrices", "phase_matrices"]
 

@@ -63,7 +63,7 @@ from typing import IO, Any, cast
 
 from .._errors import ConfigError, TraceError
 from .._layout import temp_name
-from ._stream import scan_trace
+from .read._stream import scan_trace
 
 __all__ = ["MergeResult", "MergedInput", "merge_traces"]
 

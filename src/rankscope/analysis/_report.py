@@ -14,11 +14,12 @@ import numpy as np
 
 from .._errors import TraceError
 from .._layout import window_key
+from .._text import format_ranks, format_steps
 from ._kernels import find_traces, kernel_report
 from ._matrix import STEP, PhaseMatrices, phase_matrices
-from ._run import read_run_meta
-from ._stragglers import find_stragglers, format_ranks
-from ._timings import read_timings
+from ._stragglers import find_stragglers
+from .read._run import read_run_meta
+from .read._timings import read_timings
 
 __all__ = ["REPORT_VERSION", "build_report"]
 
@@ -272,11 +273,7 @@ def _why_captured(root: Path, skipped: list[str]) -> dict[str, list[str]]:
             except (ValueError, KeyError, TypeError, ZeroDivisionError):
                 skipped.append(f"{path}:{number}: not an anomaly record")
                 continue
-            steps = (
-                f"{slow[0]}-{slow[-1]}"
-                if slow == list(range(slow[0], slow[-1] + 1))
-                else (", ".join(map(str, slow)))
-            )
+            steps = format_steps(slow)
             if measured == "step":
                 what = f"its steps {steps} took up to {worst:.1f}x its median step time"
             else:

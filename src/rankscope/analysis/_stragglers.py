@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,10 +33,11 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import ConfigError
+from .._text import format_ranks
 from ._matrix import STEP, PhaseMatrices, phase_matrices
-from ._timings import RunTimings
+from .read._timings import RunTimings
 
-__all__ = ["StragglerFinding", "StragglerReport", "find_stragglers", "format_ranks"]
+__all__ = ["StragglerFinding", "StragglerReport", "find_stragglers"]
 
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
@@ -531,25 +532,6 @@ def _often(last: npt.NDArray[np.int64], r: int) -> tuple[int, ...]:
     counts = np.bincount(last)
     order = np.argsort(-counts, kind="stable")
     return tuple(int(i) for i in order if counts[i] >= 0.3 * len(last))
-
-
-def format_ranks(ranks: Iterable[int]) -> str:
-    """'rank 3', 'ranks 0, 1, 3' or 'ranks 0-6, 8-15': runs of three or more folded."""
-    ordered = sorted(set(ranks))
-    if len(ordered) == 1:
-        return f"rank {ordered[0]}"
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        if j - i >= 2:
-            parts.append(f"{ordered[i]}-{ordered[j]}")
-        else:
-            parts.extend(str(r) for r in ordered[i : j + 1])
-        i = j + 1
-    return "ranks " + ", ".join(parts)
 
 
 def _verb(ranks: list[int], singular: str, plural: str) -> str:

@@ -266,8 +266,8 @@ def _terminal(command: str) -> Any:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ..analysis._html import render_html
     from ..analysis._report import build_report
+    from ..analysis.render._html import render_html
 
     render = None if args.json else _terminal("report")
     with _progress(render, "reading") as progress:
@@ -293,9 +293,9 @@ def _report(args: argparse.Namespace) -> int:
 
 def _stragglers(args: argparse.Namespace) -> int:
     from ..analysis._matrix import phase_matrices
-    from ..analysis._run import read_run_meta
     from ..analysis._stragglers import find_stragglers
-    from ..analysis._timings import read_timings
+    from ..analysis.read._run import read_run_meta
+    from ..analysis.read._timings import read_timings
 
     render = None if args.json else _terminal("stragglers")
     meta = read_run_meta(args.run_dir)
@@ -398,8 +398,8 @@ def _rank_or_none(text: str) -> int | None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ..analysis._html import render_html
     from ..analysis._report import build_report
+    from ..analysis.render._html import render_html
     from ..demo._job import DemoJob, run_demo
 
     job = DemoJob(
@@ -434,7 +434,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _trigger(args: argparse.Namespace) -> int:
-    from ..analysis._run import read_run_meta
+    from ..analysis.read._run import read_run_meta
 
     meta = read_run_meta(args.run_dir)
     if not meta.meta:
@@ -583,7 +583,7 @@ def _saved_window(run_dir: Path, window: str, rank: int) -> list[Path]:
 
 def _latest_step(run_dir: Path) -> int | None:
     """The latest step in the run's timings; None without any."""
-    from ..analysis._timings import read_timings
+    from ..analysis.read._timings import read_timings
 
     try:
         timings = read_timings(run_dir)

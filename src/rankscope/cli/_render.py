@@ -17,6 +17,7 @@ from rich.progress import Progress as _RichProgress
 from rich.table import Table
 from rich.text import Text
 
+from .._text import format_ranks
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport
 
@@ -244,8 +245,6 @@ def merged(result: Any) -> None:
 
 
 def _rank_list(ranks: list[int]) -> str:
-    from ..analysis._stragglers import format_ranks
-
     return format_ranks(ranks) if ranks else "no ranks"
 
 

@@ -18,7 +18,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import TraceError
+from ..._errors import TraceError
 
 __all__ = ["scan_trace"]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._errors import TraceError
+from ..._errors import TraceError
 
 __all__ = ["RunMeta", "read_run_meta"]
 

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
-import platform
 import re
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import TraceError
+from ..._errors import TraceError
+from .._parallel import file_size, ordered_map
 
 __all__ = ["RankTimings", "RunTimings", "read_rank_timings", "read_timings"]
 
@@ -53,8 +51,6 @@ _TIMER_LINE = re.compile(
     re.MULTILINE,
 )
 _INT_MAX = 2**63 - 1
-# Runs smaller than this are read in this process: a worker costs more than it saves.
-_PARALLEL_BYTES = 32 << 20
 
 Int64s = npt.NDArray[np.int64]
 Int32s = npt.NDArray[np.int32]
@@ -172,37 +168,8 @@ def read_rank_timings(path: str | os.PathLike[str]) -> RankTimings:
 def _read_all(
     files: list[Path], progress: Callable[[int, int], None] | None, workers: int | None
 ) -> list[RankTimings | str]:
-    cores = os.cpu_count() or 1
-    workers = min(cores, len(files)) if workers is None else max(1, min(workers, len(files)))
-    total = sum(_size(path) for path in files)
-    if workers < 2 or total < _PARALLEL_BYTES:
-        out: list[RankTimings | str] = []
-        for i, path in enumerate(files):
-            out.append(_read_or_say(path))
-            if progress is not None:
-                progress(i + 1, len(files))
-        return out
-    # Contiguous chunks, several per worker, so progress moves and the load evens out.
-    size = max(1, len(files) // (workers * 8))
-    chunks = [files[i : i + size] for i in range(0, len(files), size)]
-    results: list[RankTimings | str] = []
-    with ProcessPoolExecutor(workers, mp_context=_context()) as pool:
-        for chunk in pool.map(_read_chunk, chunks):
-            results.extend(chunk)
-            if progress is not None:
-                progress(len(results), len(files))
-    return results
-
-
-def _context() -> Any:
-    # fork starts a worker in milliseconds with numpy already imported; where fork is
-    # unsafe (macOS) or unavailable, spawn.
-    linux = platform.system() == "Linux"
-    return multiprocessing.get_context("fork" if linux else "spawn")
-
-
-def _read_chunk(paths: list[Path]) -> list[RankTimings | str]:
-    return [_read_or_say(path) for path in paths]
+    size = sum(file_size(path) for path in files)
+    return ordered_map(_read_or_say, files, size=size, workers=workers, progress=progress)
 
 
 def _read_or_say(path: Path) -> RankTimings | str:
@@ -210,13 +177,6 @@ def _read_or_say(path: Path) -> RankTimings | str:
         return read_rank_timings(path)
     except TraceError as exc:
         return str(exc)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 # -- the timer's own lines, a column at a time -------------------------------------

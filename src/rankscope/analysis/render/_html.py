@@ -23,6 +23,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..._text import number_ranges
+
 __all__ = ["render_html"]
 
 _TOP_KERNELS = 15
@@ -130,13 +132,13 @@ def _ranks_line(ranks: Mapping[str, Any]) -> str:
     missing = _ints(ranks.get("missing"))
     parts = [f"world size {world}" if world is not None else "world size not known"]
     parts.append(
-        f"{len(present)} present ({_esc(_ranges(present))})" if present else "none present"
+        f"{len(present)} present ({_esc(number_ranges(present))})" if present else "none present"
     )
     line = ", ".join(parts)
     if missing:
         line += (
             f'; <span class="warn">{len(missing)} missing: rank{_s(len(missing))} '
-            f"{_esc(_ranges(missing))} (no data from {'it' if len(missing) == 1 else 'them'})</span>"
+            f"{_esc(number_ranges(missing))} (no data from {'it' if len(missing) == 1 else 'them'})</span>"
         )
     else:
         line += "; none missing"
@@ -152,7 +154,7 @@ def _hosts_line(hosts: dict[str, str]) -> str:
         if number is not None:
             by_host.setdefault(host, []).append(number)
     rows = "".join(
-        f"<tr><td>{_esc(host)}</td><td>{_esc(_ranges(sorted(ranks)))}</td></tr>"
+        f"<tr><td>{_esc(host)}</td><td>{_esc(number_ranges(sorted(ranks)))}</td></tr>"
         for host, ranks in sorted(by_host.items(), key=lambda item: min(item[1]))
     )
     count = len(by_host)
@@ -233,7 +235,7 @@ def _findings_table(
             f'<td class="num">{_ms(_num(f.get("lost_ms")))}</td>'
             f'<td class="num">{_esc(_text(f.get("steps"))) or "none"}</td>'
             f'<td class="num">{_esc(_text(f.get("since_step"))) or "none"}</td>'
-            f"<td>{_esc(_ranges(waits)) if waits else ''}</td></tr>"
+            f"<td>{_esc(number_ranges(waits)) if waits else ''}</td></tr>"
         )
     return (
         '<table class="data">\n<tr><th>rank</th><th>host</th><th>phase</th><th>kind</th>'
@@ -471,7 +473,7 @@ def _kernels(report: Mapping[str, Any]) -> str:
         ranks = _ints(window.get("ranks"))
         title = (
             f"<code>{_esc(_text(window.get('window')) or 'unnamed window')}</code> · "
-            f"rank{_s(len(ranks))} {_esc(_ranges(ranks)) or 'not given'} · {what} · "
+            f"rank{_s(len(ranks))} {_esc(number_ranges(ranks)) or 'not given'} · {what} · "
             f"total {_us(_num(window.get('total_us')))}"
         )
         top = items[:_TOP_KERNELS]
@@ -511,14 +513,14 @@ def _other_captures(report: Mapping[str, Any]) -> str:
         lines.append(
             f"<li>nsys capture range <code>{_esc(_text(entry.get('window')))}</code> · steps "
             f"{_esc(_text(entry.get('first')))}-{_esc(_text(entry.get('last')))} · "
-            f"rank{_s(len(ranks))} {_esc(_ranges(ranks))}</li>"
+            f"rank{_s(len(ranks))} {_esc(number_ranges(ranks))}</li>"
         )
     for entry in (_map(e) for e in _seq(captures.get("memory"))):
         ranks = _ints(entry.get("ranks"))
         size = (_num(entry.get("bytes")) or 0.0) / 1e6
         lines.append(
             f"<li>CUDA memory snapshots <code>{_esc(_text(entry.get('path')))}</code> · "
-            f"rank{_s(len(ranks))} {_esc(_ranges(ranks))} · {size:.1f} MB "
+            f"rank{_s(len(ranks))} {_esc(number_ranges(ranks))} · {size:.1f} MB "
             "(open at https://pytorch.org/memory_viz)</li>"
         )
     if not lines:
@@ -606,19 +608,6 @@ def _esc(text: str) -> str:
 
 def _s(n: int) -> str:
     return "" if n == 1 else "s"
-
-
-def _ranges(numbers: list[int]) -> str:
-    """`0-3, 5, 7-9` for [0, 1, 2, 3, 5, 7, 8, 9]: 1024 ranks stay one short line."""
-    starts: list[int] = []
-    ends: list[int] = []
-    for n in sorted(set(numbers)):
-        if ends and ends[-1] == n - 1:
-            ends[-1] = n
-        else:
-            starts.append(n)
-            ends.append(n)
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in zip(starts, ends, strict=True))
 
 
 # ---------------------------------------------------------------------------- number text

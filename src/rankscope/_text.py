@@ -1,0 +1,43 @@
+"""Short texts that several outputs share (log lines, the terminal, the reports): written once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["format_ranks", "format_steps", "number_ranges"]
+
+
+def number_ranges(numbers: Iterable[int], fold: int = 2) -> str:
+    """`0-3, 5, 7-9` for [0, 1, 2, 3, 5, 7, 8, 9]: 1024 ranks stay one short line.
+
+    A run of `fold` or more consecutive numbers is written as a range; shorter runs
+    are listed.
+    """
+    ordered = sorted(set(numbers))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        if j > i and j - i + 1 >= fold:
+            parts.append(f"{ordered[i]}-{ordered[j]}")
+        else:
+            parts.extend(str(n) for n in ordered[i : j + 1])
+        i = j + 1
+    return ", ".join(parts)
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """'rank 3', 'ranks 0, 1, 3' or 'ranks 0-6, 8-15': runs of three or more folded."""
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    return "ranks " + number_ranges(ordered, fold=3)
+
+
+def format_steps(steps: list[int]) -> str:
+    """ "11-13" for a run of consecutive steps, "10, 20, 30" otherwise."""
+    if steps and steps == list(range(steps[0], steps[0] + len(steps))):
+        return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
+    return ", ".join(map(str, steps))

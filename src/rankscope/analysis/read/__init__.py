@@ -1,0 +1,1 @@
+"""Readers: the run directory's files (through RunDir) and Kineto traces, into columns and events."""

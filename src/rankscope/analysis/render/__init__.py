@@ -1,0 +1,1 @@
+"""Renderers that need more than a dict: the self-contained HTML report."""
