@@ -26,18 +26,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "ACK_SUFFIX",
     "AUTO",
+    "AUTO_SUFFIX",
+    "GZIP_SUFFIX",
     "MEMORY",
+    "MEMORY_SUFFIX",
+    "MERGED",
     "META",
+    "META_FILES",
+    "META_SUFFIX",
     "NSYS",
+    "NSYS_SUFFIX",
     "REPORT",
     "SIGNAL_TAG",
     "SLOW_STEPS_TAG",
+    "SUMMARY_SUFFIX",
     "TIMINGS",
+    "TIMINGS_FILES",
+    "TIMINGS_SUFFIX",
     "TRACES",
+    "TRACE_SUFFIX",
     "TRIGGERS",
+    "TRIGGER_SUFFIX",
     "RankFile",
     "RunDir",
+    "TraceFile",
     "ack_path",
     "auto_path",
     "is_temp",
@@ -70,17 +84,24 @@ AUTO = "auto"
 NSYS = "nsys"
 MEMORY = "memory"
 REPORT = "report.html"
+MERGED = "merged.pt.trace.json.gz"
+"""The default name of `rankscope merge`'s output."""
 
-_META_SUFFIX = ".json"
-_TIMINGS_SUFFIX = ".jsonl"
-_TRACE_SUFFIX = ".pt.trace.json"
-_GZIP_SUFFIX = ".gz"
-_SUMMARY_SUFFIX = ".summary.json"
-_AUTO_SUFFIX = ".jsonl"
-_TRIGGER_SUFFIX = ".json"
-_ACK_SUFFIX = ".json"
-_NSYS_SUFFIX = ".json"
-_MEMORY_SUFFIX = ".pickle"
+META_SUFFIX = ".json"
+TIMINGS_SUFFIX = ".jsonl"
+TRACE_SUFFIX = ".pt.trace.json"
+GZIP_SUFFIX = ".gz"
+SUMMARY_SUFFIX = ".summary.json"
+AUTO_SUFFIX = ".jsonl"
+TRIGGER_SUFFIX = ".json"
+ACK_SUFFIX = ".json"
+NSYS_SUFFIX = ".json"
+MEMORY_SUFFIX = ".pickle"
+
+META_FILES = f"{META}/rank-*{META_SUFFIX}"
+"""How the meta files are named, for messages."""
+TIMINGS_FILES = f"{TIMINGS}/rank-*{TIMINGS_SUFFIX}"
+"""How the timing files are named, for messages."""
 
 # -- window names and their tags ---------------------------------------------------------
 
@@ -174,45 +195,45 @@ def temp_name(final: Path, tag: str) -> Path:
 
 
 def meta_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
-    return Path(run_dir) / META / f"{rank_name(rank)}{_META_SUFFIX}"
+    return Path(run_dir) / META / f"{rank_name(rank)}{META_SUFFIX}"
 
 
 def timing_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
-    return Path(run_dir) / TIMINGS / f"{rank_name(rank)}{_TIMINGS_SUFFIX}"
+    return Path(run_dir) / TIMINGS / f"{rank_name(rank)}{TIMINGS_SUFFIX}"
 
 
 def trace_path(run_dir: str | os.PathLike[str], window: str, rank: int, gzip: bool) -> Path:
-    suffix = _TRACE_SUFFIX + _GZIP_SUFFIX if gzip else _TRACE_SUFFIX
+    suffix = TRACE_SUFFIX + GZIP_SUFFIX if gzip else TRACE_SUFFIX
     return Path(run_dir) / TRACES / window / f"{rank_name(rank)}{suffix}"
 
 
 def summary_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
-    return Path(run_dir) / TRACES / window / f"{rank_name(rank)}{_SUMMARY_SUFFIX}"
+    return Path(run_dir) / TRACES / window / f"{rank_name(rank)}{SUMMARY_SUFFIX}"
 
 
 def auto_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     """RUN_DIR/auto/rank-NNNNN.jsonl: why a rank asked for windows itself."""
-    return Path(run_dir) / AUTO / f"{rank_name(rank)}{_AUTO_SUFFIX}"
+    return Path(run_dir) / AUTO / f"{rank_name(rank)}{AUTO_SUFFIX}"
 
 
 def trigger_path(run_dir: str | os.PathLike[str], trigger_id: str) -> Path:
     """RUN_DIR/triggers/<id>.json: what `rankscope trigger` asks for."""
-    return Path(run_dir) / TRIGGERS / f"{trigger_id}{_TRIGGER_SUFFIX}"
+    return Path(run_dir) / TRIGGERS / f"{trigger_id}{TRIGGER_SUFFIX}"
 
 
 def ack_path(run_dir: str | os.PathLike[str], trigger_id: str, rank: int) -> Path:
     """RUN_DIR/triggers/<id>/rank-NNNNN.json: a rank's answer to a trigger."""
-    return Path(run_dir) / TRIGGERS / trigger_id / f"{rank_name(rank)}{_ACK_SUFFIX}"
+    return Path(run_dir) / TRIGGERS / trigger_id / f"{rank_name(rank)}{ACK_SUFFIX}"
 
 
 def nsys_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
     """RUN_DIR/nsys/<window>/rank-NNNNN.json: which steps a cudaProfilerStart/Stop range covered."""
-    return Path(run_dir) / NSYS / window / f"{rank_name(rank)}{_NSYS_SUFFIX}"
+    return Path(run_dir) / NSYS / window / f"{rank_name(rank)}{NSYS_SUFFIX}"
 
 
 def memory_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
     """RUN_DIR/memory/<window>/rank-NNNNN.pickle: a CUDA memory snapshot (memory_viz's format)."""
-    return Path(run_dir) / MEMORY / window / f"{rank_name(rank)}{_MEMORY_SUFFIX}"
+    return Path(run_dir) / MEMORY / window / f"{rank_name(rank)}{MEMORY_SUFFIX}"
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -220,17 +241,23 @@ def memory_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path
 
 @dataclass(frozen=True, slots=True)
 class RankFile:
-    """A file of the run directory and the rank its name gives."""
+    """A file rankscope wrote into the run directory, and the rank its name gives."""
 
-    rank: int | None
-    """None only for a trace named by another tool without a rank in its name."""
+    rank: int
     path: Path
     folder: str | None = None
-    """The window (traces, nsys, memory) or trigger id (answers) whose folder holds it."""
+    """The window (nsys, memory, summaries) or trigger id (answers) whose folder holds it."""
 
-    @property
-    def window(self) -> str | None:
-        return self.folder
+
+@dataclass(frozen=True, slots=True)
+class TraceFile:
+    """A trace under RUN_DIR/traces: capture's own, or one a user put there."""
+
+    rank: int | None
+    """From its name (`rank_of_file`); None for a name that gives none."""
+    path: Path
+    window: str
+    """The folder that holds it."""
 
 
 class RunDir:
@@ -267,21 +294,31 @@ class RunDir:
 
     def meta(self) -> list[RankFile]:
         """meta/rank-NNNNN.json."""
-        return self._ranked(self.root / META, _META_SUFFIX)
+        return self._ranked(self.root / META, META_SUFFIX)
 
     def timings(self) -> list[RankFile]:
         """timings/rank-NNNNN.jsonl."""
-        return self._ranked(self.timings_dir, _TIMINGS_SUFFIX)
+        return self._ranked(self.timings_dir, TIMINGS_SUFFIX)
+
+    def misnamed_timings(self) -> list[Path]:
+        """Files in timings/ named like a rank's (`rank-*.jsonl`) whose name gives no rank."""
+        return [
+            path
+            for path in _entries(self.timings_dir)
+            if path.name.startswith("rank-")
+            and path.name.endswith(TIMINGS_SUFFIX)
+            and rank_of_file(path.name, TIMINGS_SUFFIX) is None
+        ]
 
     def auto_records(self) -> list[RankFile]:
         """auto/rank-NNNNN.jsonl."""
-        return self._ranked(self.root / AUTO, _AUTO_SUFFIX)
+        return self._ranked(self.root / AUTO, AUTO_SUFFIX)
 
     def windows(self) -> list[str]:
         """The names of the windows that traces/ holds a folder for."""
         return [path.name for path in _entries(self.root / TRACES) if path.is_dir()]
 
-    def traces(self, window: str | None = None) -> list[RankFile]:
+    def traces(self, window: str | None = None) -> list[TraceFile]:
         """Every trace under traces/ (those of `window` alone, if given), rank from its name.
 
         Capture's own `rank-NNNNN.pt.trace.json[.gz]`, and any other `*.json[.gz]` that
@@ -289,55 +326,55 @@ class RunDir:
         """
         top = self.root / TRACES
         found = [
-            RankFile(rank_of_file(path.name), path, path.parent.name)
+            TraceFile(rank_of_file(path.name), path, path.parent.name)
             for path in sorted(top.rglob("*") if top.is_dir() else ())
             if is_trace_name(path.name) and path.is_file()
         ]
-        return [f for f in found if window is None or f.folder == window]
+        return [f for f in found if window is None or f.window == window]
 
     def summaries(self, window: str | None = None) -> list[RankFile]:
         """traces/<window>/rank-NNNNN.summary.json."""
-        return self._in_windows(TRACES, _SUMMARY_SUFFIX, window)
+        return self._in_windows(TRACES, SUMMARY_SUFFIX, window)
 
     def nsys_ranges(self) -> list[RankFile]:
         """nsys/<window>/rank-NNNNN.json."""
-        return self._in_windows(NSYS, _NSYS_SUFFIX)
+        return self._in_windows(NSYS, NSYS_SUFFIX)
 
     def memory_snapshots(self) -> list[RankFile]:
         """memory/<window>/rank-NNNNN.pickle."""
-        return self._in_windows(MEMORY, _MEMORY_SUFFIX)
+        return self._in_windows(MEMORY, MEMORY_SUFFIX)
 
     def triggers(self) -> list[Path]:
         """triggers/<id>.json."""
         return [
             path
             for path in _entries(self.triggers_dir)
-            if path.name.endswith(_TRIGGER_SUFFIX) and not path.is_dir()
+            if path.name.endswith(TRIGGER_SUFFIX) and not path.is_dir()
         ]
 
     def trigger_answers(self, trigger_id: str | None = None) -> list[RankFile]:
         """triggers/<id>/rank-NNNNN.json: every rank's answer (to one trigger, if given)."""
-        return self._in_windows(TRIGGERS, _ACK_SUFFIX, trigger_id)
+        return self._in_windows(TRIGGERS, ACK_SUFFIX, trigger_id)
 
-    def saved(self, window: str, rank: int) -> list[RankFile]:
+    def saved(self, window: str, rank: int) -> list[Path]:
         """What `rank` saved for a window announced as `window` (its trace, or nsys range),
         which stop() may have cut short and so named after an earlier last step."""
         key = window_key(window)
-        found = [f for f in self.traces() if f.rank == rank]
-        found += [f for f in self.nsys_ranges() if f.rank == rank]
+        found = [(f.window, f.path) for f in self.traces() if f.rank == rank]
+        found += [(f.folder or "", f.path) for f in self.nsys_ranges() if f.rank == rank]
         return [
-            f
-            for f in found
-            if f.folder == window or (key is not None and window_key(f.folder or "") == key)
+            path
+            for name, path in found
+            if name == window or (key is not None and window_key(name) == key)
         ]
 
     @staticmethod
     def summary_of(trace: Path) -> Path | None:
         """The capture's summary beside a trace it wrote; None for another trace's name."""
-        for suffix in (_TRACE_SUFFIX + _GZIP_SUFFIX, _TRACE_SUFFIX):
+        for suffix in (TRACE_SUFFIX + GZIP_SUFFIX, TRACE_SUFFIX):
             rank = rank_of_file(trace.name, suffix)
             if rank is not None:
-                return trace.with_name(f"{rank_name(rank)}{_SUMMARY_SUFFIX}")
+                return trace.with_name(f"{rank_name(rank)}{SUMMARY_SUFFIX}")
         return None
 
     def _ranked(self, folder: Path, suffix: str, within: str | None = None) -> list[RankFile]:
@@ -359,7 +396,7 @@ class RunDir:
 
 def is_trace_name(name: str) -> bool:
     """A name a Kineto trace may have (`*.json`, `*.json.gz`), not a summary, not being written."""
-    if is_temp(name) or name.endswith(_SUMMARY_SUFFIX):
+    if is_temp(name) or name.endswith(SUMMARY_SUFFIX):
         return False
     return name.endswith((".json", ".json.gz"))
 

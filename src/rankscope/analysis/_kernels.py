@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError, TraceError
+from .._layout import RunDir, is_trace_name, rank_of_file
 from ._parallel import PARALLEL_BYTES, file_size, ordered_map
 from .read._kineto import SUMMARY_VERSION, summarize_trace
 
 __all__ = ["KernelReport", "KernelTable", "find_traces", "kernel_report"]
 
 BY = ("name", "category")
-# Trace files as capture names them, and as torch.profiler and other tools do.
-_TRACE_NAME = re.compile(r".*\.json(\.gz)?$")
-_NOT_TRACES = re.compile(r".*\.summary\.json$|^\.")  # summaries; hidden files being written
-_RANK_NAME = re.compile(r"rank-(\d+)\.pt\.trace\.json(\.gz)?$")  # as capture names them
 _PARALLEL_BYTES = PARALLEL_BYTES  # tests lower it to read small traces in workers
 
 
@@ -94,16 +90,16 @@ def find_traces(sources: Iterable[str | os.PathLike[str]], window: str | None = 
     for source in sources:
         path = Path(source)
         if path.is_dir():
-            # A run directory: its traces, never its meta or timings.
-            run = any((path / part).is_dir() for part in ("traces", "timings", "meta"))
-            top = path / "traces" if run else path
-            inside = sorted(
-                p
-                for p in (top.rglob("*") if top.is_dir() else ())
-                if p.is_file() and _TRACE_NAME.match(p.name) and not _NOT_TRACES.match(p.name)
-            )
-            if window is not None:
-                inside = [p for p in inside if p.parent.name == window]
+            if RunDir.looks_like(path):  # its traces, never its meta or timings
+                inside = [t.path for t in RunDir(path).traces(window)]
+            else:
+                inside = sorted(
+                    p
+                    for p in path.rglob("*")
+                    if is_trace_name(p.name)
+                    and p.is_file()
+                    and (window is None or p.parent.name == window)
+                )
             if not inside:
                 where = f" in a window named {window}" if window is not None else ""
                 raise TraceError(f"{path}: no trace files (*.json, *.json.gz){where}")
@@ -215,8 +211,7 @@ def _rank_of(path: Path, summary: dict[str, Any]) -> int | None:
     rank = summary.get("rank")
     if isinstance(rank, int) and not isinstance(rank, bool):
         return rank
-    named = _RANK_NAME.match(path.name)
-    return int(named.group(1)) if named else None
+    return rank_of_file(path.name)
 
 
 def _summaries(
@@ -242,10 +237,9 @@ def _summary_or_say(path: Path) -> dict[str, Any] | str:
 
 def _current_summary(trace: Path) -> dict[str, Any] | None:
     """The capture's summary of `trace`, if it is of this version and newer than the trace."""
-    named = _RANK_NAME.match(trace.name)
-    if named is None:
+    summary = RunDir.summary_of(trace)
+    if summary is None:
         return None
-    summary = trace.with_name(f"rank-{named.group(1)}.summary.json")
     try:
         if summary.stat().st_mtime < trace.stat().st_mtime:
             return None

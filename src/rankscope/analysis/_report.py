@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import TraceError
-from .._layout import window_key
+from .._layout import SIGNAL_TAG, RunDir, window_key
 from .._text import format_ranks, format_steps
 from ._kernels import find_traces, kernel_report
 from ._matrix import STEP, PhaseMatrices, phase_matrices
@@ -258,9 +258,10 @@ def _kernels(root: Path, progress: Progress | None) -> dict[str, Any]:
 
 def _why_captured(root: Path, skipped: list[str]) -> dict[str, list[str]]:
     """Per window, who asked for it outside the schedule: a rank's own slow steps
-    (RUN_DIR/auto/rank-*.jsonl) or `rankscope trigger` (RUN_DIR/triggers/<id>/rank-*.json)."""
+    (RUN_DIR/auto) or `rankscope trigger` (the ranks' answers in RUN_DIR/triggers)."""
+    run = RunDir(root)
     why: dict[str, list[str]] = {}
-    for path in sorted((root / "auto").glob("rank-*.jsonl")):
+    for path in (found.path for found in run.auto_records()):
         for number, line in enumerate(_lines(path, skipped), 1):
             try:
                 record = json.loads(line)
@@ -283,34 +284,34 @@ def _why_captured(root: Path, skipped: list[str]) -> dict[str, list[str]]:
                 f"rank {rank} asked for it: {what} ({median * 1000:.1f} ms)"
             )
     triggered: dict[tuple[str, str], list[int]] = {}
-    for path in sorted((root / "triggers").glob("*/rank-*.json")):
+    for found in run.trigger_answers():
         try:
-            answer = json.loads(path.read_text(encoding="utf-8"))
+            answer = json.loads(found.path.read_text(encoding="utf-8"))
             if answer.get("status") == "accepted":
-                rank = int(path.stem.removeprefix("rank-"))
-                triggered.setdefault((str(answer["window"]), path.parent.name), []).append(rank)
+                key = (str(answer["window"]), str(found.folder))
+                triggered.setdefault(key, []).append(found.rank)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            skipped.append(f"{path}: not a trigger answer")
+            skipped.append(f"{found.path}: not a trigger answer")
     for (window, trigger), ranks in sorted(triggered.items()):
         why.setdefault(window, []).append(
             f"rankscope trigger {trigger} asked for it ({format_ranks(ranks)})"
         )
-    for folder in sorted((root / "traces").glob("*-sigusr2")):
-        ranks = sorted(
-            int(p.name[5:10])
-            for p in folder.glob("rank-*.pt.trace.json*")
-            if p.name[5:10].isdigit()
-        )
-        if ranks:
-            why.setdefault(folder.name, []).append(f"SIGUSR2 asked for it ({format_ranks(ranks)})")
+    signalled: dict[str, list[int]] = {}
+    for trace in run.traces():
+        key = window_key(trace.window)
+        if key is not None and key[1] == SIGNAL_TAG and trace.rank is not None:
+            signalled.setdefault(trace.window, []).append(trace.rank)
+    for window, ranks in sorted(signalled.items()):
+        why.setdefault(window, []).append(f"SIGUSR2 asked for it ({format_ranks(ranks)})")
     return why
 
 
 def _other_captures(root: Path, skipped: list[str]) -> dict[str, list[dict[str, Any]]]:
     """What was captured besides torch.profiler traces: nsys capture ranges (their
     records in RUN_DIR/nsys) and CUDA memory snapshots (RUN_DIR/memory), per window."""
+    run = RunDir(root)
     nsys: dict[str, dict[str, Any]] = {}
-    for path in sorted((root / "nsys").glob("*/rank-*.json")):
+    for path in (found.path for found in run.nsys_ranges()):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
             rank, first, last = int(record["rank"]), int(record["first"]), int(record["last"])
@@ -323,10 +324,11 @@ def _other_captures(root: Path, skipped: list[str]) -> dict[str, list[dict[str, 
         )
         entry["ranks"].append(rank)
     memory: dict[str, dict[str, Any]] = {}
-    for path in sorted((root / "memory").glob("*/rank-*.pickle")):
+    for found in run.memory_snapshots():
+        path, rank = found.path, found.rank
         try:
-            size, rank = path.stat().st_size, int(path.stem.removeprefix("rank-"))
-        except (OSError, ValueError):
+            size = path.stat().st_size
+        except OSError:
             skipped.append(f"{path}: not a memory snapshot")
             continue
         entry = memory.setdefault(

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..._errors import TraceError
+from ..._layout import META, RunDir
 
 __all__ = ["RunMeta", "read_run_meta"]
-
-_META_FILE = re.compile(r"rank-(\d+)\.json")
 
 
 @dataclass
@@ -38,7 +36,7 @@ class RunMeta:
 
 
 def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
-    """Read RUN_DIR/meta/rank-*.json; unreadable files are skipped and said."""
+    """Read the ranks' meta files (RUN_DIR/meta); unreadable files are skipped and said."""
     root = Path(run_dir)
     if not root.exists():
         raise TraceError(f"{root}: no such directory")
@@ -47,17 +45,13 @@ def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
     meta: dict[int, dict[str, Any]] = {}
     skipped: list[str] = []
     sizes: set[int] = set()
-    folder = root / "meta"
-    for path in sorted(folder.glob("rank-*.json")) if folder.is_dir() else []:
-        named = _META_FILE.fullmatch(path.name)
-        if named is None:
-            continue
+    for found in RunDir(root).meta():
+        path, rank = found.path, found.rank
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             skipped.append(f"{path}: not readable meta ({type(exc).__name__})")
             continue
-        rank = int(named.group(1))
         if not isinstance(data, dict) or data.get("rank") != rank:
             skipped.append(f"{path}: not the meta of rank {rank}")
             continue
@@ -70,6 +64,6 @@ def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
             sizes.add(size)
     if len(sizes) > 1:
         skipped.append(
-            f"{folder}: the ranks disagree on the world size ({sorted(sizes)}); using the largest"
+            f"{root / META}: the ranks disagree on the world size ({sorted(sizes)}); using the largest"
         )
     return RunMeta(root=root, meta=meta, world_size=max(sizes) if sizes else None, skipped=skipped)

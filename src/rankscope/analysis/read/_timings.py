@@ -27,11 +27,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ..._errors import TraceError
+from ..._layout import TIMINGS_FILES, TIMINGS_SUFFIX, RunDir, rank_of_file, timing_path
 from .._parallel import file_size, ordered_map
 
 __all__ = ["RankTimings", "RunTimings", "read_rank_timings", "read_timings"]
 
-_RANK_FILE = re.compile(r"rank-(\d+)\.jsonl")
 # Lines parsed per json.loads on the slow path: one call over a JSON array is ~2x
 # faster than one a line.
 _BATCH = 4096
@@ -100,7 +100,7 @@ def read_timings(
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
 ) -> RunTimings:
-    """Read RUN_DIR/timings/rank-*.jsonl.
+    """Read every rank's timing file (RUN_DIR/timings).
 
     A file or line that cannot be used is skipped and said in `skipped`, and so are
     two files that claim one rank (both: neither can be trusted); a run with nothing
@@ -112,10 +112,10 @@ def read_timings(
         raise TraceError(f"{root}: no such directory")
     if not root.is_dir():
         raise TraceError(f"{root}: not a directory (expected a run directory)")
-    folder = root / "timings"
-    files = sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []
+    run = RunDir(root)
+    files = sorted([found.path for found in run.timings()] + run.misnamed_timings())
     if not files:
-        raise TraceError(f"{root}: no timings (no timings/rank-*.jsonl; was the timer on?)")
+        raise TraceError(f"{root}: no timings (no {TIMINGS_FILES}; was the timer on?)")
     ranks: dict[int, RankTimings] = {}
     claimed: dict[int, list[Path]] = {}
     skipped: list[str] = []
@@ -140,17 +140,17 @@ def read_timings(
 
 
 def read_rank_timings(path: str | os.PathLike[str]) -> RankTimings:
-    """Read one rank's file. Its rank comes from its name (rank-00003.jsonl); records that
+    """Read one rank's file. Its rank comes from its name (`timing_path`); records that
     claim another rank, and lines that are not records, are skipped and said in `skipped`."""
     path = Path(path)
-    named = _RANK_FILE.fullmatch(path.name)
-    if named is None:
-        raise TraceError(f"{path}: not a timings file (expected a name like rank-00003.jsonl)")
+    rank = rank_of_file(path.name, TIMINGS_SUFFIX)
+    if rank is None:
+        example = timing_path("", 3).name
+        raise TraceError(f"{path}: not a timings file (expected a name like {example})")
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    rank = int(named.group(1))
     end = data.rfind(b"\n") + 1
     body, torn = data[:end], data[end:]  # what follows the last newline was cut short
     out = _read_timer_lines(body, rank, path)
