@@ -288,8 +288,8 @@ def _why_captured(root: Path, skipped: list[str]) -> dict[str, list[str]]:
         try:
             answer = json.loads(found.path.read_text(encoding="utf-8"))
             if answer.get("status") == "accepted":
-                key = (str(answer["window"]), str(found.folder))
-                triggered.setdefault(key, []).append(found.rank)
+                asked = (str(answer["window"]), str(found.folder))
+                triggered.setdefault(asked, []).append(found.rank)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             skipped.append(f"{found.path}: not a trigger answer")
     for (window, trigger), ranks in sorted(triggered.items()):

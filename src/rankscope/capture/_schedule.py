@@ -111,6 +111,14 @@ class StepPlan:
             return Action.NONE
         return action_at(self._schedule, step)
 
+    def records_invocation(self, call: int) -> bool:
+        """True when invocation `call` (counting from 0) of a "phase:NAME" target records:
+        the schedule counted in invocations instead of steps. Never without a schedule."""
+        schedule = self._schedule
+        if schedule is None:
+            return False
+        return action_at(schedule, call) in (Action.RECORD, Action.RECORD_AND_SAVE)
+
     def window_start(self, step: int) -> int:
         """The first recorded step of the window that `step` (a recorded step) belongs to."""
         first = step

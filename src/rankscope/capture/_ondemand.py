@@ -1,0 +1,293 @@
+"""Who asks a running rank for windows, and what they are told: trigger files (answered
+in RUN_DIR/triggers), SIGUSR2, and the rank's own slow steps (recorded in RUN_DIR/auto).
+
+Each source turns what it saw into a request through the one door (`WindowRequests`)
+and says the answer: in a log line, an answer file or an auto record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .._layout import (
+    SIGNAL_TAG,
+    SLOW_STEPS_TAG,
+    RunDir,
+    auto_path,
+    slow_phase_tag,
+    trigger_tag,
+)
+from .._text import format_steps
+from ._auto import SlowSteps
+from ._requests import Asked, WindowRequests
+from ._schedule import AddedWindow
+from ._trigger import SignalHook, Trigger, TriggerWatcher, install_signal_hook, write_ack
+
+__all__ = ["SIGNAL", "OnDemand"]
+
+logger = logging.getLogger(__name__)
+
+SIGNAL = "SIGUSR2"
+
+
+class OnDemand:
+    """The run-time sources of windows for one rank.
+
+    `check_every`: how often step() polls RUN_DIR/triggers (0: never; the watcher is
+    only made where it is not 0). The SIGUSR2 hook is installed by `listen_for_signal`.
+    """
+
+    def __init__(self, run_dir: str, rank: int, requests: WindowRequests, check_every: int) -> None:
+        self._run_dir = run_dir
+        self._rank = rank
+        self._requests = requests
+        self.check_every = check_every
+        self._watcher = TriggerWatcher(run_dir, rank) if check_every else None
+        self.signal: SignalHook | None = None
+
+    # -- trigger files --------------------------------------------------------------
+
+    def check_triggers(self, step: int) -> None:
+        """Answer the triggers that appeared since the last check (on the training thread)."""
+        watcher = self._watcher
+        if watcher is None:
+            return
+        try:
+            for trigger in watcher.poll():
+                self._answer(trigger, step)
+        except Exception as exc:
+            # The run directory went away or became unreadable: stop looking, keep training
+            # and keep the windows already planned.
+            self.check_every = 0
+            self.close_triggers()
+            logger.warning(
+                "rankscope: checking %s for triggers failed (%s: %s); trigger checks are off "
+                "for the rest of this run (rank %d), training goes on",
+                RunDir(self._run_dir).triggers_dir,
+                type(exc).__name__,
+                exc,
+                self._rank,
+            )
+
+    def close_triggers(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            try:
+                watcher.close()
+            except OSError:
+                logger.debug("rankscope: closing RUN_DIR/triggers failed", exc_info=True)
+
+    def _answer(self, trigger: Trigger, step: int) -> None:
+        """Plan the window `trigger` asks for, or decline it, and say which in its answer file."""
+        figures: dict[str, Any] = {"by": "trigger", "trigger": trigger.id, "seen_at_step": step}
+        if trigger.created is not None:
+            figures["created"] = trigger.created
+        asked = Asked(f"trigger {trigger.id}", trigger_tag(trigger.id), figures, trigger)
+        window = self._requests.ask(asked, trigger.start, trigger.steps, step)
+        if isinstance(window, str):
+            logger.warning(
+                "rankscope: trigger %s declined on rank %d: %s", trigger.id, self._rank, window
+            )
+            answer: dict[str, Any] = {"status": "declined", "reason": window}
+        else:
+            logger.info(
+                "rankscope: trigger %s: rank %d records steps %d-%d into traces/%s",
+                trigger.id,
+                self._rank,
+                trigger.start,
+                trigger.last,
+                trigger.window,
+            )
+            answer = {
+                "status": "accepted",
+                "window": trigger.window,
+                "first": window.first,
+                "last": window.last,
+                "warmup": window.warmup,
+            }
+        write_ack(self._run_dir, trigger, self._rank, {**answer, "seen_at_step": step})
+
+    # -- SIGUSR2 --------------------------------------------------------------------
+
+    def listen_for_signal(self, wake: Callable[[], None]) -> None:
+        """Install the SIGUSR2 hook; `wake` makes the next step() look at it."""
+        self.signal = install_signal_hook(self._rank)
+        if self.signal is not None:
+            self.signal.wake = wake
+
+    def on_signal(self, hook: SignalHook, step: int, enabled: bool) -> None:
+        """SIGUSR2 arrived before `step`: a window on the next steps, as a trigger would get.
+
+        schedule.active steps (at most trigger_max_steps), after a warm-up step where
+        the schedule has one; signals while that window is still ahead or recording add
+        no other.
+        """
+        hook.pending = False  # first: a signal arriving while this runs is seen next step
+        if not enabled:
+            return
+        ahead = self._requests.open_for(SIGNAL, step)
+        if ahead is not None:
+            logger.info(
+                "rankscope: SIGUSR2 received again before step %d on rank %d; the window it "
+                "asked for (steps %d-%d) is not over yet, so this one adds none",
+                step,
+                self._rank,
+                ahead.first,
+                ahead.last,
+            )
+            return
+        figures = {"by": "SIGUSR2", "received_before_step": step}
+        asked = Asked(SIGNAL, SIGNAL_TAG, figures)
+        window = self._requests.ask_next(asked, self._requests.signal_steps, step)
+        if isinstance(window, str):
+            logger.warning(
+                "rankscope: SIGUSR2 received before step %d; no window on rank %d: %s",
+                step,
+                self._rank,
+                window,
+            )
+            return
+        logger.info(
+            "rankscope: SIGUSR2 received before step %d: rank %d records steps %d-%d "
+            "into traces/%s",
+            step,
+            self._rank,
+            window.first,
+            window.last,
+            self._requests.name(window),
+        )
+
+    def signal_ignored(self, step: int, why: str) -> None:
+        """A SIGUSR2 came while capture is off: say so once per signal."""
+        hook = self.signal
+        if hook is not None and hook.pending:
+            hook.pending = False
+            logger.info(
+                "rankscope: SIGUSR2 received before step %d; no window on rank %d: capture "
+                "is off (%s)",
+                step,
+                self._rank,
+                why,
+            )
+
+    def release_signal(self) -> None:
+        """Put back the SIGUSR2 handler that was there before, if this one installed one."""
+        hook, self.signal = self.signal, None
+        if hook is None:
+            return
+        try:
+            if not hook.release():
+                logger.debug("rankscope: another SIGUSR2 handler replaced rankscope's; left alone")
+        except Exception as exc:  # ValueError: stop() ran on a thread other than the main one
+            logger.warning(
+                "rankscope: could not put back the SIGUSR2 handler found at start() (%s); "
+                "rankscope's stays installed on rank %d and only passes signals on to it",
+                exc,
+                self._rank,
+            )
+
+    # -- slow steps (trace.auto) ----------------------------------------------------
+
+    def on_slow(self, slow: SlowSteps, step: int, phase: str | None, steps: int) -> None:
+        """Ask for `slow`'s window (`steps` steps) on the next steps, as SIGUSR2 would;
+        record why, or why not, in RUN_DIR/auto."""
+        measured = "step" if phase is None else f"phase {phase}"
+        slow_steps = list(slow.steps)
+        record: dict[str, Any] = {
+            "rank": self._rank,
+            "capture": slow.capture,
+            "seen_at_step": step,
+            "measured": measured,
+            "slow_steps": slow_steps,
+            "step_s": [round(s, 6) for s in slow.seconds],
+            "median_s": round(slow.median, 6),
+            "ratio": slow.ratio,
+        }
+        what = "steps" if phase is None else f"phase {phase!r} on steps"
+        tag = SLOW_STEPS_TAG if phase is None else slow_phase_tag(phase)
+        who = "slow steps" if phase is None else f"slow phase {phase!r}"
+        figures = {k: v for k, v in record.items() if k not in ("rank", "capture")}
+        window = self._requests.ask_next(Asked(who, tag, {"by": "auto", **figures}), steps, step)
+        if isinstance(window, str):
+            logger.warning(
+                "rankscope: %s %s were slow on rank %d (%.4g s and more, median %.4g s); "
+                "no window: %s",
+                what,
+                format_steps(slow_steps),
+                self._rank,
+                min(slow.seconds),
+                slow.median,
+                window,
+            )
+            record.update(status="declined", reason=window)
+        else:
+            name = self._requests.name(window)
+            logger.info(
+                "rankscope: %s %s were slow on rank %d (%.4g s and more, median %.4g s): "
+                "recording steps %d-%d into traces/%s",
+                what,
+                format_steps(slow_steps),
+                self._rank,
+                min(slow.seconds),
+                slow.median,
+                window.first,
+                window.last,
+                name,
+            )
+            record.update(status="accepted", window=name, first=window.first, last=window.last)
+        self._write_auto(record)
+
+    def _write_auto(self, record: dict[str, Any]) -> None:
+        """Append one line to this rank's auto records (at most max_captures per run)."""
+        path = auto_path(self._run_dir, self._rank)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            logger.warning("rankscope: could not write %s (%s); the window is kept", path, exc)
+
+    # -- windows that will not happen -----------------------------------------------
+
+    def dropped(
+        self, dropped: list[tuple[AddedWindow, Asked | None]], step: int, reason: str
+    ) -> None:
+        """Say why asked-for windows were given up, and tell a trigger's asker."""
+        for window, asked in dropped:
+            logger.warning(
+                "rankscope: the %s window (steps %d-%d) not captured on rank %d: %s",
+                "added" if asked is None else asked.who,
+                window.first,
+                window.last,
+                self._rank,
+                reason,
+            )
+            trigger = None if asked is None else asked.trigger
+            if trigger is None:
+                continue
+            try:
+                write_ack(
+                    self._run_dir,
+                    trigger,
+                    self._rank,
+                    {"status": "declined", "reason": reason, "at_step": step},
+                )
+            except OSError:
+                logger.debug(
+                    "rankscope: rewriting the answer to %s failed", trigger.id, exc_info=True
+                )
+
+    def missed(self, step: int) -> None:
+        """At stop(): the asked-for windows the run stopped before."""
+        for window, asked in self._requests.not_begun(step):
+            logger.warning(
+                "rankscope: %s asked rank %d for steps %d-%d; the run stopped at step %d",
+                asked.who,
+                self._rank,
+                window.first,
+                window.last,
+                step,
+            )

@@ -1,0 +1,168 @@
+"""The anomaly watch (trace.auto): a rank's step times, or one phase's, fed to the
+slow-step rule. It returns the slow stretches it sees and plans nothing: the capture
+asks for their windows through its one door."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .._config import AutoTrigger
+from ._auto import SlowdownDetector, SlowSteps
+
+if TYPE_CHECKING:
+    from ..timing import PhaseTimer
+
+__all__ = ["AnomalyWatch"]
+
+logger = logging.getLogger(__name__)
+
+
+class AnomalyWatch:
+    """Watches the step time (one perf_counter a step, taken by the caller) or, with
+    `auto.phase`, that phase's times from the phase timer's records.
+
+    A step a window recorded or warmed up in is slow because it is profiled, not the
+    job's own time: it is never fed. A fault inside the watch turns it off with one
+    warning; windows already asked for are kept.
+    """
+
+    def __init__(self, auto: AutoTrigger, rank: int) -> None:
+        self._auto = auto
+        self._rank = rank
+        self.steps: SlowdownDetector | None = SlowdownDetector(auto) if auto.phase is None else None
+        """The step-time rule; None when a phase is watched, or once it is done or failed."""
+        self._phase: SlowdownDetector | None = SlowdownDetector(auto) if auto.phase else None
+        self.step_began = 0.0
+        """perf_counter when the current step began (the step-time rule only)."""
+        self._timer: PhaseTimer | None = None
+        self._phase_step: int | None = None  # the step whose phase times are being summed
+        self._phase_sum = 0.0
+        self._profiled: deque[int] = deque(maxlen=256)  # recent steps a profiler ran in
+
+    @property
+    def watching(self) -> bool:
+        """False once nothing is left to watch: step() may skip the watch altogether."""
+        return self.steps is not None or self._phase is not None
+
+    @property
+    def measured(self) -> str:
+        """What is watched, as the auto records say it: "step" or "phase NAME"."""
+        phase = self._auto.phase
+        return "step" if phase is None else f"phase {phase}"
+
+    def attach_timer(self, timer: PhaseTimer | None) -> None:
+        """The phase timer of this rank, whose records of auto.phase feed the watch."""
+        if self._phase is None:
+            return
+        if timer is None:
+            self._phase = None
+            logger.warning(
+                "rankscope: trace.auto.phase is %r but the phase timer does not run on rank %d "
+                "(not in timer.ranks, or timer off); this rank does not watch its phase times",
+                self._auto.phase,
+                self._rank,
+            )
+            return
+        self._timer = timer
+        timer.watch(self._auto.phase)
+
+    def observe(self, step: int, now: float, profiled: bool, enabled: bool) -> list[SlowSteps]:
+        """Take what step `step` (just ended at perf_counter `now`) measured; the slow
+        stretches it completes. `profiled`: a window ran in that step; `enabled`: capture
+        can still record (nothing is fed once it cannot)."""
+        found: list[SlowSteps] = []
+        detector = self.steps
+        if detector is not None:
+            try:
+                slow = self._observe_step(detector, step, now, profiled or not enabled)
+                if slow is not None:
+                    found.append(slow)
+            except Exception as exc:
+                self.steps = None
+                self._failed("step times", exc)
+        if self._phase is not None:
+            try:
+                self._observe_phase(self._phase, step, profiled, enabled, found)
+            except Exception as exc:
+                self._stop_phase()
+                self._failed(f"phase {self._auto.phase!r}", exc)
+        return found
+
+    def _observe_step(
+        self, detector: SlowdownDetector, step: int, now: float, skip: bool
+    ) -> SlowSteps | None:
+        if skip:
+            self.step_began = now
+            return None
+        slow = detector.observe(step, now - self.step_began)
+        if detector.exhausted and slow is None:
+            self.steps = None  # nothing more to ask for: stop measuring
+        return slow
+
+    def _observe_phase(
+        self,
+        detector: SlowdownDetector,
+        step: int,
+        profiled: bool,
+        enabled: bool,
+        found: list[SlowSteps],
+    ) -> None:
+        """Feed the watched phase's times that the timer wrote since the last step.
+
+        The timer writes a sampled step's records some steps later (at its flush, once
+        the device has passed them); the times of one step are summed (a phase may run
+        several times a step) and fed once a later step's arrive.
+        """
+        if profiled:
+            self._profiled.append(step)
+        timer = self._timer
+        if timer is None:
+            return
+        for sampled, seconds in timer.take_watched():
+            if sampled == self._phase_step:
+                self._phase_sum += seconds
+                continue
+            done, total = self._phase_step, self._phase_sum
+            self._phase_step, self._phase_sum = sampled, seconds
+            if done is None or done in self._profiled or not enabled:
+                continue
+            slow = detector.observe(done, total)
+            if slow is not None:
+                found.append(slow)
+            if detector.exhausted:
+                self._stop_phase()
+                return
+
+    def stop(self, steps: int) -> None:
+        """At the end of the run: a watched phase that never got a timing record is config
+        that did nothing (a misspelt name, a phase never entered, a timer past its end_step)."""
+        timer = self._timer
+        if self._phase is None or timer is None:
+            return
+        if self._phase_step is None and not timer.take_watched():
+            logger.warning(
+                "rankscope: trace.auto.phase is %r but the phase timer recorded no phase of "
+                "that name on rank %d in %d steps (is it entered, and spelt so?); its time "
+                "was never watched",
+                self._auto.phase,
+                self._rank,
+                steps,
+            )
+
+    def _stop_phase(self) -> None:
+        self._phase = None
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.watch(None)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        logger.warning(
+            "rankscope: watching %s failed (%s: %s); anomaly windows are off for the rest of "
+            "this run (rank %d), training goes on",
+            what,
+            type(exc).__name__,
+            exc,
+            self._rank,
+        )
