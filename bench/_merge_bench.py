@@ -27,7 +27,7 @@ BASE_NS = 1_790_000_000_000_000_000
 # Imports first, then times the work alone; prints wall time, peak RSS and bytes read.
 _CHILD = """
 import json, resource, sys, time
-from rankscope.analysis._merge import merge_traces
+from rankscope.analysis.merge import merge_traces
 from rankscope.analysis.read._stream import scan_trace
 what, paths = sys.argv[1], sys.argv[2:]
 t0 = time.perf_counter()

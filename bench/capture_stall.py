@@ -163,7 +163,7 @@ def _framework_profiler(out: Path) -> Any:
 def _pending(prof: rankscope.Profiler) -> bool:
     """Whether rankscope's background finaliser still has work (a read-only peek)."""
     capture = prof._capture
-    return capture is not None and bool(capture._finalizer._pending)
+    return capture is not None and bool(capture._exporter.backlog)
 
 
 def _run(variant: str, sizes: Sizes, loop: _Loop, tmp: Path) -> RunResult:

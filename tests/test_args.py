@@ -8,7 +8,8 @@ import pytest
 
 import rankscope
 from rankscope._args import flag_name
-from rankscope._fields import config_fields, field_docs
+from rankscope._config import config_fields
+from rankscope._fields import field_docs
 
 
 def _parser() -> argparse.ArgumentParser:

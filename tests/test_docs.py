@@ -6,8 +6,8 @@ import os
 import re
 from pathlib import Path
 
+from rankscope._args import config_fields, config_reference
 from rankscope._env import _OVERRIDES
-from rankscope._fields import config_fields, config_reference
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

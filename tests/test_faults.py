@@ -274,7 +274,7 @@ def test_windows_that_outrun_the_worker_are_skipped_not_queued(
             prof.step()
         capture = prof._capture
         assert capture is not None
-        assert capture._exporter._finalizer.backlog == _capture.MAX_BACKLOG
+        assert capture._exporter.backlog == _capture.MAX_BACKLOG
         release.set()
         prof.stop()
     traces = [f for f in final_files(tmp_path) if f.endswith(".pt.trace.json.gz")]

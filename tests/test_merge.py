@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from rankscope import ConfigError, TraceError
 from rankscope._synthetic import write_trace
-from rankscope.analysis import _merge
-from rankscope.analysis._merge import merge_traces
+from rankscope.analysis import _parallel
+from rankscope.analysis.merge import _header, _merge_traces, merge_traces
 from rankscope.analysis.read._stream import scan_trace
 
 BASE = 1_790_000_000_000_000_000
@@ -243,7 +243,7 @@ def test_in_process_and_worker_merges_agree_and_repeat(
     inputs = _traces(tmp_path, [BASE, BASE + 3_000, None, BASE], size=200_000)
     here = tmp_path / "here.json"
     merge_traces(inputs, here)
-    monkeypatch.setattr(_merge, "_lane_count", lambda sources: 2)
+    monkeypatch.setattr(_merge_traces, "_lane_count", lambda sources: 2)
     first, second = tmp_path / "a.json.gz", tmp_path / "b.json.gz"
     result = merge_traces(inputs, first)
     merge_traces(inputs, second)
@@ -264,17 +264,17 @@ def test_workers_that_cannot_start_leave_the_reading_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     inputs = _traces(tmp_path, [BASE, BASE])
-    monkeypatch.setattr(_merge, "_lane_count", lambda sources: 2)
-    monkeypatch.setattr(_merge, "_WORKER_BOOT", "import sys; sys.exit(3)")
+    monkeypatch.setattr(_merge_traces, "_lane_count", lambda sources: 2)
+    monkeypatch.setattr(_parallel, "_WORKER_BOOT", "import sys; sys.exit(3)")
     merge_traces(inputs, tmp_path / "m.json")
     _check_merge(inputs, tmp_path / "m.json", [0, 1])
 
 
 def test_a_worker_that_dies_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     inputs = _traces(tmp_path, [BASE, BASE])
-    monkeypatch.setattr(_merge, "_lane_count", lambda sources: 2)
+    monkeypatch.setattr(_merge_traces, "_lane_count", lambda sources: 2)
     ready_then_gone = "import pickle, sys; pickle.dump(('ready',), sys.stdout.buffer)"
-    monkeypatch.setattr(_merge, "_WORKER_BOOT", ready_then_gone)
+    monkeypatch.setattr(_parallel, "_WORKER_BOOT", ready_then_gone)
     with pytest.raises(TraceError, match=r"rank-00000.*stopped \(exit code 0\)"):
         merge_traces(inputs, tmp_path / "m.json")
     assert _left(tmp_path, inputs) == []
@@ -428,7 +428,7 @@ def test_bad_event_found_by_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyP
     trace = _load(inputs[1])
     trace["traceEvents"].insert(5, [1, 2])
     _dump(inputs[1], trace)
-    monkeypatch.setattr(_merge, "_lane_count", lambda sources: 2)
+    monkeypatch.setattr(_merge_traces, "_lane_count", lambda sources: 2)
     with pytest.raises(TraceError, match=r"rank-00001.*event 6 is a list, not an object"):
         merge_traces(inputs, tmp_path / "m.json")
     assert _left(tmp_path, inputs) == []
@@ -484,10 +484,10 @@ def test_base_time_beyond_the_cheap_look_is_still_used(
     trace["baseTimeNanoseconds"] = BASE + 5_000  # after the events, as Kineto writes it
     trace["zz"] = "x" * 5000
     _dump(b, trace)
-    monkeypatch.setattr(_merge, "_READ_CHUNK", 500)
-    monkeypatch.setattr(_merge, "_TAIL_BYTES", 1000)
-    header = _merge._read_header(str(b))
-    assert header.base is _merge._MISSING
+    monkeypatch.setattr(_header, "_READ_CHUNK", 500)
+    monkeypatch.setattr(_header, "_TAIL_BYTES", 1000)
+    header = _header._read_header(str(b))
+    assert header.base is _header._MISSING
     result = merge_traces([a, b], tmp_path / "m.json")
     assert result.inputs[1].base_time_ns == BASE + 5_000
     _check_merge([a, b], tmp_path / "m.json", [0, 1])

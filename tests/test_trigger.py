@@ -21,15 +21,19 @@ from torch import nn
 
 import rankscope
 from rankscope import Schedule
+from rankscope._errors import ConfigError, TraceError
+from rankscope._layout import trace_path
 from rankscope._meta import write_meta
 from rankscope._ranks import RankInfo
 from rankscope.analysis import build_report, read_timings
+from rankscope.capture._ask import ask_for_window, latest_step, trigger_status
 from rankscope.capture._schedule import Action, StepPlan
 from rankscope.capture._trigger import (
     Trigger,
     TriggerWatcher,
     parse_trigger,
     read_acks,
+    read_trigger,
     trigger_dir,
     write_ack,
     write_trigger,
@@ -445,6 +449,49 @@ def test_a_directory_that_is_not_a_run_is_refused(
         == f"rankscope trigger: {tmp_path}: not a run directory (no meta/rank-*.json in it)"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+# -- the same from Python, without the CLI ------------------------------------------------
+
+
+def test_a_python_caller_asks_for_a_window_and_sees_who_answered(tmp_path: Path) -> None:
+    run = _run(tmp_path, ranks="0-1")
+    (run / "meta" / "rank-00003.json").unlink()  # rank 3 has not started
+    asked = ask_for_window(run, ranks="1-3", steps=1)
+    # latest step 19 + timer lag (1 + 1) + check interval 2 + warm-up and margin 2
+    assert latest_step(run) == 19
+    assert (asked["start"], asked["last"], asked["listening"]) == (25, 25, [1, 2])
+    trigger = read_trigger(Path(asked["path"]))
+    assert (trigger.start, trigger.steps, trigger.ranks) == (25, 1, "1-3")
+    assert asked["traces"] == str(run / "traces" / trigger.window)
+    write_ack(run, trigger, 1, {"status": "accepted", "window": trigger.window})
+    write_ack(run, trigger, 2, {"status": "declined", "reason": "too late"})
+    saved = trace_path(run, trigger.window, 1, gzip=True)
+    saved.parent.mkdir(parents=True)
+    saved.write_bytes(b"")
+    (status,) = trigger_status(run)["triggers"]
+    assert status["ranks_by_state"] == {
+        "saved": [1],
+        "accepted": [],
+        "declined": [2],
+        "waiting": [],
+        "not_listening": [3],
+    }
+    assert status["saved"] == {"1": str(saved)}
+    assert status["reasons"]["2"] == "too late"
+
+
+def test_a_python_caller_gets_the_cli_errors_and_nothing_is_written(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    with pytest.raises(ConfigError, match="the run's timings have reached step 19"):
+        ask_for_window(run, at=19)
+    with pytest.raises(ConfigError, match="--at or --in, not both"):
+        ask_for_window(run, at=30, in_steps=2)
+    with pytest.raises(ConfigError, match="--steps=0 is not valid"):
+        ask_for_window(run, steps=0)
+    assert not trigger_dir(run).exists()
+    with pytest.raises(TraceError, match="not a run directory"):
+        trigger_status(tmp_path / "meta")
 
 
 # -- spawned ranks over gloo: the same window at the same step on exactly the chosen ranks --

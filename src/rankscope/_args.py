@@ -12,27 +12,20 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._errors import ConfigError
-from ._fields import ConfigField, config_fields
+from . import _env
+from ._config import STACKS, TOOLS, config_fields, config_from_args
+from ._fields import CONFIG_DEST, NOT_GIVEN, PREFIX, ConfigField, dest, flag_name
 
-if TYPE_CHECKING:
-    from ._config import ProfileConfig
-
-__all__ = ["PREFIX", "add_arguments", "config_from_args", "flag_name"]
-
-PREFIX = "rankscope"
-_CONFIG_DEST = f"{PREFIX}_config"
-
-
-def flag_name(field: ConfigField) -> str:
-    """`--rankscope-trace-schedule-active` for `trace.schedule.active`."""
-    return "--" + "-".join((PREFIX, *field.path)).replace("_", "-")
-
-
-def _dest(field: ConfigField) -> str:
-    return "_".join((PREFIX, *field.path))
+__all__ = [
+    "PREFIX",
+    "add_arguments",
+    "config_fields",
+    "config_from_args",
+    "config_reference",
+    "flag_name",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -47,15 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     )
     group.add_argument(
         f"--{PREFIX}-config",
-        dest=_CONFIG_DEST,
+        dest=CONFIG_DEST,
         metavar="FILE",
         default=None,
         help="a YAML file of ProfileConfig fields, read before the flags below",
     )
     for field in config_fields():
         kwargs: dict[str, Any] = {
-            "dest": _dest(field),
-            "default": _NOT_GIVEN,
+            "dest": dest(field),
+            "default": NOT_GIVEN,
             "help": _help(field),
         }
         if field.type == "bool":
@@ -70,56 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     return group
 
 
-def config_from_args(args: argparse.Namespace) -> ProfileConfig:
-    """The config the parsed flags describe; ConfigError names the flag that was wrong."""
-    from ._config import ProfileConfig
-
-    path = getattr(args, _CONFIG_DEST, None)
-    given: dict[str, str] = {}
-    values: dict[tuple[str, ...], Any] = {}
-    for field in config_fields():
-        # "none" is a value ("--rankscope-timer-end-step none" over a YAML end_step), so
-        # a flag left out is told apart by the sentinel, not by None.
-        value = getattr(args, _dest(field), _NOT_GIVEN)
-        if value is _NOT_GIVEN:
-            continue
-        values[field.path] = value
-        given[field.name] = flag_name(field)
-    try:
-        if path is not None:
-            base = ProfileConfig.from_yaml(path)
-        elif ("output_dir",) in values:  # the default directory would be resolved (and logged)
-            base = ProfileConfig(output_dir=values.pop(("output_dir",)))
-        else:
-            base = ProfileConfig()
-        data = base.to_dict()
-        for field_path, value in values.items():
-            node = data
-            for key in field_path[:-1]:
-                node = node[key]
-            node[field_path[-1]] = value
-        return ProfileConfig.from_dict(data)
-    except ConfigError as exc:
-        flag = given.get(exc.field)
-        if flag is None:
-            raise
-        raise ConfigError(flag, exc.value, exc.accepted, exc.problem) from None
-
-
-class _NotGiven:
-    """The default of every generated flag: the flag was left out."""
-
-    def __repr__(self) -> str:
-        return "<not given>"
-
-
-_NOT_GIVEN: Any = _NotGiven()
-
-
 def _choices() -> dict[str, tuple[str, ...]]:
     """Fields with a fixed set of words: the help shows them (the config checks them)."""
-    from ._config import STACKS, TOOLS
-
     return {"trace.tool": TOOLS, "memory.stacks": STACKS}
 
 
@@ -166,3 +111,54 @@ _METAVARS = {
     "PathLike": "DIR",
     "Sequence[str] | None": "A,B",
 }
+
+
+def config_reference() -> str:
+    """docs/config.md: every field with its default, flag, environment variable and docstring."""
+    variables = {".".join(path): name for name, (path, _) in _env._OVERRIDES.items()}
+    out = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from the dataclasses' docstrings by rankscope._args.config_reference();",
+        "     tests/test_docs.py keeps it in sync (RANKSCOPE_WRITE_DOCS=1 rewrites it). -->",
+        "",
+        "A `ProfileConfig` is built in code, from a dict or YAML file (`from_dict`,",
+        "`from_yaml`), from command-line flags (`rankscope.add_arguments(parser)`, then",
+        "`ProfileConfig.from_args(args)`; `--rankscope-config FILE` reads a YAML file first) or",
+        "from the environment (`from_env`). Whatever built it, the RANKSCOPE_* variables",
+        "below override it when the Profiler starts. Every value is checked when the config",
+        "is built; a bad one raises `ConfigError` naming the field (or flag, or variable),",
+        "the value and what is accepted.",
+        "",
+        "```yaml",
+        "# profile.yaml: the fields below, nested as in ProfileConfig",
+        "output_dir: runs/exp1",
+        "timer: {enable: true, every_n_steps: 10}",
+        "trace:",
+        "  enable: true",
+        '  ranks: "0,8"',
+        "  schedule: {wait: 5, warmup: 1, active: 2}",
+        "```",
+    ]
+    section = None
+    for field in config_fields():
+        owner = ".".join(field.path[:-1]) or "ProfileConfig"
+        if owner != section:
+            section = owner
+            out += [
+                "",
+                f"## `{field.owner}`" + (f" (`{owner}`)" if owner != "ProfileConfig" else ""),
+            ]
+            out += [
+                "",
+                "| field | default | flag | variable | meaning |",
+                "| --- | --- | --- | --- | --- |",
+            ]
+        flag = flag_name(field)
+        variable = variables.get(field.name, "")
+        doc = field.doc.replace("|", "\\|")
+        out.append(
+            f"| `{field.path[-1]}` | `{field.default!r}` | `{flag}` | "
+            f"{f'`{variable}`' if variable else ''} | {doc} |"
+        )
+    return "\n".join(out) + "\n"

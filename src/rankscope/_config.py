@@ -15,6 +15,7 @@ from typing import Any, Union
 
 from . import _env
 from ._errors import ConfigError
+from ._fields import CONFIG_DEST, NOT_GIVEN, ConfigField, dest, flag_name, leaf_fields
 from ._ranks import RankSet, RankSpec, parse_ranks
 
 __all__ = [
@@ -494,8 +495,6 @@ class ProfileConfig:
         raises ConfigError naming the flag. RANKSCOPE_* variables still win, when the
         Profiler applies them.
         """
-        from ._args import config_from_args
-
         return config_from_args(args)
 
     @classmethod
@@ -596,3 +595,42 @@ def _resolve_output_dir(value: object) -> str:
     if not path.is_absolute():
         logger.info("rankscope: output_dir %r resolved to %s", text, resolved)
     return str(resolved)
+
+
+def config_fields() -> list[ConfigField]:
+    """Every leaf field of ProfileConfig, depth first, in declaration order."""
+    return leaf_fields(ProfileConfig)
+
+
+def config_from_args(args: argparse.Namespace) -> ProfileConfig:
+    """The config the parsed flags describe; ConfigError names the flag that was wrong."""
+    path = getattr(args, CONFIG_DEST, None)
+    given: dict[str, str] = {}
+    values: dict[tuple[str, ...], Any] = {}
+    for leaf in config_fields():
+        # "none" is a value ("--rankscope-timer-end-step none" over a YAML end_step), so
+        # a flag left out is told apart by the sentinel, not by None.
+        value = getattr(args, dest(leaf), NOT_GIVEN)
+        if value is NOT_GIVEN:
+            continue
+        values[leaf.path] = value
+        given[leaf.name] = flag_name(leaf)
+    try:
+        if path is not None:
+            base = ProfileConfig.from_yaml(path)
+        elif ("output_dir",) in values:  # the default directory would be resolved (and logged)
+            base = ProfileConfig(output_dir=values.pop(("output_dir",)))
+        else:
+            base = ProfileConfig()
+        data = base.to_dict()
+        for field_path, value in values.items():
+            node = data
+            for key in field_path[:-1]:
+                node = node[key]
+            node[field_path[-1]] = value
+        return ProfileConfig.from_dict(data)
+    except ConfigError as exc:
+        flag = given.get(exc.field)
+        if flag is None:
+            raise
+        raise ConfigError(flag, exc.value, exc.accepted, exc.problem) from None

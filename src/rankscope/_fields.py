@@ -3,7 +3,8 @@
 The dataclasses in `_config` document each field with a docstring under it. Python
 keeps no such attribute docstrings at run time, so they are read from the module's
 source here, once, and shared by the argparse flags (`add_arguments`) and the
-generated config reference (docs/config.md).
+generated config reference (docs/config.md). Generic over dataclasses: it imports no
+other part of rankscope, so `_config` (below `_args`) can use it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ConfigField", "config_fields", "field_docs"]
+__all__ = [
+    "CONFIG_DEST",
+    "NOT_GIVEN",
+    "PREFIX",
+    "ConfigField",
+    "dest",
+    "field_docs",
+    "flag_name",
+    "leaf_fields",
+]
 
 
 @dataclass(frozen=True)
@@ -61,12 +71,10 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def config_fields() -> list[ConfigField]:
-    """Every leaf field of ProfileConfig, depth first, in declaration order."""
-    from ._config import ProfileConfig
-
+def leaf_fields(root: type) -> list[ConfigField]:
+    """Every leaf field of the dataclass `root`, depth first, in declaration order."""
     out: list[ConfigField] = []
-    _walk(ProfileConfig, (), out)
+    _walk(root, (), out)
     return out
 
 
@@ -94,54 +102,26 @@ def _walk(cls: type, prefix: tuple[str, ...], out: list[ConfigField]) -> None:
         _walk(child, path, out)
 
 
-def config_reference() -> str:
-    """docs/config.md: every field with its default, flag, environment variable and docstring."""
-    from . import _args, _env
+# -- flags: one per field, named after its path --------------------------------------
 
-    variables = {".".join(path): name for name, (path, _) in _env._OVERRIDES.items()}
-    out = [
-        "# Configuration reference",
-        "",
-        "<!-- Generated from the dataclasses' docstrings by rankscope._fields.config_reference();",
-        "     tests/test_docs.py keeps it in sync (RANKSCOPE_WRITE_DOCS=1 rewrites it). -->",
-        "",
-        "A `ProfileConfig` is built in code, from a dict or YAML file (`from_dict`,",
-        "`from_yaml`), from command-line flags (`rankscope.add_arguments(parser)`, then",
-        "`ProfileConfig.from_args(args)`; `--rankscope-config FILE` reads a YAML file first) or",
-        "from the environment (`from_env`). Whatever built it, the RANKSCOPE_* variables",
-        "below override it when the Profiler starts. Every value is checked when the config",
-        "is built; a bad one raises `ConfigError` naming the field (or flag, or variable),",
-        "the value and what is accepted.",
-        "",
-        "```yaml",
-        "# profile.yaml: the fields below, nested as in ProfileConfig",
-        "output_dir: runs/exp1",
-        "timer: {enable: true, every_n_steps: 10}",
-        "trace:",
-        "  enable: true",
-        '  ranks: "0,8"',
-        "  schedule: {wait: 5, warmup: 1, active: 2}",
-        "```",
-    ]
-    section = None
-    for field in config_fields():
-        owner = ".".join(field.path[:-1]) or "ProfileConfig"
-        if owner != section:
-            section = owner
-            out += [
-                "",
-                f"## `{field.owner}`" + (f" (`{owner}`)" if owner != "ProfileConfig" else ""),
-            ]
-            out += [
-                "",
-                "| field | default | flag | variable | meaning |",
-                "| --- | --- | --- | --- | --- |",
-            ]
-        flag = _args.flag_name(field)
-        variable = variables.get(field.name, "")
-        doc = field.doc.replace("|", "\\|")
-        out.append(
-            f"| `{field.path[-1]}` | `{field.default!r}` | `{flag}` | "
-            f"{f'`{variable}`' if variable else ''} | {doc} |"
-        )
-    return "\n".join(out) + "\n"
+PREFIX = "rankscope"
+CONFIG_DEST = f"{PREFIX}_config"
+
+
+def flag_name(field: ConfigField) -> str:
+    """`--rankscope-trace-schedule-active` for `trace.schedule.active`."""
+    return "--" + "-".join((PREFIX, *field.path)).replace("_", "-")
+
+
+def dest(field: ConfigField) -> str:
+    return "_".join((PREFIX, *field.path))
+
+
+class _NotGiven:
+    """The default of every generated flag: the flag was left out."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+NOT_GIVEN: Any = _NotGiven()

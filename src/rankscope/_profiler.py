@@ -418,7 +418,7 @@ def _warn_unused(config: ProfileConfig) -> None:
 def _warn_incompatible(config: ProfileConfig) -> None:
     """Log the known-incompatible combinations of this config and this process's torch."""
     from ._torch import import_torch
-    from .capture._memory import incompatibilities
+    from .capture._compat import incompatibilities
 
     try:
         problems = incompatibilities(config, import_torch("trace capture"))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._layout import meta_path, rank_name, timing_path
+from ._layout import meta_path, timing_path, trace_path
 from .timing._record import STEP_PHASE, Span, format_record
 
 __all__ = [
@@ -471,7 +471,7 @@ def write_run_traces(
     """One trace per rank under RUN_DIR/traces/WINDOW, named as capture names them."""
     out = []
     for rank in ranks:
-        path = Path(run_dir) / "traces" / window / f"{rank_name(rank)}.pt.trace.json.gz"
+        path = trace_path(run_dir, window, rank, gzip=True)
         out.append(
             write_trace(path, rank=rank, world_size=world_size, size_bytes=size_bytes, **options)
         )

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._kernels import KernelReport, KernelTable, find_traces, kernel_report
     from ._matrix import PhaseMatrices, phase_matrices
-    from ._merge import MergeResult, merge_traces
     from ._report import build_report
     from ._stragglers import StragglerFinding, StragglerReport, find_stragglers
+    from .merge import MergeResult, merge_traces
     from .read._kineto import load_trace, scan_trace, summarize_events, summarize_trace
     from .read._run import RunMeta, read_run_meta
     from .read._timings import RankTimings, RunTimings, read_rank_timings, read_timings
@@ -58,8 +58,8 @@ _WHERE = {
     "summarize_trace": "read._kineto",
     "PhaseMatrices": "_matrix",
     "phase_matrices": "_matrix",
-    "MergeResult": "_merge",
-    "merge_traces": "_merge",
+    "MergeResult": "merge",
+    "merge_traces": "merge",
     "build_report": "_report",
     "RunMeta": "read._run",
     "read_run_meta": "read._run",

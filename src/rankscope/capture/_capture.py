@@ -71,7 +71,7 @@ class TraceCapture(OneFault):
         self._scheduled = rank in config.rank_set
         self._plan = StepPlan(config.schedule if self._scheduled else None)
         self._nsys = config.tool == "nsys"
-        self.enabled = not self._nsys or self._nsys_usable()
+        self.enabled = not self._nsys or _nsys_usable(self._torch, rank)
         """False once a fault turned capture off (or nsys was asked for without CUDA)."""
         self._maker = ProfilerMaker(config, self._torch, rank, self._plan, self._scheduled)
         self._requests = WindowRequests(config, self._plan)
@@ -109,18 +109,6 @@ class TraceCapture(OneFault):
         """Set by the Profiler when the training loop's exception ends the run."""
 
     # -- lifecycle ---------------------------------------------------------------
-
-    def _nsys_usable(self) -> bool:
-        missing = nsys_unavailable(self._torch)
-        if missing is None:
-            return True
-        logger.warning(
-            "rankscope: trace.tool is 'nsys' but %s; no window is recorded on rank %d "
-            "(timing and everything else go on)",
-            missing,
-            self._rank,
-        )
-        return False
 
     def attach_timer(self, timer: PhaseTimer | None) -> None:
         """The phase timer of this rank, whose records of trace.auto.phase feed the watch."""
@@ -474,3 +462,16 @@ class TraceCapture(OneFault):
         """Called by the worker thread; the training thread acts on it at its next step."""
         if self._switch_off(f"writing a trace failed ({cause})"):
             self._failure = cause
+
+
+def _nsys_usable(torch: ModuleType, rank: int) -> bool:
+    missing = nsys_unavailable(torch)
+    if missing is None:
+        return True
+    logger.warning(
+        "rankscope: trace.tool is 'nsys' but %s; no window is recorded on rank %d "
+        "(timing and everything else go on)",
+        missing,
+        rank,
+    )
+    return False

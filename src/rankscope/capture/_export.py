@@ -43,6 +43,11 @@ class WindowExporter:
         self._skipped = 0  # windows not saved because the finaliser fell behind
 
     @property
+    def backlog(self) -> int:
+        """Windows exported and not yet finished (compressed, summarised, renamed)."""
+        return self._finalizer.backlog
+
+    @property
     def last_summary(self) -> dict[str, Any] | None:
         return self._finalizer.last_summary
 
@@ -51,7 +56,7 @@ class WindowExporter:
 
         `why`: who asked for the window and the figures that made them, for its summary.
         """
-        backlog = self._finalizer.backlog
+        backlog = self.backlog
         if backlog >= MAX_BACKLOG:
             let_go(prof)
             # Windows end faster than they are saved (repeat=0 with short cycles and big

@@ -20,14 +20,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .._layout import memory_path, temp_name
+from .._layout import MEMORY, memory_path, temp_name
 from .._ranks import RankInfo
 from .._torch import import_torch
 from ._faults import OneFault
 from ._worker import JobThread
 
 if TYPE_CHECKING:
-    from .._config import MemoryConfig, ProfileConfig
+    from .._config import MemoryConfig
 
 __all__ = [
     "MAX_OOM_DUMPS",
@@ -36,15 +36,14 @@ __all__ = [
     "STOP_TIMEOUT_S",
     "MemorySnapshots",
     "SnapshotWriter",
-    "incompatibilities",
     "oom_window_name",
     "write_atomic",
 ]
 
 logger = logging.getLogger(__name__)
 
-MEMORY_DIR = "memory"
-"""RUN_DIR/memory/<window>/rank-NNNNN.pickle: one snapshot per window per rank."""
+MEMORY_DIR = MEMORY
+"""The folder of RUN_DIR that holds one snapshot per window per rank (see memory_path)."""
 
 MAX_OOM_DUMPS = 3
 """Out-of-memory snapshots per run, at most: a loop that catches OOM and retries would
@@ -55,11 +54,6 @@ MAX_PENDING_WRITES = 2
 
 STOP_TIMEOUT_S = 300.0
 """How long stop() waits for snapshots still being written."""
-
-# Trace-changing torch.profiler options under which the profiler keeps C++ weak references
-# to the TensorImpl of every tensor an op received (measured on torch 2.13, see
-# incompatibilities()). swap_tensors refuses such tensors.
-_WEAKREF_OPTIONS = ("record_shapes", "with_stack", "with_flops")
 
 
 def oom_window_name(step: int) -> str:
@@ -372,32 +366,3 @@ class MemorySnapshots(OneFault):
 
     def _fail(self, where: str, exc: BaseException) -> None:
         self.fault(f"{where} failed ({type(exc).__name__}: {exc})")
-
-
-def incompatibilities(config: ProfileConfig, torch: ModuleType) -> list[str]:
-    """Known combinations of `config` and this process's torch settings that break or do
-    nothing, one sentence each naming the fields and why; empty when there are none.
-
-    What runs later (FSDP2's fully_shard, a model moved between devices) cannot be seen
-    here; docs/memory.md says what to avoid.
-    """
-    found: list[str] = []
-    trace = config.trace
-    held = [name for name in _WEAKREF_OPTIONS if getattr(trace, name)]
-    if trace.enable and trace.tool == "torch" and held and _swaps_module_params(torch):
-        found.append(
-            f"trace.{'/'.join(held)}=True with torch.__future__."
-            f"set_swap_module_params_on_conversion(True): while a trace window is open and "
-            f"until its profiler is released, torch.profiler holds weak references to every "
-            f"tensor an op received, and torch.utils.swap_tensors (used by module.to(), "
-            f".cuda(), .half() and load_state_dict(assign=True) under that flag) then fails "
-            f"with 'Expected no weakrefs'; turn those trace options off or convert modules "
-            f"outside trace windows"
-        )
-    return found
-
-
-def _swaps_module_params(torch: ModuleType) -> bool:
-    future = getattr(torch, "__future__", None)
-    getter = getattr(future, "get_swap_module_params_on_conversion", None)
-    return bool(getter()) if callable(getter) else False

@@ -29,7 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from .._layout import rank_name, step_window_name, temp_name
+from .._layout import (
+    TRIGGER_SUFFIX,
+    RunDir,
+    ack_path,
+    is_temp,
+    step_window_name,
+    temp_name,
+    trigger_path,
+    trigger_tag,
+)
 from .._ranks import RankSet, parse_ranks
 
 __all__ = [
@@ -64,15 +73,13 @@ _O_DIRECTORY: int | None = getattr(os, "O_DIRECTORY", None)
 
 
 def trigger_dir(run_dir: str | os.PathLike[str]) -> Path:
-    return Path(run_dir) / "triggers"
+    """RUN_DIR/triggers, where triggers and the ranks' answers are."""
+    return RunDir(run_dir).triggers_dir
 
 
-def trigger_path(run_dir: str | os.PathLike[str], trigger_id: str) -> Path:
-    return trigger_dir(run_dir) / f"{trigger_id}.json"
-
-
-def ack_path(run_dir: str | os.PathLike[str], trigger_id: str, rank: int) -> Path:
-    return trigger_dir(run_dir) / trigger_id / f"{rank_name(rank)}.json"
+def _trigger_id(name: str) -> str | None:
+    """The id a trigger file's name gives; None for a name no trigger file has."""
+    return name[: -len(TRIGGER_SUFFIX)] if name.endswith(TRIGGER_SUFFIX) else None
 
 
 def why_not_listening(enable: object, target: object, every: object) -> str | None:
@@ -126,7 +133,7 @@ class Trigger:
     @property
     def window(self) -> str:
         """The window directory the selected ranks write: step-AAAAAA-BBBBBB-trigger-<id>."""
-        return step_window_name(self.start, self.last, f"trigger-{self.id}")
+        return step_window_name(self.start, self.last, trigger_tag(self.id))
 
     @property
     def rank_set(self) -> RankSet:
@@ -169,7 +176,7 @@ def parse_trigger(data: object, file_id: str | None = None) -> Trigger:
     if not isinstance(trigger_id, str) or not _ID.fullmatch(trigger_id):
         raise ValueError(f'"id" is {trigger_id!r}; expected letters, digits, "-", "_" or "."')
     if file_id is not None and trigger_id != file_id:
-        raise ValueError(f'"id" is {trigger_id!r} but the file is named {file_id}.json')
+        raise ValueError(f'"id" is {trigger_id!r} but the file is named {file_id}{TRIGGER_SUFFIX}')
     start = need_int("start", 1)
     steps = need_int("steps", 1)
     try:
@@ -190,7 +197,7 @@ def read_trigger(path: Path) -> Trigger:
         data = json.loads(raw)
     except ValueError as exc:  # UnicodeDecodeError is a ValueError too
         raise ValueError(f"not valid JSON ({exc})") from None
-    return parse_trigger(data, path.name[: -len(".json")])
+    return parse_trigger(data, _trigger_id(path.name))
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -229,16 +236,14 @@ def write_ack(
 
 def read_acks(run_dir: str | os.PathLike[str], trigger_id: str) -> dict[int, dict[str, Any]]:
     """The ranks' answers to one trigger, by rank; unreadable answers are left out."""
-    folder = trigger_dir(run_dir) / trigger_id
     out: dict[int, dict[str, Any]] = {}
-    for path in sorted(folder.glob("rank-*.json")) if folder.is_dir() else []:
-        named = re.fullmatch(r"rank-(\d+)\.json", path.name)
+    for answer in RunDir(run_dir).trigger_answers(trigger_id):
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(answer.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if named and isinstance(data, dict) and data.get("rank") == int(named.group(1)):
-            out[int(named.group(1))] = data
+        if isinstance(data, dict) and data.get("rank") == answer.rank:
+            out[answer.rank] = data
     return out
 
 
@@ -307,9 +312,8 @@ class TriggerWatcher:
         return sorted(found, key=lambda t: t.id)
 
     def _consider(self, entry: os.DirEntry[str]) -> Trigger | None:
-        name = entry.name
-        file_id = name[: -len(".json")]
-        if name.startswith(".") or not name.endswith(".json") or file_id in self._seen:
+        file_id = _trigger_id(entry.name)
+        if file_id is None or is_temp(entry.name) or file_id in self._seen:
             return None  # a temporary name, an answers folder, a trigger seen before
         trigger = self._read(entry) if entry.is_file() else None
         if trigger is None:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .._errors import ConfigError, RankscopeError, TraceError
+from .._errors import ConfigError, RankscopeError
+from .._layout import REPORT, TRIGGERS, RunDir
 from .._version import __version__
 
 __all__ = ["main"]
@@ -121,12 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the report as JSON for scripts")
     demo.set_defaults(run=_demo)
 
-    report = commands.add_parser("report", help="the run at a glance, and RUN_DIR/report.html")
+    report = commands.add_parser("report", help=f"the run at a glance, and RUN_DIR/{REPORT}")
     report.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     report.add_argument("--no-html", action="store_true", help="do not write the HTML report")
-    report.add_argument(
-        "-o", "--output", type=Path, help="HTML path (default: RUN_DIR/report.html)"
-    )
+    report.add_argument("-o", "--output", type=Path, help=f"HTML path (default: RUN_DIR/{REPORT})")
     _straggler_options(report)
     _json_option(report)
     report.set_defaults(run=_report)
@@ -162,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Write a trigger file into RUN_DIR asking the job's ranks to record a trace "
             "window from an absolute step. Ranks look for triggers every "
-            "trace.trigger_check_every_n_steps steps; each answers in RUN_DIR/triggers/ID/."
+            f"trace.trigger_check_every_n_steps steps; each answers in RUN_DIR/{TRIGGERS}/ID/."
         ),
     )
     trigger.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -266,8 +265,7 @@ def _terminal(command: str) -> Any:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ..analysis._report import build_report
-    from ..analysis.render._html import render_html
+    from ..analysis import build_report, render_html
 
     render = None if args.json else _terminal("report")
     with _progress(render, "reading") as progress:
@@ -281,7 +279,7 @@ def _report(args: argparse.Namespace) -> int:
         )
     html = None
     if not args.no_html:
-        html = args.output or Path(report["run_dir"]) / "report.html"
+        html = args.output or RunDir(report["run_dir"]).report_path
         html.write_text(render_html(report), encoding="utf-8")
         report["html"] = str(html)
     if render is None:
@@ -292,10 +290,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _stragglers(args: argparse.Namespace) -> int:
-    from ..analysis._matrix import phase_matrices
-    from ..analysis._stragglers import find_stragglers
-    from ..analysis.read._run import read_run_meta
-    from ..analysis.read._timings import read_timings
+    from ..analysis import find_stragglers, phase_matrices, read_run_meta, read_timings
 
     render = None if args.json else _terminal("stragglers")
     meta = read_run_meta(args.run_dir)
@@ -320,7 +315,7 @@ def _stragglers(args: argparse.Namespace) -> int:
 
 
 def _kernels(args: argparse.Namespace) -> int:
-    from ..analysis._kernels import kernel_report
+    from ..analysis import kernel_report
 
     render = None if args.json else _terminal("kernels")
     with _progress(render, "reading") as progress:
@@ -338,7 +333,7 @@ def _kernels(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from ..analysis._merge import merge_traces
+    from ..analysis import merge_traces
 
     render = None if args.json else _terminal("merge")
     with _progress(render, "merging") as progress:
@@ -398,8 +393,7 @@ def _rank_or_none(text: str) -> int | None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ..analysis._report import build_report
-    from ..analysis.render._html import render_html
+    from ..analysis import build_report, render_html
     from ..demo._job import DemoJob, run_demo
 
     job = DemoJob(
@@ -423,7 +417,7 @@ def _demo(args: argparse.Namespace) -> int:
         run_dir = run_demo(job, out, progress=_stage(progress, "training steps"))
         trained = time.perf_counter() - started
         report = build_report(run_dir, progress=progress)
-    html = run_dir / "report.html"
+    html = RunDir(run_dir).report_path
     html.write_text(render_html(report), encoding="utf-8")
     report["html"] = str(html)
     if render is None:
@@ -434,11 +428,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _trigger(args: argparse.Namespace) -> int:
-    from ..analysis.read._run import read_run_meta
+    from ..capture._ask import ask_for_window, trigger_status
 
-    meta = read_run_meta(args.run_dir)
-    if not meta.meta:
-        raise TraceError(f"{args.run_dir}: not a run directory (no meta/rank-*.json in it)")
     render = None if args.json else _terminal("trigger")
     if args.status:
         given = [
@@ -450,204 +441,17 @@ def _trigger(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "--status", True, "--status alone", f"it cannot be combined with {', '.join(given)}"
             )
-        status = _trigger_status(args.run_dir, meta)
+        status = trigger_status(args.run_dir)
         if render is None:
             _print_json(status)
         else:
             render.trigger_status(status)
         return 0
-    written = _new_trigger(args, meta)
+    written = ask_for_window(
+        args.run_dir, steps=args.steps, ranks=args.ranks, at=args.at, in_steps=args.in_steps
+    )
     if render is None:
         _print_json(written)
     else:
         render.trigger_written(written)
     return 0
-
-
-def _new_trigger(args: argparse.Namespace, meta: Any) -> dict[str, Any]:
-    """Check the request against the run, then write the trigger; nothing is written on an error."""
-    from .._ranks import parse_ranks
-    from ..capture._trigger import Trigger, new_trigger_id, rank_listens, write_trigger
-
-    world = meta.world_size if meta.world_size is not None else max(meta.meta) + 1
-    spec = args.ranks
-    if spec is None:  # the ranks the run's own config names for capture
-        config = meta.meta[min(meta.meta)].get("config") or {}
-        spec = (config.get("trace") or {}).get("ranks", "0")
-    rank_set = parse_ranks(spec, "--ranks")
-    rank_set.check_world_size(world, "--ranks")
-    selected = list(range(world)) if rank_set.everything else sorted(rank_set.ranks)
-    listening: list[int] = []
-    unheard: dict[int, str] = {}
-    for rank in selected:
-        reason = rank_listens(meta.meta.get(rank))
-        if reason is None:
-            listening.append(rank)
-        else:
-            unheard[rank] = reason
-    if not listening:
-        first = min(unheard)
-        raise ConfigError(
-            "--ranks",
-            rank_set.spec(),
-            "ranks whose config checks for triggers",
-            f"no selected rank checks for triggers (rank {first}: {unheard[first]})",
-        )
-    traces = [meta.meta[r]["config"]["trace"] for r in listening]
-    # With trace.tool="nsys", nsys writes the reports; rankscope notes each range here.
-    folder = "nsys" if all(t.get("tool") == "nsys" for t in traces) else "traces"
-    timers = [meta.meta[r]["config"].get("timer") or {} for r in listening]
-    max_steps = min(int(t.get("trigger_max_steps", 1)) for t in traces)
-    steps = min(2, max_steps) if args.steps is None else args.steps
-    if steps > max_steps:
-        raise ConfigError(
-            "--steps",
-            steps,
-            f"1 to {max_steps}",
-            f"the run's trace.trigger_max_steps is {max_steps}",
-        )
-    # How far ahead a trigger must start for every rank to see it in time: the timings
-    # lag the run by up to one sampling interval and one flush interval, a rank looks
-    # every check interval, and the step before the window warms the profiler up.
-    lag = max(
-        int(t.get("every_n_steps", 1)) + int(t.get("flush_every_n_steps", 1))
-        if t.get("enable")
-        else 0
-        for t in timers
-    )
-    check = max(int(t["trigger_check_every_n_steps"]) for t in traces)
-    lead = lag + check + 2
-    latest = _latest_step(args.run_dir)
-    if args.at is not None:
-        start = args.at
-        if latest is not None and start <= latest:
-            raise ConfigError(
-                "--at",
-                start,
-                f"a step after {latest}",
-                f"the run's timings have reached step {latest} already",
-            )
-    elif latest is None:
-        raise TraceError(
-            f"{args.run_dir}: no timings to tell which step the run has reached "
-            "(is the timer on?); give the first step with --at STEP"
-        )
-    else:
-        start = latest + (lead if args.in_steps is None else args.in_steps)
-    trigger = Trigger(
-        new_trigger_id(),
-        start,
-        steps,
-        rank_set.spec(),
-        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    )
-    path = write_trigger(args.run_dir, trigger)
-    note = None
-    if latest is None:
-        note = "the run has no timings, so whether this step is still ahead is not known"
-    elif start < latest + lead:
-        note = (
-            f"ranks may first see this trigger as late as step {latest + lead - 2}; "
-            f"a rank that sees it at step {start} or later declines it"
-        )
-    return {
-        **trigger.to_dict(),
-        "run_dir": str(args.run_dir),
-        "path": str(path),
-        "last": trigger.last,
-        "window": trigger.window,
-        "traces": str(Path(args.run_dir) / folder / trigger.window),
-        "latest_step": latest,
-        "selected": selected,
-        "listening": listening,
-        "not_listening": {str(r): why for r, why in unheard.items()},
-        "check_every": check,
-        "note": note,
-    }
-
-
-def _saved_window(run_dir: Path, window: str, rank: int) -> list[Path]:
-    """The trace (or nsys record) `rank` saved for the window announced as `window`, which
-    stop() may have cut short (and so named after an earlier last step)."""
-    from .._layout import rank_name, window_key
-
-    key = window_key(window)
-    found: list[Path] = []
-    for folder, pattern in (("traces", ".pt.trace.json*"), ("nsys", ".json")):
-        for path in sorted((run_dir / folder).glob(f"*/{rank_name(rank)}{pattern}")):
-            name = path.parent.name
-            if name == window or (key is not None and window_key(name) == key):
-                found.append(path)
-    return found
-
-
-def _latest_step(run_dir: Path) -> int | None:
-    """The latest step in the run's timings; None without any."""
-    from ..analysis.read._timings import read_timings
-
-    try:
-        timings = read_timings(run_dir)
-    except TraceError:
-        return None
-    steps = [int(t.step.max()) for t in timings.ranks.values() if len(t)]
-    return max(steps) if steps else None
-
-
-def _trigger_status(run_dir: Path, meta: Any) -> dict[str, Any]:
-    """Every trigger in the run and, per selected rank, where it stands."""
-    from .._ranks import parse_ranks
-    from ..capture._trigger import rank_listens, read_acks, read_trigger, trigger_dir
-
-    world = meta.world_size if meta.world_size is not None else max(meta.meta) + 1
-    folder = trigger_dir(run_dir)
-    found: list[dict[str, Any]] = []
-    skipped: list[str] = []
-    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    for path in paths:
-        if path.name.startswith("."):
-            continue
-        try:
-            trigger = read_trigger(path)
-        except (OSError, ValueError) as exc:
-            skipped.append(f"{path}: not a valid trigger file ({exc})")
-            continue
-        rank_set = parse_ranks(trigger.ranks, "ranks")
-        selected = [r for r in range(world) if r in rank_set]
-        acks = read_acks(run_dir, trigger.id)
-        states: dict[str, list[int]] = {
-            state: [] for state in ("saved", "accepted", "declined", "waiting", "not_listening")
-        }
-        reasons: dict[str, str] = {}
-        saved: dict[str, str] = {}
-        for rank in selected:
-            ack = acks.get(rank)
-            if ack is not None and ack.get("status") == "accepted":
-                window = str(ack.get("window", trigger.window))
-                done = _saved_window(Path(run_dir), window, rank)
-                if done:
-                    states["saved"].append(rank)
-                    saved[str(rank)] = str(done[0])
-                else:
-                    states["accepted"].append(rank)
-            elif ack is not None:
-                states["declined"].append(rank)
-                reasons[str(rank)] = str(ack.get("reason"))
-            else:
-                why = rank_listens(meta.meta.get(rank))
-                if why is None:
-                    states["waiting"].append(rank)
-                else:
-                    states["not_listening"].append(rank)
-                    reasons[str(rank)] = why
-        found.append(
-            {
-                **trigger.to_dict(),
-                "path": str(path),
-                "last": trigger.last,
-                "window": trigger.window,
-                "ranks_by_state": states,
-                "reasons": reasons,
-                "saved": saved,
-            }
-        )
-    return {"run_dir": str(run_dir), "triggers": found, "skipped": skipped}

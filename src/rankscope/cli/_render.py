@@ -17,6 +17,7 @@ from rich.progress import Progress as _RichProgress
 from rich.table import Table
 from rich.text import Text
 
+from .._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
 from .._text import format_ranks
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport
@@ -382,22 +383,27 @@ def demo_end(job: Any, data: dict[str, Any], trained_s: float, total_s: float) -
     rows = [
         ("run directory", str(run)),
         ("HTML report", f"{data['html']}  (open in a browser; works offline)"),
-        ("timings", f"{run / 'timings'}/rank-NNNNN.jsonl, one file per rank"),
+        ("timings", f"{_any_rank(timing_path(run, 0))}, one file per rank"),
     ]
-    traces = sorted((run / "traces").glob("*/rank-*.pt.trace.json*"))
+    traces = [trace.path for trace in RunDir(run).traces()]
     for i, trace in enumerate(traces):
         rows.append(("traces" if i == 0 else "", str(trace)))
     if traces:
         rows.append(("", "open one at https://ui.perfetto.dev ('Open trace file'; .gz as it is)"))
-        pattern = traces[0].parent / "*.pt.trace.json.gz"
-        merged = run / "merged.pt.trace.json.gz"
-        rows.append(("merge them", f"rankscope merge {pattern} -o {merged}"))
+        pattern = traces[0].parent / f"*{TRACE_SUFFIX}{GZIP_SUFFIX}"
+        rows.append(("merge them", f"rankscope merge {pattern} -o {run / MERGED}"))
     rows.append(("analyse again", f"rankscope report {run}   /   rankscope stragglers {run}"))
     _console.print("\n[bold]Where everything is[/bold]")
     for label, text in rows:
         line = Text(f"  {label:<14} ")
         line.append(text)
         _console.print(line, soft_wrap=True)  # paths and commands stay whole, to copy
+
+
+def _any_rank(path: Path) -> str:
+    """`path`, rank 0's file, as people read it for any rank: .../rank-NNNNN.jsonl."""
+    zero = rank_name(0)
+    return str(path.with_name(path.name.replace(zero, zero.replace("0", "N"))))
 
 
 def _verdict(job: Any, findings: list[dict[str, Any]]) -> str:

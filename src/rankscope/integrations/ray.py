@@ -35,7 +35,6 @@ import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -48,7 +47,7 @@ except ImportError as exc:
 
 from .._config import ProfileConfig
 from .._errors import ConfigError
-from .._layout import rank_name, timing_path
+from .._layout import RunDir, timing_path
 from .._profiler import Profiler
 
 __all__ = [
@@ -289,14 +288,15 @@ class _WorkerRun:
         """Windows with a trace of this rank written since this run started (not a previous run's)."""
         if self.run_dir is None or self.rank is None:
             return []
-        prefix = f"{rank_name(self.rank)}.pt.trace.json"
-        windows = []
+        windows: list[str] = []
         try:
-            for window in sorted(Path(self.run_dir, "traces").iterdir()):
-                for path in window.glob(f"{prefix}*"):
-                    if path.stat().st_mtime_ns >= self._started_ns - 1_000_000_000:
-                        windows.append(window.name)
-                        break
+            for trace in RunDir(self.run_dir).traces():
+                if (
+                    trace.rank == self.rank
+                    and trace.window not in windows
+                    and trace.path.stat().st_mtime_ns >= self._started_ns - 1_000_000_000
+                ):
+                    windows.append(trace.window)
         except OSError:
             pass  # no traces directory yet, or one that cannot be read: nothing to list
         return windows
