@@ -43,7 +43,7 @@ def test_nothing_is_fed_once_capture_is_off() -> None:
     now = 0.0
     for step in range(12):
         now += 3.0 if step >= 8 else 1.0
-        assert watch.observe(step, now, profiled=False, enabled=False) == []
+        assert not watch.observe(step, now, profiled=False, enabled=False)
         watch.step_began = now
 
 
@@ -90,6 +90,6 @@ def test_a_fault_inside_the_watch_turns_it_off_with_one_warning(
 ) -> None:
     watch = AnomalyWatch(AUTO, rank=0)
     with caplog.at_level(logging.WARNING, logger="rankscope"):
-        assert watch.observe(0, "not a time", profiled=False, enabled=True) == []  # type: ignore[arg-type]
+        assert not watch.observe(0, "not a time", profiled=False, enabled=True)  # type: ignore[arg-type]
     assert not watch.watching
     assert "watching step times failed" in caplog.text

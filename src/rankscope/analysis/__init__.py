@@ -1,5 +1,10 @@
 """Analysis of run directories and traces: stragglers, kernels, merged timelines, reports.
 
+The flow: `read/` turns files into columns and events (the run directory is listed
+through `rankscope._layout.RunDir`); the analyzers here (`_matrix`, `_stragglers`,
+`_kernels`, `_report`, `merge/`) turn those into answers; `render/` draws the HTML
+report. `_parallel` is the one way they read files in parallel.
+
 Imports no torch: analysis runs anywhere. Names load on first use, so the trace
 finaliser (which needs only the summaries) never pays for numpy.
 """

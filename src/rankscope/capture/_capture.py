@@ -153,7 +153,9 @@ class TraceCapture(OneFault):
             if not self._on_owner_thread("step()") or not self._advance(prof, step):
                 return
         elif not self.enabled:
-            asking.signal_ignored(step, self.fault_reason or "see the warning at start")
+            hook = asking.signal
+            if hook is not None and hook.pending:
+                asking.signal_ignored(step, self.fault_reason or "see the warning at start")
             return
         check = asking.check_every and step % asking.check_every == 0
         hook = asking.signal
@@ -191,9 +193,17 @@ class TraceCapture(OneFault):
             self._prof is not None and self._plan.action(step) is not Action.NONE
         )
         now = time.perf_counter() if watch.steps is not None else 0.0
-        auto = self._config.auto
-        for slow in watch.observe(step, now, profiled, self.enabled):
-            self._asking.on_slow(slow, step + 1, auto.phase, auto.window_steps)
+        found = watch.observe(step, now, profiled, self.enabled)
+        if found:
+            auto = self._config.auto
+            try:
+                for slow in found:
+                    self._asking.on_slow(slow, step + 1, auto.phase, auto.window_steps)
+            except Exception as exc:
+                # Asking for its window failed: the watch goes off, the run and the windows
+                # already planned go on.
+                watch.stop_watching()
+                watch.failed("step times" if auto.phase is None else f"phase {auto.phase!r}", exc)
         if not watch.watching:
             self._watch = None
 

@@ -15,6 +15,7 @@ from typing import Any
 from .._layout import (
     SIGNAL_TAG,
     SLOW_STEPS_TAG,
+    TRACES,
     RunDir,
     auto_path,
     slow_phase_tag,
@@ -94,11 +95,12 @@ class OnDemand:
             answer: dict[str, Any] = {"status": "declined", "reason": window}
         else:
             logger.info(
-                "rankscope: trigger %s: rank %d records steps %d-%d into traces/%s",
+                "rankscope: trigger %s: rank %d records steps %d-%d into %s/%s",
                 trigger.id,
                 self._rank,
                 trigger.start,
                 trigger.last,
+                TRACES,
                 trigger.window,
             )
             answer = {
@@ -151,12 +153,12 @@ class OnDemand:
             )
             return
         logger.info(
-            "rankscope: SIGUSR2 received before step %d: rank %d records steps %d-%d "
-            "into traces/%s",
+            "rankscope: SIGUSR2 received before step %d: rank %d records steps %d-%d into %s/%s",
             step,
             self._rank,
             window.first,
             window.last,
+            TRACES,
             self._requests.name(window),
         )
 
@@ -227,7 +229,7 @@ class OnDemand:
             name = self._requests.name(window)
             logger.info(
                 "rankscope: %s %s were slow on rank %d (%.4g s and more, median %.4g s): "
-                "recording steps %d-%d into traces/%s",
+                "recording steps %d-%d into %s/%s",
                 what,
                 format_steps(slow_steps),
                 self._rank,
@@ -235,6 +237,7 @@ class OnDemand:
                 slow.median,
                 window.first,
                 window.last,
+                TRACES,
                 name,
             )
             record.update(status="accepted", window=name, first=window.first, last=window.last)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._config import AutoTrigger
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
 __all__ = ["AnomalyWatch"]
 
 logger = logging.getLogger(__name__)
+
+_NOTHING: tuple[SlowSteps, ...] = ()
 
 
 class AnomalyWatch:
@@ -68,26 +71,26 @@ class AnomalyWatch:
         self._timer = timer
         timer.watch(self._auto.phase)
 
-    def observe(self, step: int, now: float, profiled: bool, enabled: bool) -> list[SlowSteps]:
+    def observe(self, step: int, now: float, profiled: bool, enabled: bool) -> Sequence[SlowSteps]:
         """Take what step `step` (just ended at perf_counter `now`) measured; the slow
         stretches it completes. `profiled`: a window ran in that step; `enabled`: capture
         can still record (nothing is fed once it cannot)."""
-        found: list[SlowSteps] = []
+        slow = None
         detector = self.steps
         if detector is not None:
             try:
                 slow = self._observe_step(detector, step, now, profiled or not enabled)
-                if slow is not None:
-                    found.append(slow)
             except Exception as exc:
                 self.steps = None
-                self._failed("step times", exc)
-        if self._phase is not None:
-            try:
-                self._observe_phase(self._phase, step, profiled, enabled, found)
-            except Exception as exc:
-                self._stop_phase()
-                self._failed(f"phase {self._auto.phase!r}", exc)
+                self.failed("step times", exc)
+        if self._phase is None:
+            return _NOTHING if slow is None else (slow,)  # most steps: no list to make
+        found = [] if slow is None else [slow]
+        try:
+            self._observe_phase(self._phase, step, profiled, enabled, found)
+        except Exception as exc:
+            self._stop_phase()
+            self.failed(f"phase {self._auto.phase!r}", exc)
         return found
 
     def _observe_step(
@@ -157,7 +160,13 @@ class AnomalyWatch:
         if timer is not None:
             timer.watch(None)
 
-    def _failed(self, what: str, exc: Exception) -> None:
+    def stop_watching(self) -> None:
+        """Watch nothing more (a fault in asking for a window turned it off)."""
+        self.steps = None
+        self._stop_phase()
+
+    def failed(self, what: str, exc: Exception) -> None:
+        """Say once that watching `what` failed and anomaly windows are off."""
         logger.warning(
             "rankscope: watching %s failed (%s: %s); anomaly windows are off for the rest of "
             "this run (rank %d), training goes on",
