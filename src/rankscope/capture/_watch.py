@@ -78,11 +78,17 @@ class AnomalyWatch:
         slow = None
         detector = self.steps
         if detector is not None:
-            try:
-                slow = self._observe_step(detector, step, now, profiled or not enabled)
-            except Exception as exc:
-                self.steps = None
-                self.failed("step times", exc)
+            # Inline, not a method of its own: this runs every step of a watching rank.
+            if profiled or not enabled:
+                self.step_began = now  # a profiled step is slow because it is profiled
+            else:
+                try:
+                    slow = detector.observe(step, now - self.step_began)
+                    if slow is None and detector.exhausted:
+                        self.steps = None  # nothing more to ask for: stop measuring
+                except Exception as exc:
+                    self.steps = None
+                    self.failed("step times", exc)
         if self._phase is None:
             return _NOTHING if slow is None else (slow,)  # most steps: no list to make
         found = [] if slow is None else [slow]
@@ -92,17 +98,6 @@ class AnomalyWatch:
             self._stop_phase()
             self.failed(f"phase {self._auto.phase!r}", exc)
         return found
-
-    def _observe_step(
-        self, detector: SlowdownDetector, step: int, now: float, skip: bool
-    ) -> SlowSteps | None:
-        if skip:
-            self.step_began = now
-            return None
-        slow = detector.observe(step, now - self.step_began)
-        if detector.exhausted and slow is None:
-            self.steps = None  # nothing more to ask for: stop measuring
-        return slow
 
     def _observe_phase(
         self,
