@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from .._config import TraceConfig
 from .._layout import phase_window_name, step_window_name
 from .._ranks import RankInfo
 from .._torch import import_torch
+from ._auto import SlowSteps
 from ._export import MAX_BACKLOG, WindowExporter, let_go
 from ._faults import OneFault
 from ._nsys import NsysWindows, NvtxRange, nsys_unavailable
@@ -139,7 +140,17 @@ class TraceCapture(OneFault):
             return
         watch = self._watch
         if watch is not None:
-            self._observe(watch)
+            # Inline, not a method of its own: this runs every step of a watching rank.
+            # A step a window recorded or warmed up in is not fed (see AnomalyWatch).
+            profiled = self.recording or (
+                self._prof is not None and self._plan.action(self._step) is not Action.NONE
+            )
+            now = time.perf_counter() if watch.steps is not None else 0.0
+            found = watch.observe(self._step, now, profiled, self.enabled)
+            if found:
+                self._ask_for(watch, found)
+            if not watch.watching:
+                self._watch = None
         self._step += 1
         if self._failure is not None:
             self.fault(self._failure)  # already warned on the worker thread
@@ -184,28 +195,17 @@ class TraceCapture(OneFault):
         if hook is not None and hook.pending:
             self._wake_at = 0  # a signal that came during this step() must not wait for a check
 
-    def _observe(self, watch: AnomalyWatch) -> None:
-        """Feed the watch the step that just ended; ask for the windows its slow steps want."""
-        step = self._step
-        # A step a window recorded or warmed up in. Between windows no profiler is held,
-        # so most steps cost one attribute check.
-        profiled = self.recording or (
-            self._prof is not None and self._plan.action(step) is not Action.NONE
-        )
-        now = time.perf_counter() if watch.steps is not None else 0.0
-        found = watch.observe(step, now, profiled, self.enabled)
-        if found:
-            auto = self._config.auto
-            try:
-                for slow in found:
-                    self._asking.on_slow(slow, step + 1, auto.phase, auto.window_steps)
-            except Exception as exc:
-                # Asking for its window failed: the watch goes off, the run and the windows
-                # already planned go on.
-                watch.stop_watching()
-                watch.failed("step times" if auto.phase is None else f"phase {auto.phase!r}", exc)
-        if not watch.watching:
-            self._watch = None
+    def _ask_for(self, watch: AnomalyWatch, found: Sequence[SlowSteps]) -> None:
+        """Ask for the windows that the slow stretches the watch found want."""
+        auto = self._config.auto
+        try:
+            for slow in found:
+                self._asking.on_slow(slow, self._step + 1, auto.phase, auto.window_steps)
+        except Exception as exc:
+            # Asking for its window failed: the watch goes off, the run and the windows
+            # already planned go on.
+            watch.stop_watching()
+            watch.failed("step times" if auto.phase is None else f"phase {auto.phase!r}", exc)
 
     def _wake(self) -> None:
         """Make the next step() do its work (SIGUSR2 arrived: an assignment, safe in a handler)."""

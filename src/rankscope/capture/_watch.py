@@ -37,17 +37,15 @@ class AnomalyWatch:
         self.steps: SlowdownDetector | None = SlowdownDetector(auto) if auto.phase is None else None
         """The step-time rule; None when a phase is watched, or once it is done or failed."""
         self._phase: SlowdownDetector | None = SlowdownDetector(auto) if auto.phase else None
+        self.watching = True
+        """False once nothing is left to watch: step() may drop the watch altogether. An
+        attribute, not a property: it is read every step."""
         self.step_began = 0.0
         """perf_counter when the current step began (the step-time rule only)."""
         self._timer: PhaseTimer | None = None
         self._phase_step: int | None = None  # the step whose phase times are being summed
         self._phase_sum = 0.0
         self._profiled: deque[int] = deque(maxlen=256)  # recent steps a profiler ran in
-
-    @property
-    def watching(self) -> bool:
-        """False once nothing is left to watch: step() may skip the watch altogether."""
-        return self.steps is not None or self._phase is not None
 
     @property
     def measured(self) -> str:
@@ -61,6 +59,7 @@ class AnomalyWatch:
             return
         if timer is None:
             self._phase = None
+            self.watching = self.steps is not None
             logger.warning(
                 "rankscope: trace.auto.phase is %r but the phase timer does not run on rank %d "
                 "(not in timer.ranks, or timer off); this rank does not watch its phase times",
@@ -86,8 +85,10 @@ class AnomalyWatch:
                     slow = detector.observe(step, now - self.step_began)
                     if slow is None and detector.exhausted:
                         self.steps = None  # nothing more to ask for: stop measuring
+                        self.watching = self._phase is not None
                 except Exception as exc:
                     self.steps = None
+                    self.watching = self._phase is not None
                     self.failed("step times", exc)
         if self._phase is None:
             return _NOTHING if slow is None else (slow,)  # most steps: no list to make
@@ -151,6 +152,7 @@ class AnomalyWatch:
 
     def _stop_phase(self) -> None:
         self._phase = None
+        self.watching = self.steps is not None
         timer, self._timer = self._timer, None
         if timer is not None:
             timer.watch(None)
@@ -158,7 +160,7 @@ class AnomalyWatch:
     def stop_watching(self) -> None:
         """Watch nothing more (a fault in asking for a window turned it off)."""
         self.steps = None
-        self._stop_phase()
+        self._stop_phase()  # and so watching is False
 
     def failed(self, what: str, exc: Exception) -> None:
         """Say once that watching `what` failed and anomaly windows are off."""
