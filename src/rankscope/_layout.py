@@ -26,22 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
-    "ACK_SUFFIX",
     "AUTO",
-    "AUTO_SUFFIX",
     "GZIP_SUFFIX",
     "MEMORY",
-    "MEMORY_SUFFIX",
     "MERGED",
     "META",
     "META_FILES",
-    "META_SUFFIX",
     "NSYS",
-    "NSYS_SUFFIX",
     "REPORT",
     "SIGNAL_TAG",
     "SLOW_STEPS_TAG",
-    "SUMMARY_SUFFIX",
     "TIMINGS",
     "TIMINGS_FILES",
     "TIMINGS_SUFFIX",
@@ -87,18 +81,18 @@ REPORT = "report.html"
 MERGED = "merged.pt.trace.json.gz"
 """The default name of `rankscope merge`'s output."""
 
-META_SUFFIX = ".json"
+_META_SUFFIX = ".json"
 TIMINGS_SUFFIX = ".jsonl"
 TRACE_SUFFIX = ".pt.trace.json"
 GZIP_SUFFIX = ".gz"
-SUMMARY_SUFFIX = ".summary.json"
-AUTO_SUFFIX = ".jsonl"
+_SUMMARY_SUFFIX = ".summary.json"
+_AUTO_SUFFIX = ".jsonl"
 TRIGGER_SUFFIX = ".json"
-ACK_SUFFIX = ".json"
-NSYS_SUFFIX = ".json"
-MEMORY_SUFFIX = ".pickle"
+_ACK_SUFFIX = ".json"
+_NSYS_SUFFIX = ".json"
+_MEMORY_SUFFIX = ".pickle"
 
-META_FILES = f"{META}/rank-*{META_SUFFIX}"
+META_FILES = f"{META}/rank-*{_META_SUFFIX}"
 """How the meta files are named, for messages."""
 TIMINGS_FILES = f"{TIMINGS}/rank-*{TIMINGS_SUFFIX}"
 """How the timing files are named, for messages."""
@@ -195,7 +189,7 @@ def temp_name(final: Path, tag: str) -> Path:
 
 
 def meta_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
-    return Path(run_dir) / META / f"{rank_name(rank)}{META_SUFFIX}"
+    return Path(run_dir) / META / f"{rank_name(rank)}{_META_SUFFIX}"
 
 
 def timing_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -208,12 +202,12 @@ def trace_path(run_dir: str | os.PathLike[str], window: str, rank: int, gzip: bo
 
 
 def summary_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
-    return Path(run_dir) / TRACES / window / f"{rank_name(rank)}{SUMMARY_SUFFIX}"
+    return Path(run_dir) / TRACES / window / f"{rank_name(rank)}{_SUMMARY_SUFFIX}"
 
 
 def auto_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     """RUN_DIR/auto/rank-NNNNN.jsonl: why a rank asked for windows itself."""
-    return Path(run_dir) / AUTO / f"{rank_name(rank)}{AUTO_SUFFIX}"
+    return Path(run_dir) / AUTO / f"{rank_name(rank)}{_AUTO_SUFFIX}"
 
 
 def trigger_path(run_dir: str | os.PathLike[str], trigger_id: str) -> Path:
@@ -223,17 +217,17 @@ def trigger_path(run_dir: str | os.PathLike[str], trigger_id: str) -> Path:
 
 def ack_path(run_dir: str | os.PathLike[str], trigger_id: str, rank: int) -> Path:
     """RUN_DIR/triggers/<id>/rank-NNNNN.json: a rank's answer to a trigger."""
-    return Path(run_dir) / TRIGGERS / trigger_id / f"{rank_name(rank)}{ACK_SUFFIX}"
+    return Path(run_dir) / TRIGGERS / trigger_id / f"{rank_name(rank)}{_ACK_SUFFIX}"
 
 
 def nsys_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
     """RUN_DIR/nsys/<window>/rank-NNNNN.json: which steps a cudaProfilerStart/Stop range covered."""
-    return Path(run_dir) / NSYS / window / f"{rank_name(rank)}{NSYS_SUFFIX}"
+    return Path(run_dir) / NSYS / window / f"{rank_name(rank)}{_NSYS_SUFFIX}"
 
 
 def memory_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
     """RUN_DIR/memory/<window>/rank-NNNNN.pickle: a CUDA memory snapshot (memory_viz's format)."""
-    return Path(run_dir) / MEMORY / window / f"{rank_name(rank)}{MEMORY_SUFFIX}"
+    return Path(run_dir) / MEMORY / window / f"{rank_name(rank)}{_MEMORY_SUFFIX}"
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -294,7 +288,7 @@ class RunDir:
 
     def meta(self) -> list[RankFile]:
         """meta/rank-NNNNN.json."""
-        return self._ranked(self.root / META, META_SUFFIX)
+        return self._ranked(self.root / META, _META_SUFFIX)
 
     def timings(self) -> list[RankFile]:
         """timings/rank-NNNNN.jsonl."""
@@ -312,7 +306,7 @@ class RunDir:
 
     def auto_records(self) -> list[RankFile]:
         """auto/rank-NNNNN.jsonl."""
-        return self._ranked(self.root / AUTO, AUTO_SUFFIX)
+        return self._ranked(self.root / AUTO, _AUTO_SUFFIX)
 
     def windows(self) -> list[str]:
         """The names of the windows that traces/ holds a folder for."""
@@ -324,25 +318,26 @@ class RunDir:
         Capture's own `rank-NNNNN.pt.trace.json[.gz]`, and any other `*.json[.gz]` that
         is not a summary: a trace a user put there, ranked by `rank_of_file`.
         """
-        top = self.root / TRACES
-        found = [
+        top = self.root / TRACES if window is None else self.root / TRACES / window
+        return [
             TraceFile(rank_of_file(path.name), path, path.parent.name)
             for path in sorted(top.rglob("*") if top.is_dir() else ())
-            if is_trace_name(path.name) and path.is_file()
+            if is_trace_name(path.name)
+            and path.is_file()
+            and (window is None or path.parent.name == window)
         ]
-        return [f for f in found if window is None or f.window == window]
 
     def summaries(self, window: str | None = None) -> list[RankFile]:
         """traces/<window>/rank-NNNNN.summary.json."""
-        return self._in_windows(TRACES, SUMMARY_SUFFIX, window)
+        return self._in_windows(TRACES, _SUMMARY_SUFFIX, window)
 
     def nsys_ranges(self) -> list[RankFile]:
         """nsys/<window>/rank-NNNNN.json."""
-        return self._in_windows(NSYS, NSYS_SUFFIX)
+        return self._in_windows(NSYS, _NSYS_SUFFIX)
 
     def memory_snapshots(self) -> list[RankFile]:
         """memory/<window>/rank-NNNNN.pickle."""
-        return self._in_windows(MEMORY, MEMORY_SUFFIX)
+        return self._in_windows(MEMORY, _MEMORY_SUFFIX)
 
     def triggers(self) -> list[Path]:
         """triggers/<id>.json."""
@@ -354,19 +349,27 @@ class RunDir:
 
     def trigger_answers(self, trigger_id: str | None = None) -> list[RankFile]:
         """triggers/<id>/rank-NNNNN.json: every rank's answer (to one trigger, if given)."""
-        return self._in_windows(TRIGGERS, ACK_SUFFIX, trigger_id)
+        return self._in_windows(TRIGGERS, _ACK_SUFFIX, trigger_id)
 
     def saved(self, window: str, rank: int) -> list[Path]:
         """What `rank` saved for a window announced as `window` (its trace, or nsys range),
         which stop() may have cut short and so named after an earlier last step."""
         key = window_key(window)
-        found = [(f.window, f.path) for f in self.traces() if f.rank == rank]
-        found += [(f.folder or "", f.path) for f in self.nsys_ranges() if f.rank == rank]
-        return [
-            path
-            for name, path in found
+        named = [
+            name
+            for name in {
+                folder.name for top in (TRACES, NSYS) for folder in _entries(self.root / top)
+            }
             if name == window or (key is not None and window_key(name) == key)
         ]
+        found = [t.path for name in sorted(named) for t in self.traces(name) if t.rank == rank]
+        found += [
+            f.path
+            for name in sorted(named)
+            for f in self._in_windows(NSYS, _NSYS_SUFFIX, name)
+            if f.rank == rank
+        ]
+        return found
 
     @staticmethod
     def summary_of(trace: Path) -> Path | None:
@@ -374,7 +377,7 @@ class RunDir:
         for suffix in (TRACE_SUFFIX + GZIP_SUFFIX, TRACE_SUFFIX):
             rank = rank_of_file(trace.name, suffix)
             if rank is not None:
-                return trace.with_name(f"{rank_name(rank)}{SUMMARY_SUFFIX}")
+                return trace.with_name(f"{rank_name(rank)}{_SUMMARY_SUFFIX}")
         return None
 
     def _ranked(self, folder: Path, suffix: str, within: str | None = None) -> list[RankFile]:
@@ -396,7 +399,7 @@ class RunDir:
 
 def is_trace_name(name: str) -> bool:
     """A name a Kineto trace may have (`*.json`, `*.json.gz`), not a summary, not being written."""
-    if is_temp(name) or name.endswith(SUMMARY_SUFFIX):
+    if is_temp(name) or name.endswith(_SUMMARY_SUFFIX):
         return False
     return name.endswith((".json", ".json.gz"))
 

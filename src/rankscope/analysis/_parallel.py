@@ -65,11 +65,10 @@ def ordered_map(
     wrong as a value. `workers` caps the processes (default: one per core).
     `progress(done, total)` is called in this process as items complete, in order.
     """
-    cores = usable_cores()
     n = len(items)
-    count = min(cores, n) if workers is None else max(1, min(workers, n))
     threshold = PARALLEL_BYTES if min_bytes is None else min_bytes
-    if count < 2 or size < threshold:
+    count = worker_count(n, size, min_bytes=threshold, cap=workers)
+    if count < 2:
         out: list[R] = []
         for item in items:
             out.append(work(item))
@@ -141,13 +140,16 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def worker_count(items: int, size: int, *, min_bytes: int = PARALLEL_BYTES) -> int:
+def worker_count(
+    items: int, size: int, *, min_bytes: int = PARALLEL_BYTES, cap: int | None = None
+) -> int:
     """How many workers should read `items` inputs of `size` bytes in all.
 
-    One per usable core and at most one per input; 1 (read here, no worker) where
-    fewer than two would run or there is less than `min_bytes` to read.
+    One per usable core (or `cap`, when the caller sets one) and at most one per input;
+    1 (read here, no worker) where fewer than two would run or there is less than
+    `min_bytes` to read.
     """
-    count = min(usable_cores(), items)
+    count = min(usable_cores() if cap is None else max(1, cap), items)
     return count if count >= 2 and size >= min_bytes else 1
 
 

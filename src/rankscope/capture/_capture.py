@@ -166,7 +166,7 @@ class TraceCapture(OneFault):
         elif not self.enabled:
             hook = asking.signal
             if hook is not None and hook.pending:
-                asking.signal_ignored(step, self.fault_reason or "see the warning at start")
+                asking.signal_ignored(hook, step, self.fault_reason or "see the warning at start")
             return
         check = asking.check_every and step % asking.check_every == 0
         hook = asking.signal
@@ -204,8 +204,7 @@ class TraceCapture(OneFault):
         except Exception as exc:
             # Asking for its window failed: the watch goes off, the run and the windows
             # already planned go on.
-            watch.stop_watching()
-            watch.failed("step times" if auto.phase is None else f"phase {auto.phase!r}", exc)
+            watch.give_up(exc)
 
     def _wake(self) -> None:
         """Make the next step() do its work (SIGUSR2 arrived: an assignment, safe in a handler)."""

@@ -162,18 +162,15 @@ class OnDemand:
             self._requests.name(window),
         )
 
-    def signal_ignored(self, step: int, why: str) -> None:
+    def signal_ignored(self, hook: SignalHook, step: int, why: str) -> None:
         """A SIGUSR2 came while capture is off: say so once per signal."""
-        hook = self.signal
-        if hook is not None and hook.pending:
-            hook.pending = False
-            logger.info(
-                "rankscope: SIGUSR2 received before step %d; no window on rank %d: capture "
-                "is off (%s)",
-                step,
-                self._rank,
-                why,
-            )
+        hook.pending = False
+        logger.info(
+            "rankscope: SIGUSR2 received before step %d; no window on rank %d: capture is off (%s)",
+            step,
+            self._rank,
+            why,
+        )
 
     def release_signal(self) -> None:
         """Put back the SIGUSR2 handler that was there before, if this one installed one."""

@@ -157,10 +157,13 @@ class AnomalyWatch:
         if timer is not None:
             timer.watch(None)
 
-    def stop_watching(self) -> None:
-        """Watch nothing more (a fault in asking for a window turned it off)."""
+    def give_up(self, exc: Exception) -> None:
+        """Asking for a window of what it found failed: watch nothing more, and say so once."""
         self.steps = None
         self._stop_phase()  # and so watching is False
+        self.failed(
+            "step times" if self._auto.phase is None else f"phase {self._auto.phase!r}", exc
+        )
 
     def failed(self, what: str, exc: Exception) -> None:
         """Say once that watching `what` failed and anomaly windows are off."""
