@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -82,3 +83,33 @@ def _train(rank: int, run_dir: str, steps: int) -> None:
                 opt.step()
                 opt.zero_grad()
             prof.step()
+
+
+def train_attempt(  # noqa: PLR0917 - mp.spawn passes its arguments by position
+    rank: int, world_size: int, init: str, run_dir: str, steps: int, env: dict[str, str]
+) -> None:
+    """One start of a DDP job on gloo with the timer on every step; `env` is what the
+    launcher would set (TORCHELASTIC_RESTART_COUNT...). Phases sleep a fixed time, so a
+    figure that sums two attempts doubles and one that does not stays put."""
+    os.environ.update(env, OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
+    try:
+        model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
+        config = rankscope.ProfileConfig(
+            output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
+        )
+        with rankscope.Profiler(config) as prof:
+            for _ in range(steps):
+                with prof.phase("forward"):
+                    time.sleep(0.004)
+                    loss = model(torch.randn(8, 16)).sum()
+                with prof.phase("backward"):
+                    time.sleep(0.008)
+                    loss.backward()
+                prof.step()
+        dist.barrier()
+        del model
+    finally:
+        gc.collect()
+        dist.destroy_process_group()

@@ -41,8 +41,13 @@ def timer_config(run_dir: Path, **timer: Any) -> rankscope.ProfileConfig:
 
 
 def read_records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
+    """The records in a rank's file, without the lines that open an attempt."""
     path = run_dir / "timings" / f"rank-{rank:05d}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return records_of(path.read_text())
+
+
+def records_of(text: str) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, text.splitlines()) if "attempt" not in r]
 
 
 def by_step(records: list[dict[str, Any]]) -> dict[int, list[str]]:
@@ -262,20 +267,19 @@ def test_records_are_on_disk_at_each_flush_point(tmp_path: Path) -> None:
     prof = Profiler(
         timer_config(tmp_path, every_n_steps=1, flush_every_n_steps=4), rank=0, world_size=1
     )
-    path = tmp_path / "timings" / "rank-00000.jsonl"
     prof.start()
     try:
         for step in range(1, 10):
             with prof.phase("forward"):
                 pass
             prof.step()
-            written = path.read_text().count("\n")
+            written = len(read_records(tmp_path))
             # records of steps 0..(last multiple of 4 below `step`) are on disk, none after
             last_flush = step - step % 4
             assert written == 2 * last_flush, step
     finally:
         prof.stop()
-    assert path.read_text().count("\n") == 2 * 9
+    assert len(read_records(tmp_path)) == 2 * 9
 
 
 def test_stop_with_no_steps_writes_nothing_but_a_file(tmp_path: Path) -> None:
@@ -290,6 +294,11 @@ def test_a_restart_appends(tmp_path: Path) -> None:
         prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
         run_loop(prof, 1)
     assert len(read_records(tmp_path)) == 2 * (len(PHASES) + 1)
+    # One process: both starts are one attempt, and each says it ahead of its records.
+    path = tmp_path / "timings" / "rank-00000.jsonl"
+    opened = [json.loads(line) for line in path.read_text().splitlines() if '"attempt"' in line]
+    assert len(opened) == 2 and opened[0]["attempt"] == opened[1]["attempt"]
+    assert opened[0]["pid"] == os.getpid() and opened[0]["started_ns"] > 0
 
 
 # -- device events, with a clock the test drives -----------------------------------------
@@ -349,7 +358,7 @@ def test_device_times_are_read_only_once_the_device_passed_them(tmp_path: Path) 
     assert timer.path.read_text() == ""
     clock.position = 4  # past fwd.0 (2..3), not past fwd's end (4)
     timer.step()  # flush again: fwd.0 resolves
-    lines = [json.loads(s) for s in timer.path.read_text().splitlines()]
+    lines = records_of(timer.path.read_text())
     assert [(r["phase"], r["gpu_ms"]) for r in lines] == [("fwd.0", 1.0)]
     assert timer.pending >= 2
     assert clock.synchronized == 0  # the training thread never waited for the device
@@ -837,12 +846,11 @@ def test_a_long_step_is_written_once_enough_records_wait(tmp_path: Path) -> None
     from rankscope.timing import _timer
 
     prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
-    path = tmp_path / "timings" / "rank-00000.jsonl"
     with prof:
         for _ in range(_timer._FLUSH_RECORDS + 10):  # one step that never ends
             with prof.phase("item"):
                 pass
-        assert path.read_text().count("\n") == _timer._FLUSH_RECORDS
+        assert len(read_records(tmp_path)) == _timer._FLUSH_RECORDS
         assert prof._timer is not None and len(prof._timer._ready) == 10
 
 
@@ -854,7 +862,7 @@ def test_a_restart_after_a_torn_line_starts_on_a_new_line(tmp_path: Path) -> Non
     run_loop(prof, 1)
     lines = path.read_text().splitlines()
     assert lines[0] == '{"v":1,"rank":0,"step":3,"phase":"forw'
-    assert [json.loads(line)["phase"] for line in lines[1:]] == [*PHASES, "step"]
+    assert [r["phase"] for r in records_of("\n".join(lines[1:]))] == [*PHASES, "step"]
 
 
 def test_a_phase_never_takes_a_step_that_is_not_sampled(tmp_path: Path) -> None:
@@ -913,10 +921,7 @@ def test_a_timings_file_removed_mid_run_is_written_again(
         with prof.phase("after"):
             pass
         prof.step()
-    assert [json.loads(line)["phase"] for line in path.read_text().splitlines()] == [
-        "after",
-        "step",
-    ]
+    assert [r["phase"] for r in records_of(path.read_text())] == ["after", "step"]
     assert any("was removed" in r.getMessage() for r in caplog.records)
 
 

@@ -359,7 +359,7 @@ def _run(root: Path, world: int = 4, timings: bool = True, **trace: Any) -> Path
         info = RankInfo(
             rank=rank, local_rank=rank, world_size=world, local_world_size=world, host="h"
         )
-        write_meta(str(root), info, config)
+        write_meta(str(root), info, config, {})
     if timings:
         write_timings(root, ranks=world, steps=20, write_meta=False)  # steps 0-19
     return root

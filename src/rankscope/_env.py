@@ -134,3 +134,31 @@ def name_variable(exc: ConfigError, overrides: list[EnvOverride]) -> ConfigError
         if exc.field == override.field:
             return ConfigError(override.variable, exc.value, exc.accepted, exc.problem)
     return exc
+
+
+def launcher_attempt(
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, str | None, int | None] | None:
+    """(launcher, job id, restart count) from torchelastic's or SLURM's variables, else None.
+
+    Never raises: a value that is not what the launcher writes is read as unknown (None),
+    since an attempt's label must not stop a job from starting.
+    """
+    env = os.environ if environ is None else environ
+    if "TORCHELASTIC_RESTART_COUNT" in env or "TORCHELASTIC_RUN_ID" in env:
+        job = env.get("TORCHELASTIC_RUN_ID", "").strip()
+        # torchrun's default --rdzv-id is "none": no id at all.
+        return (
+            "torchelastic",
+            job if job and job != "none" else None,
+            _count(env, "TORCHELASTIC_RESTART_COUNT"),
+        )
+    if "SLURM_JOB_ID" in env:
+        job = env["SLURM_JOB_ID"].strip()
+        return "slurm", job or None, _count(env, "SLURM_RESTART_COUNT") or 0
+    return None
+
+
+def _count(env: Mapping[str, str], name: str) -> int | None:
+    text = env.get(name, "").strip()
+    return int(text) if _INT.fullmatch(text) and not text.startswith("-") else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import stat
 import sys
 import time
 from pathlib import Path
@@ -14,12 +15,14 @@ from ._layout import meta_path, temp_name
 from ._ranks import RankInfo
 from ._version import __version__
 
-__all__ = ["write_meta"]
+__all__ = ["previous_attempt", "write_meta"]
 
 META_VERSION = 1
 
 
-def write_meta(run_dir: str, info: RankInfo, config: dict[str, Any]) -> Path:
+def write_meta(
+    run_dir: str, info: RankInfo, config: dict[str, Any], attempt: dict[str, Any]
+) -> Path:
     """Write RUN_DIR/meta/rank-NNNNN.json atomically; OSError propagates to the caller."""
     path = meta_path(run_dir, info.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,6 +37,7 @@ def write_meta(run_dir: str, info: RankInfo, config: dict[str, Any]) -> Path:
         "versions": _versions(),
         "device": _device(),
         "config": config,
+        "attempt": attempt,
         # One instant read on both clocks: wall time for cross-rank timelines,
         # perf_counter for the host durations the timer records.
         "clock": {"time_ns": time.time_ns(), "perf_counter_ns": time.perf_counter_ns()},
@@ -46,6 +50,29 @@ def write_meta(run_dir: str, info: RankInfo, config: dict[str, Any]) -> Path:
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+_META_MAX = 1 << 20  # a meta file is a few KB; more is not one
+
+
+def previous_attempt(run_dir: str, rank: int) -> dict[str, Any] | None:
+    """The attempt in this rank's meta file from an earlier start: None when there is no
+    such file, {} when it does not say (an older version wrote it, or it is unreadable).
+
+    Never raises, and opens only a regular file.
+    """
+    path = meta_path(run_dir, rank)
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):
+            return {}
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read(_META_MAX))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError):
+        return {}
+    attempt = data.get("attempt") if isinstance(data, dict) else None
+    return attempt if isinstance(attempt, dict) else {}
 
 
 def _versions() -> dict[str, str | None]:

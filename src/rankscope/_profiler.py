@@ -10,14 +10,16 @@ import json
 import logging
 import os
 import sys
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._attempt import Attempt, current_attempt
 from ._config import ProfileConfig
 from ._errors import ConfigError
-from ._meta import write_meta
+from ._meta import previous_attempt, write_meta
 from ._ranks import RankInfo, detect_rank_info
 
 if TYPE_CHECKING:
@@ -132,8 +134,11 @@ class Profiler:
         capture, timer, memory = self._capture, self._timer, self._memory
         if capture is None and timer is None and memory is None:
             return
+        run_dir, attempt = str(self.config.output_dir), current_attempt()
+        if self.rank_info.rank == 0:
+            _say_other_job(run_dir, attempt)
         try:
-            write_meta(str(self.config.output_dir), self.rank_info, self.config.to_dict())
+            write_meta(run_dir, self.rank_info, self.config.to_dict(), attempt.to_dict())
         except OSError as exc:
             what = f"cannot write to {self.config.output_dir} ({exc})"
             for part in (capture, timer, memory):
@@ -391,6 +396,26 @@ def annotate(name: str, kind: str = "compute", **meta: Any) -> Callable[[F], F]:
         return _decorate(fn, make)
 
     return decorator
+
+
+def _say_other_job(run_dir: str, attempt: Attempt) -> None:
+    """Warn when another job has written into `run_dir` before: allowed, and said."""
+    earlier = previous_attempt(run_dir, 0)
+    if earlier is None or earlier.get("attempt") == attempt.token or attempt.same_job(earlier):
+        return
+    started = earlier.get("started_ns")
+    when = (
+        time.strftime(" (started %Y-%m-%d %H:%M:%S)", time.localtime(started / 1e9))
+        if isinstance(started, int) and not isinstance(started, bool) and 0 < started < 1 << 63
+        else ""
+    )
+    logger.warning(
+        "rankscope: %s already holds the files of an earlier job%s; this job adds to them as "
+        "a new attempt. The analysis uses the latest record of each step and says so "
+        "(--attempt picks one); give this job its own output_dir to keep them apart",
+        run_dir,
+        when,
+    )
 
 
 def _warn_unused(config: ProfileConfig) -> None:

@@ -39,13 +39,15 @@ def build_report(
     min_persistence: float = 0.5,
     min_share: float = 0.01,
     time_base: str = "host",
+    attempt: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Read a run directory's timings, meta and traces and say what they show.
 
     A run with timings but no traces (or the other way round) is reported with what it
     has; a TraceError when it has neither. What could not be read is listed under
-    "skipped", never dropped silently.
+    "skipped", never dropped silently. A run that restarted into its directory uses the
+    latest record of each step, or attempt `attempt`, and says so under "attempts".
     """
     meta = read_run_meta(run_dir)
     root = meta.root.resolve()
@@ -57,7 +59,7 @@ def build_report(
     skipped = list(meta.skipped)
     timings_error = None
     try:
-        timings = read_timings(root, progress=_stage(progress, "timings"))
+        timings = read_timings(root, attempt=attempt, progress=_stage(progress, "timings"))
     except TraceError as exc:
         timings, timings_error = None, str(exc)
     present = sorted(timings.ranks) if timings is not None else sorted(meta.meta)
@@ -71,8 +73,9 @@ def build_report(
         "hosts": {str(r): h for r, h in meta.hosts.items()},
     }
     if timings is not None:
+        report["attempts"] = timings.attempts.to_dict()
         skipped.extend(timings.skipped)
-        skipped.extend(f"rank {r}: no timings" for r in missing)
+        skipped.extend(meta.say_missing(present))
         m = phase_matrices(timings, time_base)
         stragglers = find_stragglers(
             m,

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -216,6 +217,13 @@ def _straggler_options(parser: argparse.ArgumentParser) -> None:
         default="host",
         help="compare host times (cpu_ms) or device times (gpu_ms) (default: host)",
     )
+    parser.add_argument(
+        "--attempt",
+        type=_positive,
+        metavar="N",
+        help="use only attempt N of a run that restarted into one directory "
+        "(default: the latest record of each step)",
+    )
 
 
 def _json_option(parser: argparse.ArgumentParser) -> None:
@@ -246,8 +254,20 @@ def _configure_logging(verbose: bool) -> None:
 
 def _print_json(data: Any) -> None:
     # One line: reports of 1000 ranks are large, and scripts read them with a parser.
-    json.dump(data, sys.stdout, separators=(",", ":"))
+    # Strict JSON: a value that is not a finite number is written as null.
+    json.dump(_strict(data), sys.stdout, separators=(",", ":"), allow_nan=False)
     sys.stdout.write("\n")
+
+
+def _strict(value: Any) -> Any:
+    """`value` with every float that JSON cannot hold (NaN, infinities) made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    return value
 
 
 def _terminal(command: str) -> Any:
@@ -275,6 +295,7 @@ def _report(args: argparse.Namespace) -> int:
             min_persistence=args.min_persistence,
             min_share=args.min_share,
             time_base=args.time,
+            attempt=args.attempt,
             progress=progress,
         )
     html = None
@@ -296,7 +317,9 @@ def _stragglers(args: argparse.Namespace) -> int:
     meta = read_run_meta(args.run_dir)
     with _progress(render, "reading") as progress:
         timings = read_timings(
-            args.run_dir, progress=progress and (lambda d, t: progress("timings", d, t))
+            args.run_dir,
+            attempt=args.attempt,
+            progress=progress and (lambda d, t: progress("timings", d, t)),
         )
     found = find_stragglers(
         phase_matrices(timings, args.time),
@@ -305,12 +328,12 @@ def _stragglers(args: argparse.Namespace) -> int:
         min_share=args.min_share,
         hosts=meta.hosts,
     )
-    skipped = meta.skipped + timings.skipped
-    skipped += [f"rank {r}: no timings" for r in meta.missing(sorted(timings.ranks))]
+    skipped = meta.skipped + timings.skipped + meta.say_missing(timings.ranks)
+    attempts = timings.attempts
     if render is None:
-        _print_json({**found.to_dict(), "skipped": skipped})
+        _print_json({**found.to_dict(), "attempts": attempts.to_dict(), "skipped": skipped})
     else:
-        render.stragglers(found, skipped, limit=None if args.all else 20)
+        render.stragglers(found, skipped, limit=None if args.all else 20, note=attempts.note)
     return 0
 
 

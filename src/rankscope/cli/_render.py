@@ -132,6 +132,7 @@ def report(data: dict[str, Any], html: Path | None) -> None:
     _console.print(Text(f"rankscope report: {data['run_dir']}", style="bold"))
     missing = f", missing {_rank_list(ranks['missing'])}" if ranks["missing"] else ""
     _console.print(f"ranks: {len(ranks['present'])} of {ranks['world_size']}{missing}")
+    _attempts(data.get("attempts", {}).get("note"))
     steps = data.get("steps")
     if steps:
         _console.print(
@@ -185,7 +186,15 @@ def report(data: dict[str, Any], html: Path | None) -> None:
         _console.print(Text(f"\nHTML report: {html}"))
 
 
-def stragglers(found: StragglerReport, skipped: list[str], limit: int | None) -> None:
+def _attempts(note: str | None) -> None:
+    if note is not None:
+        _console.print(Text(f"attempts: {note}", style="yellow"))
+
+
+def stragglers(
+    found: StragglerReport, skipped: list[str], limit: int | None, note: str | None = None
+) -> None:
+    _attempts(note)
     _console.print(
         f"[bold]Stragglers[/bold] over {len(found.ranks)} ranks and {len(found.steps)} sampled steps "
         f"({found.time} time; threshold {found.threshold:.2f}, persistence {found.min_persistence:.0%})"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["RECORD_VERSION", "Span", "format_record", "meta_json", "safe_str"]
+__all__ = ["RECORD_VERSION", "Span", "format_attempt", "format_record", "meta_json", "safe_str"]
 
 RECORD_VERSION = 1
 
@@ -81,6 +81,16 @@ def format_record(rank: int, span: Span, gpu_ms: float | None, dropped: int) -> 
         # Device times lost to the pending bound since the previous record.
         line += f',"dropped":{dropped}'
     return line + "}\n"
+
+
+def format_attempt(rank: int, attempt: dict[str, Any]) -> str:
+    """The line that opens an attempt's records in a rank's file (no step, no phase).
+
+    Records that follow it, up to the next such line, belong to that attempt; a file
+    without one (written before attempts existed) holds one attempt.
+    """
+    fields = json.dumps(attempt, separators=(",", ":"))[1:]
+    return f'{{"v":{RECORD_VERSION},"rank":{rank},{fields}\n'
 
 
 _QUOTED: dict[str, str] = {}

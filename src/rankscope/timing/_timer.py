@@ -12,12 +12,13 @@ from collections import deque
 from types import ModuleType
 from typing import Any
 
+from .._attempt import current_attempt
 from .._config import TimerConfig
 from .._layout import timing_path
 from .._ranks import RankInfo
 from .._torch import import_torch
 from ._clock import CudaEventClock, DeviceClock
-from ._record import STEP_PHASE, Span, format_record, meta_json, safe_str
+from ._record import STEP_PHASE, Span, format_attempt, format_record, meta_json, safe_str
 from ._sampling import is_sampled
 
 __all__ = ["AUTO", "PhaseTimer"]
@@ -74,6 +75,9 @@ class PhaseTimer:
         self._sampled: int | None = None  # the current step while it is sampled, else None
         self._step_span: Span | None = None
         self._file: Any = None
+        # The line that says which attempt wrote the records after it: written with the
+        # first records, so a start that records nothing adds nothing.
+        self._opening = format_attempt(self._rank, current_attempt().to_dict()).encode()
         self._watch: str | None = None  # the phase whose times `take_watched` hands out
         self._watched: list[tuple[int, float]] = []
         self._warned = False
@@ -317,6 +321,9 @@ class PhaseTimer:
             logger.warning("rankscope: %s was removed during the run; writing a new one", self.path)
             self._close()
             file = self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open until stop()
+            self._opening = format_attempt(self._rank, current_attempt().to_dict()).encode()
+        if self._opening:
+            data, self._opening = self._opening + data, b""
         view = memoryview(data)
         while view:
             written = file.write(view)

@@ -10,8 +10,16 @@ from typing import Any
 
 from ..._errors import TraceError
 from ..._layout import META, RunDir
+from ..._text import format_ranks
 
 __all__ = ["RunMeta", "read_run_meta"]
+
+_VERSIONS = (1,)
+"""The meta schema versions this reader knows."""
+_MAX_WORLD = 1 << 20
+"""Larger than any job: a world size above it is not believed (a file may say anything)."""
+_META_MAX = 1 << 20
+"""A meta file is a few KB; one past this is not read."""
 
 
 @dataclass
@@ -34,6 +42,13 @@ class RunMeta:
         size = self.world_size if self.world_size is not None else max(have, default=-1) + 1
         return [r for r in range(size) if r not in have]
 
+    def say_missing(self, present: set[int] | list[int] | dict[int, Any]) -> list[str]:
+        """One line naming the ranks below the world size without timings; none when none are."""
+        missing = self.missing(list(present))
+        if not missing:
+            return []
+        return [f"{format_ranks(missing)}: no timings (of a world of {self.world_size or '?'})"]
+
 
 def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
     """Read the ranks' meta files (RUN_DIR/meta); unreadable files are skipped and said."""
@@ -48,12 +63,23 @@ def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
     for found in RunDir(root).meta():
         path, rank = found.path, found.rank
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            skipped.append(f"{path}: not readable meta ({type(exc).__name__})")
+            with open(path, "rb") as fh:
+                text = fh.read(_META_MAX + 1)
+            if len(text) > _META_MAX:
+                raise ValueError(f"over {_META_MAX} bytes")
+            data = json.loads(text)
+        except (OSError, ValueError, RecursionError) as exc:
+            skipped.append(f"{path}: not readable meta ({type(exc).__name__}: {exc})")
             continue
         if not isinstance(data, dict) or data.get("rank") != rank:
             skipped.append(f"{path}: not the meta of rank {rank}")
+            continue
+        if data.get("v", 1) not in _VERSIONS:
+            known = ", ".join(map(str, _VERSIONS))
+            skipped.append(
+                f"{path}: meta schema version {data.get('v')!r} left out (this rankscope "
+                f"reads version {known}; a newer rankscope wrote it?)"
+            )
             continue
         if rank in meta:
             skipped.append(f"{path}: a second meta file for rank {rank}; ignored")
@@ -61,7 +87,12 @@ def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
         meta[rank] = data
         size = data.get("world_size")
         if isinstance(size, int) and not isinstance(size, bool) and size > rank:
-            sizes.add(size)
+            if size > _MAX_WORLD:
+                skipped.append(
+                    f"{path}: world_size {size} is past any job's (over {_MAX_WORLD}); ignored"
+                )
+            else:
+                sizes.add(size)
     if len(sizes) > 1:
         skipped.append(
             f"{root / META}: the ranks disagree on the world size ({sorted(sizes)}); using the largest"

@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..._errors import TraceError
+from ..._errors import ConfigError, TraceError
 from ..._layout import TIMINGS_FILES, TIMINGS_SUFFIX, RunDir, rank_of_file, timing_path
 from .._parallel import file_size, ordered_map
+from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 
 __all__ = ["RankTimings", "RunTimings", "read_rank_timings", "read_timings"]
 
@@ -50,7 +51,11 @@ _TIMER_LINE = re.compile(
     rb'"depth":' + _UINT + rb',"error":(true|false)\}\n',
     re.MULTILINE,
 )
+# The line that opens an attempt (timing/_record.py format_attempt).
+_ATTEMPT_LINE = re.compile(rb'^\{"v":1,"rank":([0-9]+),"attempt":[^\n]*\n', re.MULTILINE)
 _INT_MAX = 2**63 - 1
+_VERSIONS = (1,)
+"""The record schema versions this reader knows."""
 
 Int64s = npt.NDArray[np.int64]
 Int32s = npt.NDArray[np.int32]
@@ -77,11 +82,21 @@ class RankTimings:
     """Device time, NaN where the record has none."""
     depth: Int64s = field(default_factory=lambda: np.zeros(0, np.int64))
     error: Bools = field(default_factory=lambda: np.zeros(0, np.bool_))
+    attempt: Int32s = field(default_factory=lambda: np.zeros(0, np.int32))
+    """Which of `attempts` wrote each record."""
+    attempts: list[AttemptMark] = field(default_factory=lambda: [AttemptMark()])
+    """This rank's attempts in the order they started (read/_attempts.py)."""
     skipped: list[str] = field(default_factory=list)
     """What was left out of this file and why, one line each (a torn last line, a bad line)."""
 
     def __len__(self) -> int:
         return len(self.step)
+
+    def keep(self, rows: Bools) -> None:
+        """Keep only the records where `rows` is True."""
+        for name in ("step", "phase", "kind", "start_ns", "cpu_ms", "gpu_ms", "depth", "error"):
+            setattr(self, name, getattr(self, name)[rows])
+        self.attempt = self.attempt[rows]
 
 
 @dataclass(eq=False)
@@ -92,11 +107,14 @@ class RunTimings:
     ranks: dict[int, RankTimings]
     skipped: list[str] = field(default_factory=list)
     """What was left out of the run and why (whole files, and each file's own skips)."""
+    attempts: Attempts = field(default_factory=Attempts)
+    """The attempts the files hold, and which records the columns kept."""
 
 
 def read_timings(
     run_dir: str | os.PathLike[str],
     *,
+    attempt: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
 ) -> RunTimings:
@@ -104,9 +122,13 @@ def read_timings(
 
     A file or line that cannot be used is skipped and said in `skipped`, and so are
     two files that claim one rank (both: neither can be trusted); a run with nothing
-    usable is a TraceError naming why. `progress(files_done, files)` is called as files
-    are read; `workers` caps the reading processes (default: one per core, for large runs).
+    usable is a TraceError naming why. A run written by several attempts (restarts) keeps
+    the latest record of each (rank, step, phase), or only attempt `attempt` (1-based);
+    `attempts` says what was seen. `progress(files_done, files)` is called as files are
+    read; `workers` caps the reading processes (default: one per core, for large runs).
     """
+    if attempt is not None and (isinstance(attempt, bool) or attempt < 1):
+        raise ConfigError("attempt", attempt, "an attempt number >= 1")
     root = Path(run_dir)
     if not root.exists():
         raise TraceError(f"{root}: no such directory")
@@ -136,7 +158,13 @@ def read_timings(
             skipped.append(f"rank {rank} is claimed by {len(paths)} files ({names}); all skipped")
     if not ranks:
         raise TraceError(f"{root}: no usable timings ({'; '.join(skipped)})")
-    return RunTimings(run_dir=root, ranks=dict(sorted(ranks.items())), skipped=skipped)
+    attempts = resolve_attempts(ranks, attempt)
+    if attempt is not None and attempt > attempts.count:
+        many = "1 attempt" if attempts.count == 1 else f"{attempts.count} attempts"
+        raise ConfigError("attempt", attempt, f"1 to {attempts.count}", f"the timings hold {many}")
+    return RunTimings(
+        run_dir=root, ranks=dict(sorted(ranks.items())), skipped=skipped, attempts=attempts
+    )
 
 
 def read_rank_timings(path: str | os.PathLike[str]) -> RankTimings:
@@ -153,8 +181,12 @@ def read_rank_timings(path: str | os.PathLike[str]) -> RankTimings:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
     end = data.rfind(b"\n") + 1
     body, torn = data[:end], data[end:]  # what follows the last newline was cut short
-    out = _read_timer_lines(body, rank, path)
-    if out is None:
+    split = _split_attempts(body, rank)
+    out = None if split is None else _read_timer_lines(split[0], rank, path)
+    if out is not None and split is not None:
+        _, out.attempts, counts = split
+        out.attempt = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    else:
         out = _read_any_lines(body, rank, path)
     if torn.strip():
         line = body.count(b"\n") + 1
@@ -180,6 +212,34 @@ def _read_or_say(path: Path) -> RankTimings | str:
 
 
 # -- the timer's own lines, a column at a time -------------------------------------
+
+
+def _split_attempts(body: bytes, rank: int) -> tuple[bytes, list[AttemptMark], list[int]] | None:
+    """(the record lines, the attempts, how many lines each has), the attempt lines taken
+    out; None where an attempt line is not as the timer writes it (read line by line)."""
+    found = list(_ATTEMPT_LINE.finditer(body))
+    if not found:
+        return body, [AttemptMark()], [body.count(b"\n")]
+    lead = body[: found[0].start()]
+    parts, marks, counts = [lead], [], []
+    if lead.strip():  # records before the first attempt line (an older version's)
+        marks.append(AttemptMark())
+        counts.append(lead.count(b"\n"))
+    for i, line in enumerate(found):
+        try:
+            mark = mark_of(json.loads(line.group(0)))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return None
+        if isinstance(mark, str) or int(line.group(1)) != rank:
+            return None
+        part = body[line.end() : found[i + 1].start() if i + 1 < len(found) else len(body)]
+        parts.append(part)
+        if marks and marks[-1].token == mark.token:  # the same process started again
+            counts[-1] += part.count(b"\n")
+        else:
+            marks.append(mark)
+            counts.append(part.count(b"\n"))
+    return b"".join(parts), marks, counts
 
 
 def _read_timer_lines(body: bytes, rank: int, path: Path) -> RankTimings | None:  # noqa: PLR0911 - a return per check
@@ -214,6 +274,8 @@ def _read_timer_lines(body: bytes, rank: int, path: Path) -> RankTimings | None:
     # gpu_ms can only come from null: the pattern admits no other word.)
     if not (np.isfinite(cpu_ms).all() and (np.isfinite(gpu_ms) | np.isnan(gpu_ms)).all()):
         return None
+    if (cpu_ms < 0).any() or (gpu_ms < 0).any():
+        return None  # a time below zero: the line-by-line reader says which lines
     out.names, out.kinds = names, kind_names
     out.phase, out.kind = phase, kind
     out.cpu_ms, out.gpu_ms = cpu_ms, gpu_ms
@@ -258,10 +320,20 @@ class _Columns:
     gpu_ms: list[float] = field(default_factory=list)
     depth: list[int] = field(default_factory=list)
     error: list[bool] = field(default_factory=list)
+    attempt: list[int] = field(default_factory=list)
     names: dict[str, int] = field(default_factory=dict)
     kinds: dict[str, int] = field(default_factory=dict)
+    attempts: list[AttemptMark] = field(default_factory=list)
+
+    def begin(self, mark: AttemptMark) -> None:
+        """Records from here on are `mark`'s (the same process starting again adds none)."""
+        if not self.attempts or self.attempts[-1].token != mark.token:
+            self.attempts.append(mark)
 
     def add(self, record: dict[str, Any]) -> None:
+        if not self.attempts:
+            self.attempts.append(AttemptMark())  # records before any attempt line
+        self.attempt.append(len(self.attempts) - 1)
         gpu_ms = record.get("gpu_ms")
         self.step.append(record["step"])
         self.start_ns.append(record["start_ns"])
@@ -282,22 +354,52 @@ class _Columns:
         out.gpu_ms = np.array(self.gpu_ms, np.float64)
         out.depth = np.array(self.depth, np.int64)
         out.error = np.array(self.error, np.bool_)
+        out.attempt = np.array(self.attempt, np.int32)
+        out.attempts = self.attempts or [AttemptMark()]
         return out
 
 
 def _read_any_lines(body: bytes, rank: int, path: Path) -> RankTimings:
     out = RankTimings(rank=rank, path=path)
     columns = _Columns()
+    versions: dict[object, int] = {}  # lines of a schema version this reader does not know
     lines = body.split(b"\n")[:-1]
     for first in range(0, len(lines), _BATCH):
         batch = lines[first : first + _BATCH]
         for number, record in _parse(batch, first + 1, path, out.skipped):
-            problem = _problem(record, rank)
+            if isinstance(record, dict) and record.get("v", 1) not in _VERSIONS:
+                version = record["v"]
+                key = version if isinstance(version, (int, str)) else repr(version)
+                versions[key] = versions.get(key, 0) + 1
+                continue
+            problem = _attempt_problem(record, rank, columns) or _problem(record, rank)
             if problem is None:
                 columns.add(record)
-            else:
+            elif problem != _BEGUN:
                 out.skipped.append(f"{path}:{number}: {problem}")
+    for version, count in versions.items():
+        known = ", ".join(map(str, _VERSIONS))
+        out.skipped.append(
+            f"{path}: {count} line(s) of schema version {version!r} left out "
+            f"(this rankscope reads version {known}; a newer rankscope wrote them?)"
+        )
     return columns.into(out)
+
+
+_BEGUN = "an attempt begins"
+
+
+def _attempt_problem(record: Any, rank: int, columns: _Columns) -> str | None:
+    """For an attempt line: begin its attempt (_BEGUN) or say why it is bad; None otherwise."""
+    if not isinstance(record, dict) or "attempt" not in record or "step" in record:
+        return None
+    if record.get("rank") != rank or isinstance(record.get("rank"), bool):
+        return f"an attempt line of rank {record.get('rank')!r} in the file of rank {rank}"
+    mark = mark_of(record)
+    if isinstance(mark, str):
+        return mark
+    columns.begin(mark)
+    return _BEGUN
 
 
 def _parse(
@@ -348,7 +450,7 @@ def _problem(record: Any, rank: int) -> str | None:  # noqa: PLR0911 - a return 
         return "phase and kind must be strings"
     gpu_ms = record.get("gpu_ms")
     if not _is_number(record["cpu_ms"]) or not (gpu_ms is None or _is_number(gpu_ms)):
-        return "cpu_ms and gpu_ms must be numbers (gpu_ms may be null)"
+        return "cpu_ms and gpu_ms must be finite numbers >= 0 (gpu_ms may be null)"
     return None
 
 
@@ -357,4 +459,10 @@ def _is_int(value: object) -> bool:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite time >= 0 (a value too large for a double is not one)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value) and value >= 0
+    except OverflowError:  # an int past a double's range
+        return False

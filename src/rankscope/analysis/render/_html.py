@@ -124,10 +124,17 @@ def _summary(
     ranks = as_map(report.get("ranks"))
     steps = as_map(report.get("steps"))
     skipped = as_list(report.get("skipped"))
+    note = as_map(report.get("attempts")).get("note")
     rows = [
         ("ranks", _ranks_line(ranks)),
         ("hosts", _hosts_line(hosts)),
         ("sampled steps", _steps_line(steps)),
+        (
+            "attempts",
+            f'<span class="warn">{esc(note)}</span>'
+            if isinstance(note, str)
+            else ("one" if report.get("attempts") else "not known (no timings)"),
+        ),
         (
             "skipped input",
             f'<a href="#skipped">{len(skipped)} line{plural(len(skipped))} or file{plural(len(skipped))}</a>'

@@ -1,0 +1,183 @@
+"""Attempts: a run directory that a job wrote into more than once, told apart.
+
+A rank's timings file holds one attempt per process start (a line with `"attempt"`
+opens each; records before the first such line, from older versions, are an attempt
+too). The n-th attempt of every rank is the run's attempt n. No figure sums attempts:
+by default the latest record of a (rank, step, phase) wins, so a step that ran again
+after a restart counts once, as it ran last; `pick` keeps one attempt instead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..._text import format_ranks, number_ranges
+
+__all__ = ["AttemptMark", "Attempts", "mark_of", "resolve_attempts"]
+
+
+@dataclass(frozen=True)
+class AttemptMark:
+    """What a rank's file says of one of its attempts (all None for records before any mark)."""
+
+    token: str | None = None
+    started_ns: int | None = None
+    launcher: str | None = None
+    job: str | None = None
+    restart: int | None = None
+
+
+def mark_of(record: dict[str, Any]) -> AttemptMark | str:
+    """The attempt a file's attempt line states, or why it cannot be one."""
+    token, started = record.get("attempt"), record.get("started_ns")
+    if not isinstance(token, str) or not token:
+        return "an attempt line without an attempt token"
+    if started is not None and not (_is_int(started) and 0 <= started < 1 << 63):
+        return "an attempt line whose started_ns is not an integer >= 0"
+    launcher, job, restart = record.get("launcher"), record.get("job"), record.get("restart")
+    return AttemptMark(
+        token=token,
+        started_ns=started,
+        launcher=launcher if isinstance(launcher, str) else None,
+        job=job if isinstance(job, str) else None,
+        restart=restart if isinstance(restart, int) and _is_int(restart) and restart >= 0 else None,
+    )
+
+
+@dataclass
+class Attempts:
+    """What a run's attempts were, and which records the figures use."""
+
+    count: int = 1
+    """Attempts in the run: the most any rank's file holds."""
+    used: int | None = None
+    """The attempt the figures use (1-based); None: the latest record of each step."""
+    described: list[dict[str, Any]] = field(default_factory=list)
+    """Per attempt: n, started_ns, launcher, job, restart, ranks."""
+    rerun_steps: list[int] = field(default_factory=list)
+    """Steps that more than one attempt recorded (on any rank)."""
+    times: int = 1
+    """The most attempts that recorded one step."""
+    dropped: int = 0
+    """Records left out because another attempt's record of their step is used."""
+    without: list[int] = field(default_factory=list)
+    """Ranks with no record in the picked attempt."""
+
+    @property
+    def note(self) -> str | None:
+        """One sentence for the terminal and the report; None for a run of one attempt."""
+        if self.count == 1:
+            return None
+        head = f"{self.count} attempts ({'; '.join(_label(a) for a in self.described)})"
+        if self.used is not None:
+            tail = f"attempt {self.used} is used (--attempt {self.used})"
+            if self.without:
+                tail += f"; {format_ranks(self.without)} have no records in it"
+            return f"{head}; {tail}"
+        if not self.rerun_steps:
+            return f"{head}; no step ran in more than one, so every record is used"
+        ran = "twice" if self.times == 2 else f"{self.times} times"
+        steps = "step" if len(self.rerun_steps) == 1 else "steps"
+        return (
+            f"{head}; {steps} {number_ranges(self.rerun_steps)} ran {ran}; the latest record "
+            f"of each is used ({self.dropped} earlier records left out; --attempt N picks one)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "used": "latest" if self.used is None else self.used,
+            "attempts": self.described,
+            "rerun_steps": number_ranges(self.rerun_steps),
+            "records_left_out": self.dropped,
+            "ranks_without": self.without,
+            "note": self.note,
+        }
+
+
+def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
+    """Keep, in each rank's columns (RankTimings), the records the figures use; say what was seen.
+
+    Ranks left with no record (none in the picked attempt) are removed from `ranks`.
+    """
+    out = Attempts(count=max((len(t.attempts) for t in ranks.values()), default=1))
+    out.described = _describe(ranks, out.count)
+    if pick is not None:
+        out.used = pick
+        for rank, timings in list(ranks.items()):
+            keep = timings.attempt == pick - 1
+            if not keep.all():
+                out.dropped += int((~keep).sum())
+                timings.keep(keep)
+            if len(timings) == 0:
+                del ranks[rank]
+                out.without.append(rank)
+        return out
+    rerun: set[int] = set()
+    for timings in ranks.values():
+        if len(timings.attempts) < 2:
+            continue
+        keep, steps, times = _latest(timings.step, timings.phase, timings.attempt)
+        rerun.update(steps)
+        out.times = max(out.times, times)
+        if not keep.all():
+            out.dropped += int((~keep).sum())
+            timings.keep(keep)
+    out.rerun_steps = sorted(rerun)
+    return out
+
+
+def _latest(
+    step: np.ndarray[Any, Any], phase: np.ndarray[Any, Any], attempt: np.ndarray[Any, Any]
+) -> tuple[np.ndarray[Any, Any], list[int], int]:
+    """(rows to keep: those of the latest attempt of their (step, phase); the steps more
+    than one attempt recorded; the most attempts one step had)."""
+    key = step.astype(np.int64) * (int(phase.max(initial=0)) + 1) + phase
+    _, where = np.unique(key, return_inverse=True)
+    latest = np.full(int(where.max(initial=-1)) + 1, -1, np.int64)
+    np.maximum.at(latest, where, attempt)
+    keep = attempt == latest[where]
+    # Steps per attempt, once each: a step is re-run when two attempts have it.
+    pairs = np.unique(np.stack([step.astype(np.int64), attempt.astype(np.int64)]), axis=1)
+    steps, counts = np.unique(pairs[0], return_counts=True)
+    rerun = steps[counts > 1]
+    return keep, [int(s) for s in rerun], int(counts.max(initial=1))
+
+
+def _describe(ranks: dict[int, Any], count: int) -> list[dict[str, Any]]:
+    described = []
+    for n in range(count):
+        marks = [(r, t.attempts[n]) for r, t in ranks.items() if n < len(t.attempts)]
+        starts = [m.started_ns for _, m in marks if m.started_ns is not None]
+        first = next((m for _, m in marks if m.token is not None), AttemptMark())
+        described.append(
+            {
+                "n": n + 1,
+                "started_ns": min(starts) if starts else None,
+                "launcher": first.launcher,
+                "job": first.job,
+                "restart": first.restart,
+                "ranks": number_ranges(r for r, _ in marks),
+            }
+        )
+    return described
+
+
+def _label(attempt: dict[str, Any]) -> str:
+    parts = [f"{attempt['n']}:"]
+    if attempt["launcher"] is not None and attempt["restart"] is not None:
+        parts.append(f"{attempt['launcher']} restart {attempt['restart']},")
+    started = attempt["started_ns"]
+    if started is None:
+        parts.append("before attempts were recorded")
+    else:
+        parts.append(time.strftime("started %Y-%m-%d %H:%M:%S", time.localtime(started / 1e9)))
+    return " ".join(parts)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
