@@ -50,6 +50,16 @@ class RunMeta:
         return [f"{format_ranks(missing)}: no timings (of a world of {self.world_size or '?'})"]
 
 
+def _enclosing_run_dir(path: Path) -> Path | None:
+    """The run directory that `path` lies inside (traces/, a window), when it is not one itself."""
+    if RunDir.looks_like(path):
+        return None
+    for parent in list(path.resolve().parents)[:3]:
+        if RunDir.looks_like(parent):
+            return parent
+    return None
+
+
 def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
     """Read the ranks' meta files (RUN_DIR/meta); unreadable files are skipped and said."""
     root = Path(run_dir)
@@ -57,6 +67,12 @@ def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
         raise TraceError(f"{root}: no such directory")
     if not root.is_dir():
         raise TraceError(f"{root}: not a directory (expected a run directory)")
+    enclosing = _enclosing_run_dir(root)
+    if enclosing is not None:
+        raise TraceError(
+            f"{root} lies inside the run directory {enclosing}: give that one "
+            f"(the commands that read a run take its top folder)"
+        )
     meta: dict[int, dict[str, Any]] = {}
     skipped: list[str] = []
     sizes: set[int] = set()
