@@ -254,9 +254,20 @@ def _configure_logging(verbose: bool) -> None:
 
 def _print_json(data: Any) -> None:
     # One line: reports of 1000 ranks are large, and scripts read them with a parser.
-    # Strict JSON: a value that is not a finite number is written as null.
-    json.dump(_strict(data), sys.stdout, separators=(",", ":"), allow_nan=False)
+    # Strict JSON: a value that is not a finite number is written as null. Encoded
+    # first as it is (the common case, at no cost), and walked only where that fails.
+    try:
+        text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_strict(data), separators=(",", ":"), allow_nan=False)
+    # In pieces, as json.dump writes: a reader that goes away (`| head`) is then noticed
+    # at the next piece, where one large write would leave it to the exit.
+    for start in range(0, len(text), _PIECE):
+        sys.stdout.write(text[start : start + _PIECE])
     sys.stdout.write("\n")
+
+
+_PIECE = 1 << 16
 
 
 def _strict(value: Any) -> Any:
