@@ -372,10 +372,13 @@ def _read_any_lines(body: bytes, rank: int, path: Path) -> RankTimings:
                 key = version if isinstance(version, (int, str)) else repr(version)
                 versions[key] = versions.get(key, 0) + 1
                 continue
-            problem = _attempt_problem(record, rank, columns) or _problem(record, rank)
-            if problem is None:
-                columns.add(record)
-            elif problem != _BEGUN:
+            if _opens_attempt(record):
+                problem = _begin_attempt(record, rank, columns)
+            else:
+                problem = _problem(record, rank)
+                if problem is None:
+                    columns.add(record)
+            if problem is not None:
                 out.skipped.append(f"{path}:{number}: {problem}")
     for version, count in versions.items():
         known = ", ".join(map(str, _VERSIONS))
@@ -386,20 +389,19 @@ def _read_any_lines(body: bytes, rank: int, path: Path) -> RankTimings:
     return columns.into(out)
 
 
-_BEGUN = "an attempt begins"
+def _opens_attempt(record: Any) -> bool:
+    return isinstance(record, dict) and "attempt" in record and "step" not in record
 
 
-def _attempt_problem(record: Any, rank: int, columns: _Columns) -> str | None:
-    """For an attempt line: begin its attempt (_BEGUN) or say why it is bad; None otherwise."""
-    if not isinstance(record, dict) or "attempt" not in record or "step" in record:
-        return None
+def _begin_attempt(record: dict[str, Any], rank: int, columns: _Columns) -> str | None:
+    """Begin the attempt the line opens; why it cannot, where it cannot."""
     if record.get("rank") != rank or isinstance(record.get("rank"), bool):
         return f"an attempt line of rank {record.get('rank')!r} in the file of rank {rank}"
     mark = mark_of(record)
     if isinstance(mark, str):
         return mark
     columns.begin(mark)
-    return _BEGUN
+    return None
 
 
 def _parse(
