@@ -214,10 +214,25 @@ def _read_or_say(path: Path) -> RankTimings | str:
 # -- the timer's own lines, a column at a time -------------------------------------
 
 
+def _attempt_lines(body: bytes) -> list[re.Match[bytes]]:
+    """The attempt lines in `body`. A search for the key first: a scan of every line start
+    with the pattern costs a quarter of reading the file."""
+    found = []
+    at = body.find(b',"attempt":')
+    while at >= 0:
+        start = body.rfind(b"\n", 0, at) + 1
+        line = _ATTEMPT_LINE.match(body, start)
+        if line is not None:
+            found.append(line)
+        end = body.find(b"\n", at)
+        at = body.find(b',"attempt":', end) if end >= 0 else -1
+    return found
+
+
 def _split_attempts(body: bytes, rank: int) -> tuple[bytes, list[AttemptMark], list[int]] | None:
     """(the record lines, the attempts, how many lines each has), the attempt lines taken
     out; None where an attempt line is not as the timer writes it (read line by line)."""
-    found = list(_ATTEMPT_LINE.finditer(body))
+    found = _attempt_lines(body)
     if not found:
         return body, [AttemptMark()], [body.count(b"\n")]
     lead = body[: found[0].start()]
