@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
 import pytest
 
-from rankscope import ConfigError, ProfileConfig, TimerConfig, TraceConfig
-from rankscope._env import EnvOverride, config_overrides, launcher_ranks, parse_bool
+from rankscope import ConfigError, ProfileConfig, TimerConfig, TraceConfig, _env
+from rankscope._env import (
+    KNOWN_VARIABLES,
+    EnvOverride,
+    config_overrides,
+    launcher_ranks,
+    parse_bool,
+    unknown_variables,
+)
 
 BOOL_VARIABLES = {
     "RANKSCOPE_TRACE": "enable",
@@ -329,3 +337,83 @@ def test_bad_timer_variable_is_named(variable: str, raw: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{variable}=") as info:
         ProfileConfig.from_env({variable: raw})
     assert info.value.field == variable
+
+
+# -- unknown RANKSCOPE_* variables ----------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forget which unknown variables this process warned about already."""
+    monkeypatch.setattr(_env, "_warned", set())
+
+
+def _env_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.usefixtures("fresh_warnings")
+@pytest.mark.parametrize(
+    ("variable", "closest"),
+    [
+        ("RANKSCOPE_TIMER_EVRY", "RANKSCOPE_TIMER_EVERY"),
+        ("RANKSCOPE_TRACE_RANK", "RANKSCOPE_TRACE_RANKS"),
+        ("RANKSCOPE_PROFILE_MEM", "RANKSCOPE_PROFILE_MEMORY"),
+        ("RANKSCOPE_OUTPUTDIR", "RANKSCOPE_OUTPUT_DIR"),
+    ],
+)
+def test_a_misspelled_variable_is_warned_about_once_naming_the_closest(
+    caplog: pytest.LogCaptureFixture, variable: str, closest: str
+) -> None:
+    environ = {variable: "3"}
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        assert ProfileConfig.from_env(environ) == ProfileConfig()
+        ProfileConfig.from_env(environ)  # every Profiler reads it: still one warning
+    (warned,) = _env_warnings(caplog)
+    assert warned.startswith(f"rankscope: {variable}='3' is not a variable rankscope reads")
+    assert f"did you mean {closest}?" in warned
+    assert unknown_variables(environ) == {variable: closest}
+
+
+@pytest.mark.usefixtures("fresh_warnings")
+def test_an_unknown_variable_close_to_none_lists_the_config_variables(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        assert config_overrides({"RANKSCOPE_BOGUS": "1", "RANKSCOPE_TRACE": "1"}) != []
+    (warned,) = _env_warnings(caplog)
+    assert "RANKSCOPE_BOGUS='1'" in warned and "did you mean" not in warned
+    assert "RANKSCOPE_TIMER_EVERY" in warned and "RANKSCOPE_WRITE_DOCS" not in warned
+
+
+@pytest.mark.usefixtures("fresh_warnings")
+def test_known_blank_and_other_variables_are_not_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    environ = {
+        **{name: "1" for name in KNOWN_VARIABLES if name != "RANKSCOPE_OUTPUT_DIR"},
+        "RANKSCOPE_TIMER_EVERY": "2",
+        "RANKSCOPE_TRACE_RANKS": "0",
+        "RANKSCOPE_MEMORY_RANKS": "0",
+        "RANKSCOPE_TIMER_RANKS": "0",
+        "RANKSCOPE_TIMER_EVRY": " ",  # set, but blank: ignored like a blank known one
+        "RANKSCOPE": "1",
+        "RANKSCOPEX_TRACE": "1",
+        "rankscope_timer_evry": "1",
+        "PATH": "/bin",
+    }
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        config_overrides(environ)
+    assert _env_warnings(caplog) == []
+    assert unknown_variables(environ) == {}
+
+
+def test_every_variable_the_project_names_is_known() -> None:
+    """The list the warning checks against is the list the source and the docs use."""
+    root = Path(__file__).resolve().parents[1]
+    named: set[str] = set()
+    for path in [*(root / "src").rglob("*.py"), *(root / "docs").rglob("*.md")]:
+        named.update(re.findall(r"RANKSCOPE_[A-Z][A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    assert named, "no RANKSCOPE_* variable found: the search is broken"
+    example = {"RANKSCOPE_TIMER_EVRY"}  # the misspelling the docs show the warning for
+    assert sorted(named - set(KNOWN_VARIABLES) - example) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import torch
 
 from rankscope import Profiler, Schedule
 
-from ._helpers import final_files, tiny_model, tiny_step, trace_config
+from ._helpers import final_files, temp_files, tiny_model, tiny_step, trace_config
 
 STEPS = 8
 
@@ -97,6 +98,30 @@ def test_read_only_output_dir(read_only_dir: Path, caplog: pytest.LogCaptureFixt
     assert not (read_only_dir / "run").exists()
     (fault,) = prof.faults  # what a caller running many workers reads instead of the log
     assert fault.startswith(f"trace capture: cannot write to {read_only_dir / 'run'} (")
+
+
+@pytest.mark.parametrize("planted", ["window", "trace"])
+def test_a_link_where_a_window_is_saved_is_a_fault_like_a_full_disk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, planted: str
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    window = tmp_path / "run" / "traces" / "step-000002-000003"
+    if planted == "window":
+        window.parent.mkdir(parents=True)
+        window.symlink_to(outside, target_is_directory=True)
+    else:
+        window.mkdir(parents=True)
+        (window / "rank-00000.pt.trace.json.gz").symlink_to(outside / "trace.gz")
+    sched = Schedule(wait=1, warmup=1, active=2)
+    prof = Profiler(trace_config(tmp_path / "run", schedule=sched), rank=0, world_size=1)
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        assert _loop(prof) == STEPS
+    assert len(_warnings(caplog)) == 1
+    (fault,) = prof.faults
+    assert "refusing to write through a symbolic link" in fault, fault
+    assert os.listdir(outside) == []
+    assert temp_files(tmp_path / "run") == []
 
 
 def test_a_healthy_run_has_no_faults(tmp_path: Path) -> None:

@@ -94,7 +94,7 @@ def _snapshot_like() -> dict[str, object]:
 def test_write_atomic_leaves_the_complete_file_and_no_temp(tmp_path: Path) -> None:
     obj = _snapshot_like()
     final = memory_path(tmp_path, "step-000001-000002", 0)
-    write_atomic(pickle.dumps(obj), final, "t1")
+    write_atomic(pickle.dumps(obj), final, "t1", tmp_path)
     with open(final, "rb") as fh:
         assert pickle.load(fh) == obj
     assert _files(tmp_path) == [final]  # the hidden temporary is gone
@@ -104,14 +104,14 @@ def test_write_atomic_failure_raises_and_leaves_nothing(tmp_path: Path) -> None:
     (tmp_path / "memory").write_text("a file where the directory should be")
     final = memory_path(tmp_path, "step-000001-000002", 0)
     with pytest.raises(OSError):
-        write_atomic(b"data", final, "t1")
+        write_atomic(b"data", final, "t1", tmp_path)
     assert _files(tmp_path) == [tmp_path / "memory"]
 
 
 def test_write_atomic_replaces_an_older_file_whole(tmp_path: Path) -> None:
     final = tmp_path / "memory" / "w" / "rank-00000.pickle"
-    write_atomic(pickle.dumps(list(range(1000))), final, "a")
-    write_atomic(pickle.dumps("short"), final, "b")
+    write_atomic(pickle.dumps(list(range(1000))), final, "a", tmp_path)
+    write_atomic(pickle.dumps("short"), final, "b", tmp_path)
     with open(final, "rb") as fh:
         assert pickle.load(fh) == "short"
     assert _files(tmp_path) == [final]
@@ -123,14 +123,15 @@ def test_snapshot_writer_writes_in_background_and_reports_a_failure_once(
     errors: list[str] = []
     writer = SnapshotWriter(errors.append)
     good = memory_path(tmp_path / "ok", "step-000001-000002", 0)
-    writer.submit(_Write(pickle.dumps(_snapshot_like()), good, "step-000001-000002"))
+    ok = str(tmp_path / "ok")
+    writer.submit(_Write(pickle.dumps(_snapshot_like()), good, "step-000001-000002", ok))
     bad_root = tmp_path / "bad"
     bad_root.mkdir()
     (bad_root / "memory").write_text("not a directory")
     bad = memory_path(bad_root, "step-000003-000004", 0)
-    writer.submit(_Write(b"lost", bad, "step-000003-000004"))
+    writer.submit(_Write(b"lost", bad, "step-000003-000004", str(bad_root)))
     later = memory_path(tmp_path / "ok", "step-000005-000006", 0)
-    writer.submit(_Write(pickle.dumps({"n": 5}), later, "step-000005-000006"))
+    writer.submit(_Write(pickle.dumps({"n": 5}), later, "step-000005-000006", ok))
     assert writer.drain(timeout=30)
     assert writer.backlog == 0
     assert len(errors) == 1
@@ -140,6 +141,22 @@ def test_snapshot_writer_writes_in_background_and_reports_a_failure_once(
     with open(later, "rb") as fh:  # the thread outlived the failed write
         assert pickle.load(fh) == {"n": 5}
     assert _files(bad_root) == [bad_root / "memory"]
+
+
+def test_snapshot_writer_refuses_a_link_below_the_run_directory(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run = tmp_path / "run"
+    (run / "memory").mkdir(parents=True)
+    (run / "memory" / "step-000001-000002").symlink_to(outside, target_is_directory=True)
+    errors: list[str] = []
+    writer = SnapshotWriter(errors.append)
+    path = memory_path(run, "step-000001-000002", 0)
+    writer.submit(_Write(pickle.dumps(_snapshot_like()), path, "step-000001-000002", str(run)))
+    assert writer.drain(timeout=30)
+    (error,) = errors
+    assert "refusing to write through a symbolic link" in error and str(path) in error
+    assert list(outside.iterdir()) == []
 
 
 def test_snapshot_writer_drain_without_writes_returns_at_once() -> None:

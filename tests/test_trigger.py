@@ -490,7 +490,7 @@ def test_a_python_caller_gets_the_cli_errors_and_nothing_is_written(tmp_path: Pa
     with pytest.raises(ConfigError, match="--steps=0 is not valid"):
         ask_for_window(run, steps=0)
     assert not trigger_dir(run).exists()
-    with pytest.raises(TraceError, match="not a run directory"):
+    with pytest.raises(TraceError, match="lies inside the run directory"):
         trigger_status(tmp_path / "meta")
 
 

@@ -1,11 +1,15 @@
 """The only reader of the environment: RANKSCOPE_* overrides and launcher rank variables.
 
 Every function takes the mapping to read, so tests pass a dict and never touch
-`os.environ`; `None` means the process environment.
+`os.environ`; `None` means the process environment. A RANKSCOPE_* variable rankscope
+does not know (a misspelling: RANKSCOPE_TIMER_EVRY) is warned about once, naming the
+closest known one, rather than silently ignored.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -14,7 +18,16 @@ from typing import Any
 
 from ._errors import ConfigError
 
-__all__ = ["EnvOverride", "config_overrides", "launcher_ranks", "parse_bool"]
+__all__ = [
+    "KNOWN_VARIABLES",
+    "EnvOverride",
+    "config_overrides",
+    "launcher_ranks",
+    "parse_bool",
+    "unknown_variables",
+]
+
+logger = logging.getLogger(__name__)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -62,6 +75,12 @@ _OVERRIDES: dict[str, tuple[tuple[str, ...], Callable[[str, str], Any]]] = {
     "RANKSCOPE_TIMER_EVERY": (("timer", "every_n_steps"), _parse_int),
 }
 
+_PREFIX = "RANKSCOPE_"
+_NOT_CONFIG = ("RANKSCOPE_WRITE_DOCS",)  # tests/test_docs.py: rewrite docs/config.md
+KNOWN_VARIABLES: tuple[str, ...] = tuple(sorted((*_OVERRIDES, *_NOT_CONFIG)))
+"""Every RANKSCOPE_* variable rankscope reads."""
+_warned: set[str] = set()  # unknown variables warned about in this process
+
 
 @dataclass(frozen=True, slots=True)
 class EnvOverride:
@@ -77,14 +96,51 @@ class EnvOverride:
 
 
 def config_overrides(environ: Mapping[str, str] | None = None) -> list[EnvOverride]:
-    """The RANKSCOPE_* variables that are set (empty ones are ignored), parsed."""
+    """The RANKSCOPE_* variables that are set (empty ones are ignored), parsed.
+
+    Each unknown one that is set is warned about, once per process (`unknown_variables`).
+    """
     env = os.environ if environ is None else environ
     found = []
     for name, (path, parse) in _OVERRIDES.items():
         raw = env.get(name)
         if raw is not None and raw.strip():
             found.append(EnvOverride(name, path, parse(name, raw)))
+    _warn_unknown(env)
     return found
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The RANKSCOPE_* variables set (not empty) that rankscope does not read, each with the
+    known variable its name is closest to (None where none is close)."""
+    env = os.environ if environ is None else environ
+    known = {name[len(_PREFIX) :]: name for name in KNOWN_VARIABLES}
+    out: dict[str, str | None] = {}
+    for name in sorted(env):
+        if not name.startswith(_PREFIX) or name in KNOWN_VARIABLES or not env[name].strip():
+            continue
+        # Compared without the prefix, which every name shares and would make all look close.
+        close = difflib.get_close_matches(name[len(_PREFIX) :], known, n=1, cutoff=0.6)
+        out[name] = known[close[0]] if close else None
+    return out
+
+
+def _warn_unknown(env: Mapping[str, str]) -> None:
+    for name, closest in unknown_variables(env).items():
+        if name in _warned:
+            continue
+        _warned.add(name)
+        hint = (
+            f"did you mean {closest}?"
+            if closest is not None
+            else f"the config variables are {', '.join(sorted(_OVERRIDES))}"
+        )
+        logger.warning(
+            "rankscope: %s=%r is not a variable rankscope reads and is ignored; %s",
+            name,
+            env[name],
+            hint,
+        )
 
 
 def launcher_ranks(environ: Mapping[str, str] | None = None) -> tuple[int, int, int, int] | None:

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._layout import meta_path, temp_name
+from ._files import write_atomic
+from ._layout import meta_path
 from ._ranks import RankInfo
 from ._version import __version__
 
@@ -25,7 +26,6 @@ def write_meta(
 ) -> Path:
     """Write RUN_DIR/meta/rank-NNNNN.json atomically; OSError propagates to the caller."""
     path = meta_path(run_dir, info.rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "v": META_VERSION,
         "rank": info.rank,
@@ -42,13 +42,8 @@ def write_meta(
         # perf_counter for the host durations the timer records.
         "clock": {"time_ns": time.time_ns(), "perf_counter_ns": time.perf_counter_ns()},
     }
-    tmp = temp_name(path, str(os.getpid()))
-    try:
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    # Through a hidden temporary in the folder, never through a link (see _files).
+    write_atomic(run_dir, path, json.dumps(data, indent=1).encode("utf-8"), str(os.getpid()))
     return path
 
 
@@ -57,14 +52,15 @@ _META_MAX = 1 << 20  # a meta file is a few KB; more is not one
 
 def previous_attempt(run_dir: str, rank: int) -> dict[str, Any] | None:
     """The attempt in this rank's meta file from an earlier start: None when there is no
-    such file, {} when it does not say (an older version wrote it, or it is unreadable).
+    such regular file, {} when it does not say (an older version wrote it, or it is
+    unreadable).
 
     Never raises, and opens only a regular file.
     """
     path = meta_path(run_dir, rank)
     try:
         if not stat.S_ISREG(path.lstat().st_mode):
-            return {}
+            return None  # a link or a folder: no job's meta (writing it is refused and said)
         with open(path, "rb") as fh:
             data = json.loads(fh.read(_META_MAX))
     except FileNotFoundError:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._attempt import Attempt, current_attempt
 from ._config import ProfileConfig
 from ._errors import ConfigError
+from ._files import remove_stale_temps
 from ._meta import previous_attempt, write_meta
 from ._ranks import RankInfo, detect_rank_info
 
@@ -139,6 +140,7 @@ class Profiler:
             _say_other_job(run_dir, attempt)
         try:
             write_meta(run_dir, self.rank_info, self.config.to_dict(), attempt.to_dict())
+            remove_stale_temps(run_dir, self.rank_info.rank)  # what a killed process left
         except OSError as exc:
             what = f"cannot write to {self.config.output_dir} ({exc})"
             for part in (capture, timer, memory):

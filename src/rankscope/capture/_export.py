@@ -1,17 +1,27 @@
 """Saving a closed window: torch.profiler's export on the training thread, the rest in the
-background; or, with nsys, a note of which steps the capture range covered."""
+background; or, with nsys, a note of which steps the capture range covered.
+
+Everything lands inside RUN_DIR and nothing goes through a link there (see `_files`).
+torch.profiler writes its export by path, and follows links; so it writes into a
+folder made for that export alone (`.rank-NNNNN.pt.trace.json.raw-PID.tmp/`, which only
+this user can write in), reached through its open descriptor, and the finaliser moves
+the finished files out of it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
+import stat
 from collections.abc import Callable
 from typing import Any
 
+from .._files import Folder, open_folder, write_atomic
 from .._layout import nsys_path, summary_path, temp_name, trace_path
-from ._finalize import FinalizeJob
+from ._finalize import RAW_NAME, FinalizeJob
 from ._nsys import NsysWindows
 from ._worker import TraceFinalizer
 
@@ -74,24 +84,18 @@ class WindowExporter:
             return
         rank, run_dir = self._rank, self._run_dir
         trace = trace_path(run_dir, window, rank, self._gzip)
-        raw = temp_name(trace_path(run_dir, window, rank, False), f"raw-{os.getpid()}")
-        raw.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(raw))
-        let_go(prof)
-        if not raw.is_file() or raw.stat().st_size == 0:
-            # Kineto logs a failed write and returns normally; a missing file is our signal.
-            # It may leave its own partial file beside ours.
-            for leftover in (raw, raw.with_name(raw.name + ".tmp")):
-                leftover.unlink(missing_ok=True)
-            raise OSError(f"torch.profiler exported nothing to {raw} (disk full or not writable?)")
+        work = temp_name(trace_path(run_dir, window, rank, False), f"raw-{os.getpid()}").name
+        with open_folder(run_dir, trace.parent) as folder:
+            _export_into(prof, folder, work)
         self.saved += 1
         self._finalizer.submit(
             FinalizeJob(
-                raw=str(raw),
+                raw=str(trace.parent / work / RAW_NAME),
                 trace=str(trace),
                 summary=str(summary_path(run_dir, window, rank)),
                 rank=rank,
                 window=window,
+                run_dir=str(run_dir),
                 why=why,
             )
         )
@@ -114,15 +118,38 @@ class WindowExporter:
         }
         if why is not None:
             record["captured_because"] = why
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_name(path, str(os.getpid()))
-        tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        data = json.dumps(record, indent=1).encode("utf-8")
+        write_atomic(self._run_dir, path, data, str(os.getpid()))
         self.saved += 1
 
     def drain(self, timeout: float) -> None:
         """Wait for the windows still being finished, at most `timeout` seconds."""
         self._finalizer.drain(timeout)
+
+
+def _export_into(prof: Any, folder: Folder, work: str) -> None:
+    """torch.profiler's export of `prof` into a new private folder `work` in `folder`.
+
+    Raises (and leaves nothing) when the export fails or writes nothing.
+    """
+    try:
+        with folder.private(work) as inside:
+            prof.export_chrome_trace(inside.path_of(RAW_NAME))
+            let_go(prof)
+            try:
+                exported = inside.lstat(RAW_NAME)
+            except FileNotFoundError:
+                exported = None
+        if exported is None or not stat.S_ISREG(exported.st_mode) or exported.st_size == 0:
+            # Kineto logs a failed write and returns normally; a missing file is our signal.
+            raise OSError(
+                f"torch.profiler exported nothing to {folder.join(work)} "
+                "(disk full or not writable?)"
+            )
+    except BaseException:
+        with contextlib.suppress(OSError):
+            folder.remove_temp(work)  # with Kineto's own partial file, if it left one
+        raise
 
 
 def let_go(prof: Any) -> None:

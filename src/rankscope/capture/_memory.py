@@ -3,6 +3,7 @@
 Recording is torch.cuda.memory._record_memory_history; a dump is
 torch.cuda.memory._snapshot() pickled as torch's own _dump_snapshot pickles it, so the
 files open at https://pytorch.org/memory_viz and with `python -m torch.cuda._memory_viz`.
+They are written inside RUN_DIR only, never through a link there (see `_files`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .._layout import MEMORY, memory_path, temp_name
+from .. import _files
+from .._layout import MEMORY, memory_path
 from .._ranks import RankInfo
 from .._torch import import_torch
 from ._faults import OneFault
@@ -61,21 +63,15 @@ def oom_window_name(step: int) -> str:
     return f"oom-step-{step:06d}"
 
 
-def write_atomic(data: bytes, final: Path, tag: str) -> None:
+def write_atomic(
+    data: bytes, final: Path, tag: str, run_dir: str | os.PathLike[str] | None = None
+) -> None:
     """Write `data` to `final` through a hidden temporary sibling: `final` is complete or absent.
 
-    On failure the temporary file is removed and the error raised.
+    No link below `run_dir` is followed (by default `final`'s own folder, made as
+    needed). On failure the temporary file is removed and the error raised.
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    temp = temp_name(final, tag)
-    try:
-        with open(temp, "wb") as fh:
-            fh.write(data)
-        os.replace(temp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise
+    _files.write_atomic(final.parent if run_dir is None else run_dir, final, data, tag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +79,7 @@ class _Write:
     data: bytes
     path: Path
     window: str
+    run_dir: str
 
 
 class SnapshotWriter(JobThread[_Write]):
@@ -98,7 +95,7 @@ class SnapshotWriter(JobThread[_Write]):
 
     def _work(self, job: _Write) -> None:
         began = time.perf_counter()
-        write_atomic(job.data, job.path, f"w{os.getpid()}")
+        write_atomic(job.data, job.path, f"w{os.getpid()}", job.run_dir)
         logger.debug(
             "rankscope: wrote %s (%.1f MB) in %.2f s",
             job.path,
@@ -258,7 +255,7 @@ class MemorySnapshots(OneFault):
         try:
             data, took = self._take()
             path = memory_path(self._run_dir, window, self._rank)
-            self._writer.submit(_Write(data, path, window))
+            self._writer.submit(_Write(data, path, window, self._run_dir))
         except Exception as exc:
             self._fail(f"dumping a memory snapshot for {window}", exc)
             return
@@ -318,7 +315,7 @@ class MemorySnapshots(OneFault):
             window = oom_window_name(step)
             path = memory_path(self._run_dir, window, self._rank)
             data, took = self._take()
-            write_atomic(data, path, f"oom{os.getpid()}")
+            write_atomic(data, path, f"oom{os.getpid()}", self._run_dir)
             logger.warning(
                 "rankscope: CUDA out of memory on rank %d in step %d (cuda:%d asked for %.1f MB, "
                 "%.1f MB free); allocator snapshot written to %s (%.1f MB, %.2f s)",

@@ -2,7 +2,8 @@
 in RUN_DIR/triggers), SIGUSR2, and the rank's own slow steps (recorded in RUN_DIR/auto).
 
 Each source turns what it saw into a request through the one door (`WindowRequests`)
-and says the answer: in a log line, an answer file or an auto record.
+and says the answer: in a log line, an answer file or an auto record. Those files are
+written inside RUN_DIR only, never through a link (see `_files`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .._files import append
 from .._layout import (
     SIGNAL_TAG,
     SLOW_STEPS_TAG,
@@ -48,6 +50,7 @@ class OnDemand:
         self.check_every = check_every
         self._watcher = TriggerWatcher(run_dir, rank) if check_every else None
         self.signal: SignalHook | None = None
+        self._auto_failed = False  # writing RUN_DIR/auto failed once: said, not again
 
     # -- trigger files --------------------------------------------------------------
 
@@ -56,18 +59,25 @@ class OnDemand:
         watcher = self._watcher
         if watcher is None:
             return
+        answering: Trigger | None = None  # this runs every few steps: nothing else to pay
         try:
             for trigger in watcher.poll():
+                answering = trigger
                 self._answer(trigger, step)
         except Exception as exc:
-            # The run directory went away or became unreadable: stop looking, keep training
-            # and keep the windows already planned.
+            # The run directory went away, became unreadable, or holds a link where an
+            # answer goes: stop looking, keep training and keep the windows already planned.
             self.check_every = 0
             self.close_triggers()
+            what = (
+                f"checking {RunDir(self._run_dir).triggers_dir} for triggers"
+                if answering is None
+                else f"answering trigger {answering.id}"
+            )
             logger.warning(
-                "rankscope: checking %s for triggers failed (%s: %s); trigger checks are off "
-                "for the rest of this run (rank %d), training goes on",
-                RunDir(self._run_dir).triggers_dir,
+                "rankscope: %s failed (%s: %s); trigger checks are off for the rest of this "
+                "run (rank %d), training goes on",
+                what,
                 type(exc).__name__,
                 exc,
                 self._rank,
@@ -241,14 +251,26 @@ class OnDemand:
         self._write_auto(record)
 
     def _write_auto(self, record: dict[str, Any]) -> None:
-        """Append one line to this rank's auto records (at most max_captures per run)."""
+        """Append one line to this rank's auto records (at most max_captures per run).
+
+        A failure (a full disk, a link where the file or its folder goes) is said once;
+        the windows are kept either way.
+        """
         path = auto_path(self._run_dir, self._rank)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(record) + "\n")
+            append(self._run_dir, path, (json.dumps(record) + "\n").encode("utf-8"))
         except OSError as exc:
-            logger.warning("rankscope: could not write %s (%s); the window is kept", path, exc)
+            if self._auto_failed:
+                logger.debug("rankscope: could not write %s (%s)", path, exc)
+                return
+            self._auto_failed = True
+            logger.warning(
+                "rankscope: could not write %s (%s); the window is kept (later failures to "
+                "write it on rank %d are logged at debug level)",
+                path,
+                exc,
+                self._rank,
+            )
 
     # -- windows that will not happen -----------------------------------------------
 

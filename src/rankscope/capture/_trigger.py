@@ -8,7 +8,8 @@
 Files are the whole protocol: no collective, no daemon. A trigger names an absolute
 start step, so every selected rank that sees it in time starts the same window at the
 same step. Both files are written under a hidden temporary name and renamed into
-place, so a reader never sees half of one. Imports no torch: the CLI uses it too.
+place, so a reader never sees half of one, and never through a link below RUN_DIR
+(see `_files`): a trigger id is a plain name. Imports no torch: the CLI uses it too.
 
 SIGUSR2 (`trace.on_signal`) asks one process for a window on its next steps: a
 `SignalHook` notes the signal, and the capture plans the window at its next step().
@@ -22,31 +23,36 @@ import os
 import re
 import secrets
 import signal
+import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from .._files import open_folder, read_regular, write_atomic
 from .._layout import (
     TRIGGER_SUFFIX,
     RunDir,
     ack_path,
     is_temp,
     step_window_name,
-    temp_name,
     trigger_path,
     trigger_tag,
 )
 from .._ranks import RankSet, parse_ranks
 
 __all__ = [
+    "ID_ACCEPTED",
     "TRIGGER_VERSION",
     "SignalHook",
     "Trigger",
     "TriggerWatcher",
     "ack_path",
+    "answered",
+    "check_trigger_id",
     "install_signal_hook",
     "new_trigger_id",
     "parse_trigger",
@@ -64,7 +70,12 @@ logger = logging.getLogger(__name__)
 
 TRIGGER_VERSION = 1
 
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_ID_MAX = 128
+ID_ACCEPTED = (
+    f'a plain name: 1 to {_ID_MAX} ASCII letters, digits, "-", "_" or ".", starting with a '
+    'letter or digit, without ".."'
+)
 _MAX_BYTES = 64 << 10  # a trigger is a few hundred bytes; anything far larger is not one
 # A directory changed this recently may change again without its mtime moving (the
 # filesystem's timestamp granularity, up to 2 s on some): scan it again next time.
@@ -75,6 +86,29 @@ _O_DIRECTORY: int | None = getattr(os, "O_DIRECTORY", None)
 def trigger_dir(run_dir: str | os.PathLike[str]) -> Path:
     """RUN_DIR/triggers, where triggers and the ranks' answers are."""
     return RunDir(run_dir).triggers_dir
+
+
+# (what is wrong, what to say), in the order a reader would look.
+_ID_RULES: tuple[tuple[Callable[[str], bool], str], ...] = (
+    (lambda v: not v, "is empty"),
+    (lambda v: "\0" in v, "holds a NUL"),
+    (lambda v: "/" in v or "\\" in v, 'holds a "/" or "\\" (a path, not a name)'),
+    (lambda v: ".." in v, 'holds ".."'),
+    (lambda v: v.startswith("."), 'starts with "."'),
+    (lambda v: len(v) > _ID_MAX, f"is longer than {_ID_MAX} characters"),
+    (lambda v: not _ID.fullmatch(v), 'holds a character other than letters, digits, "-", "_", "."'),
+)
+
+
+def check_trigger_id(value: object) -> str | None:
+    """What is wrong with `value` as a trigger id; None for a good one (see ID_ACCEPTED).
+
+    An id names a file and a folder in RUN_DIR/triggers and ends the window's name, so
+    it must be a plain name there: no "/", no "..", no leading ".", no NUL.
+    """
+    if not isinstance(value, str):
+        return "is missing" if value is None else f"is a {type(value).__name__}, not a string"
+    return next((why for bad, why in _ID_RULES if bad(value)), None)
 
 
 def _trigger_id(name: str) -> str | None:
@@ -126,6 +160,11 @@ class Trigger:
     created: str | None = None
     """When it was written (UTC, ISO 8601); None in a hand-written file that omits it."""
 
+    def __post_init__(self) -> None:
+        problem = check_trigger_id(self.id)
+        if problem is not None:
+            raise ConfigError("trigger id", self.id, ID_ACCEPTED, problem)
+
     @property
     def last(self) -> int:
         return self.start + self.steps - 1
@@ -173,8 +212,9 @@ def parse_trigger(data: object, file_id: str | None = None) -> Trigger:
     if fields.get("v") != TRIGGER_VERSION:
         raise ValueError(f'"v" is {fields.get("v")!r}; expected {TRIGGER_VERSION}')
     trigger_id = fields.get("id")
-    if not isinstance(trigger_id, str) or not _ID.fullmatch(trigger_id):
-        raise ValueError(f'"id" is {trigger_id!r}; expected letters, digits, "-", "_" or "."')
+    problem = check_trigger_id(trigger_id)
+    if problem is not None or not isinstance(trigger_id, str):
+        raise ValueError(f'"id" is {trigger_id!r}, which {problem}; expected {ID_ACCEPTED}')
     if file_id is not None and trigger_id != file_id:
         raise ValueError(f'"id" is {trigger_id!r} but the file is named {file_id}{TRIGGER_SUFFIX}')
     start = need_int("start", 1)
@@ -188,9 +228,11 @@ def parse_trigger(data: object, file_id: str | None = None) -> Trigger:
 
 
 def read_trigger(path: Path) -> Trigger:
-    """Read and check one trigger file; ValueError (or OSError) says what is wrong."""
-    with open(path, "rb") as fh:
-        raw = fh.read(_MAX_BYTES + 1)
+    """Read and check one trigger file; ValueError (or OSError) says what is wrong.
+
+    Only a regular file is read, and not through a link at its name.
+    """
+    raw = read_regular(path, _MAX_BYTES)
     if len(raw) > _MAX_BYTES:
         raise ValueError(f"larger than {_MAX_BYTES} bytes")
     try:
@@ -200,30 +242,25 @@ def read_trigger(path: Path) -> Trigger:
     return parse_trigger(data, _trigger_id(path.name))
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write `data` under a hidden temporary name and rename it into place."""
-    tmp = temp_name(path, str(os.getpid()))
-    try:
-        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def _write_json(run_dir: str | os.PathLike[str], path: Path, data: dict[str, Any]) -> None:
+    """Write `data` under a hidden temporary name and rename it into place, inside RUN_DIR."""
+    text = json.dumps(data, indent=1) + "\n"
+    write_atomic(run_dir, path, text.encode("utf-8"), str(os.getpid()))
 
 
 def write_trigger(run_dir: str | os.PathLike[str], trigger: Trigger) -> Path:
     """Write RUN_DIR/triggers/<id>.json atomically; OSError propagates."""
     path = trigger_path(run_dir, trigger.id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(path, trigger.to_dict())
+    _write_json(run_dir, path, trigger.to_dict())
     return path
 
 
 def write_ack(
     run_dir: str | os.PathLike[str], trigger: Trigger, rank: int, answer: dict[str, Any]
 ) -> None:
-    """Write (or replace) this rank's answer to `trigger`; OSError propagates."""
+    """Write (or replace) this rank's answer to `trigger`; OSError propagates, also when a
+    link below RUN_DIR stands where the answer goes (nothing is written then)."""
     path = ack_path(run_dir, trigger.id, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "v": TRIGGER_VERSION,
         "id": trigger.id,
@@ -231,7 +268,18 @@ def write_ack(
         **answer,
         "time_ns": time.time_ns(),
     }
-    _write_json(path, data)
+    _write_json(run_dir, path, data)
+
+
+def answered(run_dir: str | os.PathLike[str], trigger_id: str, rank: int) -> bool:
+    """True when RUN_DIR/triggers/<id>/rank-NNNNN.json is a regular file in a real folder:
+    a link at either is no answer (and the answer written in its place is refused)."""
+    path = ack_path(run_dir, trigger_id, rank)
+    try:
+        folder, answer = os.lstat(path.parent), os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(folder.st_mode) and stat.S_ISREG(answer.st_mode)
 
 
 def read_acks(run_dir: str | os.PathLike[str], trigger_id: str) -> dict[int, dict[str, Any]]:
@@ -255,8 +303,9 @@ class TriggerWatcher:
     not exist; only when its mtime moves does it list the directory and read the files
     it has not seen. Each trigger id is returned at most once, and not at all when this
     rank answered it before (an earlier run in the same directory). A file that is not
-    a valid trigger is warned about once (again only if it changes) and skipped.
-    OSError from the directory propagates: the caller decides what a fault turns off.
+    a valid trigger, or not a regular file (a link is not followed), is warned about
+    once (again only if it changes) and skipped. OSError from the directory propagates,
+    also where RUN_DIR/triggers is a link: the caller decides what a fault turns off.
     `close()` lets go of the directory.
     """
 
@@ -289,7 +338,8 @@ class TriggerWatcher:
         try:
             if _O_DIRECTORY is None:  # a platform that cannot open a directory
                 return os.stat(path).st_mtime_ns
-            fd = os.open(path, os.O_RDONLY | _O_DIRECTORY)
+            # Not through a link: RUN_DIR/triggers must be a folder of the run directory.
+            fd = open_folder(self._run_dir, self._dir, create=False).detach()
         except FileNotFoundError:
             return None
         self._fd = fd
@@ -315,20 +365,25 @@ class TriggerWatcher:
         file_id = _trigger_id(entry.name)
         if file_id is None or is_temp(entry.name) or file_id in self._seen:
             return None  # a temporary name, an answers folder, a trigger seen before
-        trigger = self._read(entry) if entry.is_file() else None
+        # Not a folder (an answers folder is named without ".json"); a link or another kind
+        # of entry is read only to be refused, with its one warning (see read_trigger).
+        trigger = None if entry.is_dir(follow_symlinks=False) else self._read(entry)
         if trigger is None:
             return None
         self._seen.add(file_id)
         if self._rank not in trigger.rank_set:
             return None
-        if ack_path(self._run_dir, trigger.id, self._rank).exists():
+        if answered(self._run_dir, trigger.id, self._rank):
             return None  # answered before (an earlier run here): each trigger is honoured once
         return trigger
 
     def _read(self, entry: os.DirEntry[str]) -> Trigger | None:
         """The trigger in `entry`, or None: warned about once if it is not a valid one."""
-        stat = entry.stat()
-        key = (stat.st_mtime_ns, stat.st_size)
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            return None  # removed since the listing
+        key = (info.st_mtime_ns, info.st_size)
         if self._bad.get(entry.name) == key:
             return None
         try:

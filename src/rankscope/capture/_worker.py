@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import queue
@@ -14,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from ._finalize import FinalizeJob, finalize
+from ._finalize import FinalizeJob, discard, finalize
 
 __all__ = ["JobThread", "TraceFinalizer"]
 
@@ -126,7 +125,7 @@ class TraceFinalizer(JobThread[FinalizeJob]):
         if error is None:
             self.last_summary = _read_json(job.summary)
         else:
-            _remove_raw(job)
+            discard(job)  # a child that died before finalising leaves the raw export behind
             self._on_error(error)
 
     @staticmethod
@@ -157,14 +156,6 @@ class TraceFinalizer(JobThread[FinalizeJob]):
             lines = done.stderr.decode(errors="replace").strip().splitlines()
             return lines[-1] if lines else f"finaliser exited with code {done.returncode}"
         return None
-
-
-def _remove_raw(job: FinalizeJob) -> None:
-    """A child that died before finalising leaves the raw export behind: remove it."""
-    raw = Path(job.raw)
-    for leftover in (raw, raw.with_name(raw.name + ".tmp")):
-        with contextlib.suppress(OSError):
-            leftover.unlink()
 
 
 def _read_json(path: str) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._attempt import current_attempt
 from .._config import TimerConfig
+from .._files import open_append
 from .._layout import timing_path
 from .._ranks import RankInfo
 from .._torch import import_torch
@@ -50,6 +51,7 @@ class PhaseTimer:
         torch: ModuleType = import_torch("the phase timer")
         self._config = config
         self._rank = rank_info.rank
+        self._run_dir = run_dir
         self.path = timing_path(run_dir, rank_info.rank)
         """Where this rank's records go: RUN_DIR/timings/rank-NNNNN.jsonl."""
         cuda = torch.cuda.is_available()
@@ -92,8 +94,8 @@ class PhaseTimer:
         """Open the file and begin step 0. Returns whether step 0 is sampled."""
         self._owner = threading.get_ident()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open until stop()
+            # Never through a link: the file stays under RUN_DIR (see _files).
+            self._file = open_append(self._run_dir, self.path)
             self._end_torn_line()
         except OSError as exc:
             self.fault(f"cannot open {self.path} ({exc.strerror or exc})")
@@ -320,7 +322,7 @@ class PhaseTimer:
             # Someone removed the file mid-run: what we write would vanish with it.
             logger.warning("rankscope: %s was removed during the run; writing a new one", self.path)
             self._close()
-            file = self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open until stop()
+            file = self._file = open_append(self._run_dir, self.path)
             self._opening = format_attempt(self._rank, current_attempt().to_dict()).encode()
         if self._opening:
             data, self._opening = self._opening + data, b""
