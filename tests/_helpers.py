@@ -66,3 +66,10 @@ def final_files(run_dir: Path) -> list[str]:
 
 def temp_files(run_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob(".*") if p.is_file())
+
+
+def timing_records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
+    """A rank's timing records as written, without the lines that open an attempt."""
+    path = run_dir / "timings" / f"rank-{rank:05d}.jsonl"
+    lines = map(json.loads, path.read_text(encoding="utf-8").splitlines())
+    return [record for record in lines if "attempt" not in record]

@@ -18,6 +18,7 @@ from rankscope.analysis.read._attempts import AttemptMark
 from rankscope.cli import main
 
 from ._dist_workers import train_attempt
+from ._helpers import profiler_steps, read_trace, tiny_model, tiny_step, trace_config
 
 WORLD = 2
 STEPS = 12
@@ -249,3 +250,64 @@ def test_a_resumed_job_counts_no_step_twice_and_every_command_says_so(
     assert "attempt 1 is used" in " ".join(capsys.readouterr().out.split())
     assert main(["stragglers", str(run), "--attempt", "3"]) == 2
     assert "attempt=3 is not valid" in capsys.readouterr().err
+
+
+# -- a job resumed from a checkpoint keeps its steps' numbers ------------------------------
+
+
+def test_a_resumed_job_counts_from_its_checkpoint_step(tmp_path: Path, fresh_attempt: Any) -> None:
+    config = {"output_dir": str(tmp_path), "timer": {"enable": True, "every_n_steps": 1}}
+    for first, steps in ((0, 10), (6, 6)):  # the first attempt died after step 9
+        fresh_attempt()
+        with rankscope.Profiler(config, rank=0, world_size=1, first_step=first) as prof:
+            for _ in range(steps):
+                with prof.phase("forward"):
+                    pass
+                prof.step()
+    run = read_timings(tmp_path)
+    timings = run.ranks[0]
+    forward = timings.phase == timings.names.index("forward")
+    assert sorted(timings.step[forward].tolist()) == list(range(12))  # each once
+    assert run.attempts.rerun_steps == [6, 7, 8, 9]
+    second = timings.attempt[forward] == 1
+    assert sorted(timings.step[forward][second].tolist()) == list(range(6, 12))
+
+
+def test_a_resumed_capture_keeps_the_schedule_on_global_steps(tmp_path: Path) -> None:
+    # wait 1, warm-up 1, record 2, again and again: steps 2-3, 6-7, 10-11 are recorded.
+    schedule = rankscope.Schedule(wait=1, warmup=1, active=2, repeat=0)
+    config = trace_config(tmp_path, schedule=schedule)
+    model, opt = tiny_model()
+    with rankscope.Profiler(config, rank=0, world_size=1, first_step=5) as prof:
+        for _ in range(8):  # steps 5-12
+            tiny_step(model, opt, prof)
+            prof.step()
+    windows = sorted(p.name for p in (tmp_path / "traces").iterdir())
+    assert windows == ["step-000006-000007", "step-000010-000011"]
+    trace = read_trace(tmp_path / "traces" / windows[0] / "rank-00000.pt.trace.json.gz")
+    assert profiler_steps(trace) == [6, 7]
+
+
+def test_a_resumed_capture_past_its_schedule_holds_no_profiler(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    schedule = rankscope.Schedule(wait=1, warmup=1, active=1, repeat=1)
+    config = trace_config(tmp_path, schedule=schedule)
+    model, opt = tiny_model()
+    with (
+        caplog.at_level(logging.INFO, logger="rankscope"),
+        rankscope.Profiler(config, rank=0, world_size=1, first_step=100) as prof,
+    ):
+        tiny_step(model, opt, prof)
+        prof.step()
+        assert prof._capture is not None and prof._capture._prof is None
+    assert not (tmp_path / "traces").exists()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert any("resumed at step 100, past the schedule's windows" in m for m in said)
+    assert not any("captured nothing" in m for m in said)  # nothing was due
+
+
+@pytest.mark.parametrize("first_step", [-1, 1.5, True, "3"])
+def test_a_first_step_that_is_not_a_step_is_refused(first_step: Any) -> None:
+    with pytest.raises(rankscope.ConfigError, match="first_step="):
+        rankscope.Profiler({"timer": {"enable": True}}, rank=0, world_size=1, first_step=first_step)

@@ -12,7 +12,14 @@ from rankscope import Schedule
 from rankscope.capture import windows
 
 from ._dist_workers import train_ddp
-from ._helpers import event_names, final_files, profiler_steps, read_trace, temp_files
+from ._helpers import (
+    event_names,
+    final_files,
+    profiler_steps,
+    read_trace,
+    temp_files,
+    timing_records,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +97,7 @@ def test_the_timer_writes_one_file_per_selected_rank_with_the_sampled_steps(run_
     timings = run_dir / "timer" / "timings"
     assert sorted(p.name for p in timings.iterdir()) == ["rank-00000.jsonl", "rank-00002.jsonl"]
     for rank in (0, 2):
-        records = [json.loads(line) for line in (timings / f"rank-{rank:05d}.jsonl").open()]
+        records = timing_records(run_dir / "timer", rank)
         assert {r["rank"] for r in records} == {rank}
         steps: dict[int, list[str]] = {}
         for r in records:

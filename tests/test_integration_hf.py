@@ -34,7 +34,14 @@ from rankscope.capture import windows
 from rankscope.integrations import hf
 from rankscope.integrations.hf import RankscopeCallback
 
-from ._helpers import event_names, final_files, profiler_steps, read_trace, temp_files
+from ._helpers import (
+    event_names,
+    final_files,
+    profiler_steps,
+    read_trace,
+    temp_files,
+    timing_records,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ["between_steps", "forward_backward", "optimizer"]
@@ -99,8 +106,7 @@ def _config(run_dir: Path, schedule: Schedule | None = None) -> ProfileConfig:
 
 
 def _records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
-    path = run_dir / "timings" / f"rank-{rank:05d}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return timing_records(run_dir, rank)
 
 
 def _steps_of(records: list[dict[str, Any]], phase: str) -> list[int]:
@@ -585,3 +591,29 @@ def test_example_runs(tmp_path: Path) -> None:
         "step-000003-000004/rank-00000.summary.json",
     ]
     assert f"rankscope report {run_dir}" in done.stderr
+
+
+def test_a_run_resumed_from_a_checkpoint_keeps_its_step_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rankscope import _attempt
+    from rankscope.analysis import read_timings
+
+    run = tmp_path / "run"
+    args = _args(tmp_path, accumulate=1)
+    args.save_strategy, args.save_steps = "steps", 2
+
+    def train(resume: str | None) -> None:
+        monkeypatch.setattr(_attempt, "_current", None)  # as a new process would be
+        callback = RankscopeCallback(_config(run), environ={})
+        trainer = Trainer(model=_model(), args=args, train_dataset=_Tokens(), callbacks=[callback])
+        trainer.train(resume_from_checkpoint=resume)
+
+    train(None)
+    train(str(tmp_path / "trainer" / "checkpoint-2"))  # steps 2 and 3 again
+    timings = read_timings(run)
+    rank = timings.ranks[0]
+    steps = rank.step[rank.phase == rank.names.index("step")]
+    assert sorted(steps.tolist()) == list(range(STEPS))  # each once, as numbered before
+    assert timings.attempts.count == 2 and timings.attempts.rerun_steps == [2, 3]
+    assert sorted(steps[rank.attempt[rank.phase == rank.names.index("step")] == 1]) == [2, 3]

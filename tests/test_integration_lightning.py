@@ -21,7 +21,14 @@ from rankscope.analysis import read_timings
 from rankscope.capture import windows
 from rankscope.integrations.lightning import RankscopeCallback
 
-from ._helpers import event_names, final_files, profiler_steps, read_trace, temp_files
+from ._helpers import (
+    event_names,
+    final_files,
+    profiler_steps,
+    read_trace,
+    temp_files,
+    timing_records,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 4
@@ -136,9 +143,7 @@ def config(run_dir: Path, every: int = 1, **trace: Any) -> dict[str, Any]:
 
 
 def records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
-    path = run_dir / "timings" / f"rank-{rank:05d}.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return sorted((json.loads(line) for line in lines), key=lambda r: r["start_ns"])
+    return sorted(timing_records(run_dir, rank), key=lambda r: r["start_ns"])
 
 
 def phases_by_step(recs: list[dict[str, Any]]) -> dict[int, list[str]]:
@@ -426,3 +431,23 @@ def test_the_example_runs_and_writes_a_run_directory(tmp_path: Path) -> None:
     assert len(traces) == 1
     assert f"rankscope report {run_dir.resolve()}" in done.stderr + done.stdout
     assert {r["rank"] for r in recs} == {0}
+
+
+def test_a_fit_resumed_from_a_checkpoint_keeps_its_step_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rankscope import _attempt
+    from rankscope.analysis import read_timings
+
+    run, checkpoint = tmp_path / "run", tmp_path / "after-3.ckpt"
+    first = trainer([RankscopeCallback(config(run))], max_steps=3)
+    first.fit(TinyModule(), loader(8))
+    first.save_checkpoint(checkpoint)
+    monkeypatch.setattr(_attempt, "_current", None)  # as a new process would be
+    again = trainer([RankscopeCallback(config(run))], max_steps=6)
+    again.fit(TinyModule(), loader(8), ckpt_path=str(checkpoint))
+    timings = read_timings(run)
+    rank = timings.ranks[0]
+    is_step = rank.phase == rank.names.index("step")
+    assert sorted(rank.step[is_step].tolist()) == list(range(6))  # 3-5 kept their numbers
+    assert timings.attempts.count == 2 and timings.attempts.rerun_steps == []

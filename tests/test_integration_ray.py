@@ -32,7 +32,7 @@ from rankscope.integrations.ray import (
     stop_profiling,
 )
 
-from ._helpers import event_names, final_files, read_trace
+from ._helpers import event_names, final_files, read_trace, timing_records
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = {"forward", "backward", "grad_allreduce", "optimizer"}
@@ -87,8 +87,7 @@ class Worker(RankscopeWorker):
 
 
 def _records(run_dir: Path, rank: int) -> list[dict[str, Any]]:
-    path = run_dir / "timings" / f"rank-{rank:05d}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return timing_records(run_dir, rank)
 
 
 def _config(run_dir: Path, **timer: Any) -> rankscope.ProfileConfig:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -10,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from ._helpers import timing_records
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +56,7 @@ def _torchrun(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> 
 
 
 def _steps(run: Path, rank: int) -> list[int]:
-    lines = (run / "timings" / f"rank-{rank:05d}.jsonl").read_text().splitlines()
-    return sorted({json.loads(line)["step"] for line in lines})
+    return sorted({record["step"] for record in timing_records(run, rank)})
 
 
 def test_flags_configure_every_rank(tmp_path: Path) -> None:
@@ -72,12 +72,9 @@ def test_flags_configure_every_rank(tmp_path: Path) -> None:
     )
     assert f"run directory {run}" in out
     assert _steps(run, 0) == _steps(run, 1) == [0, 4, 8]
-    record = json.loads((run / "timings" / "rank-00001.jsonl").read_text().splitlines()[0])
+    record = timing_records(run, 1)[0]
     assert record["rank"] == 1
-    phases = {
-        json.loads(line)["phase"]
-        for line in (run / "timings" / "rank-00000.jsonl").read_text().splitlines()
-    }
+    phases = {record["phase"] for record in timing_records(run, 0)}
     assert phases == {
         "host_to_device",
         "forward",

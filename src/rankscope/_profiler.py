@@ -48,7 +48,9 @@ class Profiler:
 
     `config` is a ProfileConfig, a mapping of its fields, or a path to a YAML file.
     The environment (RANKSCOPE_*) overrides `config`. `rank` and `world_size` override
-    what is detected (Ray workers and tests pass them). With trace.enable any rank may
+    what is detected (Ray workers and tests pass them). `first_step` is the global step
+    the loop starts at: a job resumed from a checkpoint passes the checkpoint's step, so
+    its steps keep their numbers across attempts. With trace.enable any rank may
     be asked for a window (a trigger, SIGUSR2, its own slow steps), so every rank that
     can be holds a capture, idle until asked. A rank that neither times, nor traces, nor
     can be asked holds no torch object; its step() and phase() cost an attribute check.
@@ -61,7 +63,12 @@ class Profiler:
         rank: int | None = None,
         world_size: int | None = None,
         environ: Mapping[str, str] | None = None,
+        first_step: int = 0,
     ) -> None:
+        if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
+            raise ConfigError("first_step", first_step, "an int >= 0 (the step the loop starts at)")
+        self.first_step = first_step
+        """The global step the loop starts at: a resumed job's checkpoint step, else 0."""
         self.config: ProfileConfig = _as_config(config).with_env(environ)
         self.rank_info: RankInfo = detect_rank_info(rank, world_size, environ)
         self.config.check_world_size(self.rank_info.world_size, environ)
@@ -151,10 +158,10 @@ class Profiler:
             memory.start()  # before the capture: a window at step 0 is dumped with history
             self._recorder = memory
         if capture is not None:
-            capture.start()
+            capture.start(self.first_step)
             self._live = capture
         if timer is not None:
-            self._sampling = timer.start()
+            self._sampling = timer.start(self.first_step)
             self._timing = timer
         self._at_exit = functools.partial(_stop_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)

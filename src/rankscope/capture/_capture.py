@@ -96,6 +96,7 @@ class TraceCapture(OneFault):
         self._step = 0
         self._wake_at = 0  # step() has nothing to do before this step (see _next_work)
         self._stopping = False
+        self._resumed_past = False  # started (resumed) past the schedule's last window
         self._phase_calls = 0
         self._owner = threading.get_ident()  # the thread that drives torch.profiler
         self._export_error: Exception | None = None  # raised inside torch's on_trace_ready
@@ -118,8 +119,10 @@ class TraceCapture(OneFault):
             if not self._watch.watching:
                 self._watch = None
 
-    def start(self) -> None:
+    def start(self, first_step: int = 0) -> None:
+        """Begin at `first_step`: a resumed job's global step (the schedule counts from 0)."""
         self._owner = threading.get_ident()
+        self._step = first_step
         if self._watch is not None:
             self._watch.step_began = time.perf_counter()
         if self._config.on_signal and self._target_phase is None:
@@ -130,9 +133,18 @@ class TraceCapture(OneFault):
             return  # phase windows start at their phase, added ones at their step
         if not self._nsys and self._other_profiler_active():
             return
-        self._prof = self._maker.new(self._on_trace_ready, self._step)
+        if self._plan.schedule_over(first_step):
+            self._resumed_past = True
+            logger.info(
+                "rankscope: rank %d resumed at step %d, past the schedule's windows; "
+                "windows come from triggers, signals and trace.auto only",
+                self._rank,
+                first_step,
+            )
+            return
+        self._prof = self._maker.new(self._on_trace_ready, first_step)
         if self._guarded("start", self._prof.start):
-            self.recording = self._plan.action(0) is not Action.NONE
+            self.recording = self._plan.action(first_step) is not Action.NONE
 
     def step(self) -> None:
         if self._step + 1 < self._wake_at:
@@ -254,7 +266,12 @@ class TraceCapture(OneFault):
         self.recording = False
         if self._watch is not None:
             self._watch.stop(self._step)
-        if self.enabled and self._exporter.saved == 0 and self._scheduled:
+        if (
+            self.enabled
+            and self._exporter.saved == 0
+            and self._scheduled
+            and not self._resumed_past
+        ):
             logger.warning(
                 "rankscope: trace capture is on but captured nothing: %s", self._why_empty()
             )

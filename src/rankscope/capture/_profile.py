@@ -80,9 +80,9 @@ class ProfilerMaker:
             with_flops=cfg.with_flops,
             with_modules=cfg.with_modules,
         )
-        if base is not None:
+        if base is not None or step:
             # Count as the run does, so the trace's ProfilerStep#N is global step N.
-            prof.step_num = base
+            prof.step_num = step if base is None else base
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized()) and hasattr(
             prof, "preset_metadata_json"

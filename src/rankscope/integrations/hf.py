@@ -112,7 +112,15 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
         rank = args.process_index if self._rank is None else self._rank
         world_size = args.world_size if self._world_size is None else self._world_size
         # A ConfigError here (a rank selection beyond the world size) is the user's to see.
-        profiler = Profiler(self.config, rank=rank, world_size=world_size, environ=self._environ)
+        # A run resumed from a checkpoint starts at its global step: its steps keep their numbers.
+        step = getattr(state, "global_step", 0)
+        profiler = Profiler(
+            self.config,
+            rank=rank,
+            world_size=world_size,
+            environ=self._environ,
+            first_step=step if isinstance(step, int) and step > 0 else 0,
+        )
         self.profiler = self._run = profiler
         try:
             profiler.start()

@@ -90,8 +90,9 @@ class PhaseTimer:
 
     # -- lifecycle (training thread) ---------------------------------------------
 
-    def start(self) -> bool:
-        """Open the file and begin step 0. Returns whether step 0 is sampled."""
+    def start(self, first_step: int = 0) -> bool:
+        """Open the file and begin `first_step` (a resumed job's global step, else 0).
+        Returns whether that step is sampled."""
         self._owner = threading.get_ident()
         try:
             # Never through a link: the file stays under RUN_DIR (see _files).
@@ -101,7 +102,7 @@ class PhaseTimer:
             self.fault(f"cannot open {self.path} ({exc.strerror or exc})")
             return False
         self.enabled = True
-        return self._begin_step(0)
+        return self._begin_step(first_step)
 
     def step(self) -> bool:
         """End the current step and begin the next. Returns whether the new step is sampled."""
