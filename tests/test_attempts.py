@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -311,3 +312,27 @@ def test_a_resumed_capture_past_its_schedule_holds_no_profiler(
 def test_a_first_step_that_is_not_a_step_is_refused(first_step: Any) -> None:
     with pytest.raises(rankscope.ConfigError, match="first_step="):
         rankscope.Profiler({"timer": {"enable": True}}, rank=0, world_size=1, first_step=first_step)
+
+
+# -- traces: a step captured in two attempts counts once --------------------------------------
+
+
+def test_a_step_captured_again_under_another_name_counts_once(tmp_path: Path) -> None:
+    from rankscope._synthetic import write_run_traces
+    from rankscope.analysis import kernel_report
+
+    write_run_traces(tmp_path, "step-000003-000004", [0, 1], world_size=2, size_bytes=40_000)
+    old = tmp_path / "traces" / "step-000003-000004" / "rank-00000.pt.trace.json.gz"
+    os.utime(old, (1_700_000_000, 1_700_000_000))  # the first attempt's, written earlier
+    again = "step-000004-000005-sigusr2"  # after a restart, step 4 was captured again
+    write_run_traces(tmp_path, again, [0], world_size=2, size_bytes=40_000, seed=1)
+    found = kernel_report([tmp_path])
+    used = sorted((t["rank"], t["window"]) for t in found.traces)
+    assert used == [(0, again), (1, "step-000003-000004")]
+    assert found.skipped == [
+        f"{old}: rank 0's steps 3-4 were captured again later, in {again} (a step that ran "
+        "again after a restart); that one is used"
+    ]
+    # Windows that share no step are all summed, as before.
+    write_run_traces(tmp_path, "step-000009-000010", [0], world_size=2, size_bytes=40_000)
+    assert len(kernel_report([tmp_path]).traces) == 3

@@ -148,3 +148,28 @@ def test_a_folder_inside_a_run_directory_points_to_the_run_directory(
         err = capsys.readouterr().err
         assert f"lies inside the run directory {tmp_path.resolve()}" in err
         assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("folder", ["timings", "meta"])
+def test_a_fifo_under_a_timings_or_meta_name_is_said_and_never_opened(
+    tmp_path: Path, folder: str
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    _run(tmp_path)
+    path = _timings(tmp_path, 3) if folder == "timings" else _meta(tmp_path, 3)
+    path.unlink()
+    os.mkfifo(path)  # opening it for reading would wait for a writer forever
+    for command in ("report", "stragglers"):
+        done = subprocess.run(
+            [sys.executable, "-m", "rankscope.cli", command, str(tmp_path), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        skipped = json.loads(done.stdout)["skipped"]
+        assert f"{path}: not a regular file (a FIFO)" in skipped, skipped

@@ -85,7 +85,10 @@ def test_by_category_splits_communication_from_computation(tmp_path: Path) -> No
     assert rows["communication"]["total_us"] == pytest.approx(nccl)
     assert rows["computation"]["total_us"] == pytest.approx(truth.kernel_total_us - nccl)
     assert rows["memcpy"]["count"] > 0
-    assert table.total_us == pytest.approx(truth.kernel_total_us)  # memcpy stands beside it
+    # One total for every row, memcpy included, so the shares add up to 1.
+    assert table.total_us == pytest.approx(truth.kernel_total_us + rows["memcpy"]["total_us"])
+    assert sum(i["share"] for i in table.items) == pytest.approx(1.0)
+    assert table.count == sum(i["count"] for i in table.items)
 
 
 def test_kernel_totals_of_the_real_traces_are_plain_sums(real_traces: Path) -> None:
@@ -104,20 +107,44 @@ def test_kernel_totals_of_the_real_traces_are_plain_sums(real_traces: Path) -> N
     } == {34}
 
 
+def test_category_shares_of_the_real_traces_are_of_one_total(real_traces: Path) -> None:
+    """memcpy and memset are rows of the table, so they are in its total: the shares of
+    the shared GPU traces added up to 105.8% when memcpy had a share but no part in it."""
+    report = kernel_report([real_traces], by="category")
+    gpu = next(t for t in report.tables if t.kind == "gpu_kernels")
+    rows = {i["name"]: i for i in gpu.items}
+    assert {"communication", "computation", "memcpy", "memset"} <= rows.keys()
+    assert sum(i["share"] for i in gpu.items) == pytest.approx(1.0)
+    assert gpu.total_us == pytest.approx(sum(i["total_us"] for i in gpu.items))
+    assert gpu.count == sum(i["count"] for i in gpu.items)
+    kernels = next(t for t in kernel_report([real_traces]).tables if t.kind == "gpu_kernels")
+    memory = rows["memcpy"]["total_us"] + rows["memset"]["total_us"]
+    assert gpu.total_us == pytest.approx(kernels.total_us + memory)
+    # The CUPTI-range and gloo traces hold no kernels: their table stays per op, and says so.
+    assert [(t.kind, t.by) for t in report.tables][1] == ("cpu_ops", "name")
+    assert report.notes and "--by category does not apply" in report.notes[0]
+
+
 def test_a_current_capture_summary_is_used_and_a_stale_one_is_not(tmp_path: Path) -> None:
     (truth,) = write_run_traces(tmp_path, "step-000001-000001", [0], world_size=1)
-    summary = dict(summarize_trace(truth.path), items=[])  # marked: no items
+    summary = summarize_trace(truth.path)
+    summary["items"][0]["name"] = "marked"  # found only in the summary
     sidecar = truth.path.with_name("rank-00000.summary.json")
     sidecar.write_text(json.dumps(summary))
-    assert kernel_report([tmp_path]).tables[0].items == []
+
+    def names() -> set[str]:
+        return {item["name"] for item in kernel_report([tmp_path]).tables[0].items}
+
+    assert "marked" in names()
     # A trace newer than its summary is read again.
     stamp = sidecar.stat().st_mtime
     os.utime(truth.path, (stamp + 10, stamp + 10))
-    assert len(kernel_report([tmp_path]).tables[0].items) == len(truth.kernels)
-    # So is a summary of another version.
+    assert names() == truth.kernels.keys()
+    # So is a summary of another version, with nothing said.
     os.utime(sidecar, (stamp + 20, stamp + 20))
     sidecar.write_text(json.dumps(dict(summary, v=1)))
-    assert len(kernel_report([tmp_path]).tables[0].items) == len(truth.kernels)
+    assert names() == truth.kernels.keys()
+    assert kernel_report([tmp_path]).skipped == []
 
 
 def test_read_in_parallel_or_not_the_tables_agree(

@@ -2,13 +2,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from rankscope import TraceError
 from rankscope.analysis import load_trace, summarize_events, summarize_trace
+from rankscope.analysis.read._kineto import MAX_DUR_US, left_out_lines, summary_problem
 
 GPU_TRACES = [
     "gpu-128rank-sampled-rank0.json.gz",
@@ -137,6 +140,73 @@ def test_malformed_events_are_skipped() -> None:
     summary = summarize_events(events)
     assert summary["count"] == 1
     assert summary["items"][0]["total_us"] == 5
+    assert summary["left_out"] == {"dur": 2, "name": 1}  # counted, to be said
+    assert left_out_lines(summary["left_out"]) == [
+        "2 events with a bad dur (not a number from 0 to 1e15 us) left out",
+        "1 event with a bad name (not a string) left out",
+    ]
+    assert "left_out" not in summarize_events(events[-1:])
+
+
+@pytest.mark.parametrize(
+    "dur",
+    [10**400, float("nan"), float("inf"), -1.0, MAX_DUR_US, "7", {"us": 7}, [7]],
+    ids=["10**400", "nan", "inf", "negative", "1e15", "string", "object", "list"],
+)
+@pytest.mark.parametrize("cat", ["kernel", "gpu_memcpy", "cpu_op"])
+def test_a_dur_that_is_not_a_time_never_reaches_a_figure(dur: object, cat: str) -> None:
+    first = "cpu_op" if cat == "cpu_op" else "kernel"  # memcpy counts in a GPU trace
+    good = {"ph": "X", "cat": first, "name": "k", "ts": 0, "dur": 4, "pid": 1, "tid": 1}
+    summary = summarize_events([good, dict(good, cat=cat, dur=dur, ts=10)])
+    json.dumps(summary, allow_nan=False)
+    assert summary["total_us"] == 4 and summary["count"] == 1
+    assert summary["left_out"] == {"dur": 1}
+
+
+def test_a_cpu_op_with_a_bad_ts_is_left_out_and_counted() -> None:
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 4, "pid": 1, "tid": 1}
+    events = [op, dict(op, ts="10"), dict(op, ts=float("nan")), dict(op, ts=10**400)]
+    summary = summarize_events(events)
+    assert summary["count"] == 1 and summary["left_out"] == {"ts": 3}
+    # In a trace with kernels its CPU ops are not in the table, nor in what is said.
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 1}
+    assert "left_out" not in summarize_events([kernel, *events[1:]])
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({}, None),
+        ({"kind": "gpu"}, 'kind is "gpu", not gpu_kernels or cpu_ops'),
+        ({"rank": -1}, "rank is -1, not a rank"),
+        ({"rank": True}, "rank is true, not a rank"),
+        ({"rank": 2}, "it says rank 2, its name rank 1"),
+        ({"count": 2.0}, "count is 2.0, not a whole number >= 0"),
+        ({"total_us": 10**400}, "total_us is 10000000000000000"),
+        ({"items": {}}, "items is {}, not a list"),
+        ({"categories": None}, "categories is null, not a list"),
+        ({"count": 3}, "its items' counts do not add up to its count"),
+        ({"left_out": {"dur": -1}}, 'left_out is {"dur": -1}, not counts of events'),
+    ],
+)
+def test_a_summary_read_back_is_checked_before_it_is_summed(
+    edit: dict[str, object], problem: str | None
+) -> None:
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 2}
+    summary = {"v": 2, "rank": 1, **summarize_events([kernel, kernel]), **edit}
+    found = summary_problem(summary, name_rank=1)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(problem), found
+
+
+def test_a_fifo_is_never_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "rank-00000.pt.trace.json"
+    os.mkfifo(fifo)
+    done = ThreadPoolExecutor(1).submit(load_trace, fifo)  # a hang fails, not blocks
+    with pytest.raises(TraceError, match="not a regular file \\(a FIFO\\)"):
+        done.result(timeout=30)
 
 
 @pytest.mark.parametrize(
@@ -147,6 +217,8 @@ def test_malformed_events_are_skipped() -> None:
         (b'{"foo": 1}', "not a trace"),
         (b"42", "not a trace"),
         (gzip.compress(b'{"traceEvents": []}')[:-10], "truncated or corrupt gzip"),
+        (b'{"traceEvents": [{"dur": ' + b"9" * 5000 + b"}]}", "a number of thousands of digits"),
+        (b'{"traceEvents": [' + b"[" * 10**5 + b"]" * 10**5 + b"]}", "nested too deep"),
     ],
 )
 def test_bad_trace_files_give_a_trace_error_naming_the_file(

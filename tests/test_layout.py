@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 import rankscope
+from rankscope import TraceError
 from rankscope._config import AutoTrigger, TraceConfig
 from rankscope._layout import (
     SIGNAL_TAG,
     RunDir,
     is_trace_name,
     memory_path,
+    not_regular,
+    open_regular,
     rank_of_file,
     step_window_name,
+    traces_under,
     trigger_tag,
     window_key,
 )
@@ -178,3 +184,96 @@ def test_kernels_and_merge_read_the_rank_of_a_foreign_name_alike(tmp_path: Path)
     path.write_text(json.dumps({"traceEvents": [event]}))
     assert kernel_report([path]).traces[0]["rank"] == 3
     assert merge_traces([path], tmp_path / "out.json").ranks == (3,)
+
+
+# -- only regular files: what is named like one and is not is left out, and said ---------
+
+
+def test_what_is_named_like_a_file_and_is_not_one_is_left_out_and_said(tmp_path: Path) -> None:
+    for folder in ("meta", "timings", "auto", "traces/w", "nsys/w", "memory/w", "triggers/t"):
+        (tmp_path / folder).mkdir(parents=True)
+    odd = {
+        tmp_path / "meta" / "rank-00000.json": "not a regular file (a FIFO)",
+        tmp_path / "timings" / "rank-00001.jsonl": "not a regular file (a directory)",
+        tmp_path / "timings" / "rank-x.jsonl": "not a regular file (a FIFO)",
+        tmp_path / "auto" / "rank-00002.jsonl": "a symlink loop",
+        tmp_path / "traces" / "w" / "rank-00003.pt.trace.json.gz": "a broken symlink",
+        tmp_path / "traces" / "w" / "rank-00003.summary.json": "not a regular file (a FIFO)",
+        tmp_path / "nsys" / "w" / "rank-00004.json": "not a regular file (a FIFO)",
+        tmp_path / "memory" / "w" / "rank-00005.pickle": "not a regular file (a character device)",
+        tmp_path / "triggers" / "t.json": "not a regular file (a directory)",
+        tmp_path / "triggers" / "t" / "rank-00006.json": "not a regular file (a FIFO)",
+    }
+    for path, why in odd.items():
+        if "FIFO" in why:
+            os.mkfifo(path)
+        elif "directory" in why:
+            path.mkdir()
+        elif "loop" in why:
+            path.symlink_to(path.name)
+        elif "device" in why:
+            path.symlink_to("/dev/null")
+        else:
+            path.symlink_to("nowhere")
+    run = RunDir(tmp_path)
+    listed = [
+        run.meta(),
+        run.timings(),
+        run.misnamed_timings(),
+        run.auto_records(),
+        run.traces(),
+        run.summaries(),
+        run.nsys_ranges(),
+        run.memory_snapshots(),
+        run.triggers(),
+        run.trigger_answers(),
+    ]
+    assert listed == [[]] * len(listed)  # nothing of these is handed out
+    assert sorted(run.left_out) == sorted(f"{path}: {why}" for path, why in odd.items())
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda p: p.write_text("a file"), "not a directory (a regular file)"),
+        (lambda p: p.symlink_to(p.name), "a symlink loop"),
+        (lambda p: p.symlink_to("nowhere"), "a broken symlink"),
+    ],
+    ids=["file", "loop", "broken-link"],
+)
+def test_a_folder_that_cannot_be_listed_is_said(tmp_path: Path, make: Any, why: str) -> None:
+    make(tmp_path / "traces")
+    run = RunDir(tmp_path)
+    assert run.traces() == [] and run.windows() == []
+    assert run.left_out == [f"{tmp_path / 'traces'}: {why}"]
+    assert RunDir(tmp_path).meta() == [] and RunDir(tmp_path / "meta").left_out == []
+
+
+def test_traces_are_found_through_links_each_folder_once(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "rank-00000.pt.trace.json").write_text("{}")
+    top = tmp_path / "run" / "traces"
+    top.mkdir(parents=True)
+    (top / "w").symlink_to(elsewhere)
+    (top / "again").symlink_to(elsewhere)
+    (top / "w2").mkdir()
+    (top / "w2" / "up").symlink_to(top)  # a way round, read once
+    said: list[str] = []
+    found = traces_under(top, note=lambda path, why: said.append(f"{path}: {why}"))
+    assert [(t.window, t.rank) for t in found] == [("again", 0)]
+    assert said == []
+
+
+def test_open_regular_never_blocks_on_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    opening = ThreadPoolExecutor(1).submit(open_regular, fifo)  # a hang fails, not blocks
+    with pytest.raises(TraceError, match=r"fifo\.json: not a regular file \(a FIFO\)$"):
+        opening.result(timeout=30)
+    (tmp_path / "file.json").write_text("{}")
+    with open_regular(tmp_path / "file.json") as fh:
+        assert fh.read() == b"{}"
+    assert not_regular(tmp_path / "file.json") is None
+    assert not_regular(fifo) == "not a regular file (a FIFO)"
+    assert not_regular(tmp_path / "absent") == "no such file"

@@ -3,6 +3,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 from collections import Counter, defaultdict
 from decimal import Decimal
 from pathlib import Path
@@ -471,6 +472,68 @@ def test_output_where_it_cannot_be_written(tmp_path: Path, read_only_dir: Path) 
     with pytest.raises(TraceError, match="cannot write"):
         merge_traces([a], read_only_dir / "m.json")
     assert list(read_only_dir.iterdir()) == []
+
+
+def test_an_output_that_is_an_input_is_refused_whatever_its_name(tmp_path: Path) -> None:
+    a, b = _traces(tmp_path, [BASE, BASE])
+    before = a.read_bytes()
+    (tmp_path / "link.json.gz").symlink_to(a)
+    os.link(a, tmp_path / "hard.json.gz")
+    for out in (a, tmp_path / "." / a.name, tmp_path / "link.json.gz", tmp_path / "hard.json.gz"):
+        with pytest.raises(TraceError, match=rf"is the input {a} \(the same file\)"):
+            merge_traces([a, b], out)
+    assert a.read_bytes() == before
+    merge_traces([a, b], tmp_path / "merged.json.gz")  # a new name, or another file, is fine
+    merge_traces([a, b], tmp_path / "merged.json.gz")
+
+
+def test_an_input_that_is_not_a_regular_file_is_never_opened(tmp_path: Path) -> None:
+    (a,) = _traces(tmp_path, [BASE])
+    fifo = tmp_path / "rank-00001.pt.trace.json"
+    os.mkfifo(fifo)
+    with pytest.raises(
+        TraceError, match=r"rank-00001\.pt\.trace\.json: not a regular file \(a FIFO\)"
+    ):
+        merge_traces([a, fifo], tmp_path / "m.json")  # before: blocked in open()
+    assert _left(tmp_path, [a, fifo]) == []
+
+
+@pytest.mark.parametrize(
+    ("base", "said"),
+    [
+        (10**500, "a number of about 501 digits"),
+        (2**63, "9223372036854775808"),
+        (-1, "-1"),
+        (float("inf"), "inf"),
+        ("1790000000000000000", "'1790000000000000000'"),
+    ],
+)
+def test_a_base_time_that_is_not_one_is_named(tmp_path: Path, base: Any, said: str) -> None:
+    a, b = _traces(tmp_path, [BASE, BASE])
+    _dump(b, {**_load(b), "baseTimeNanoseconds": base})
+    with pytest.raises(TraceError) as caught:
+        merge_traces([a, b], tmp_path / "m.json")
+    assert str(caught.value) == (
+        f"{b}: baseTimeNanoseconds is {said}, not a time in nanoseconds (0 to 2**63 - 1)"
+    )
+
+
+def test_numbers_json_has_no_word_for_are_written_as_null(tmp_path: Path) -> None:
+    a, b = _traces(tmp_path, [BASE, BASE + 1])  # b's shift is not whole microseconds
+    trace = _load(b)
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    events[0]["dur"] = float("nan")
+    events[1]["ts"] = 10**400  # past a float: kept as written
+    events[2]["ts"] = float("inf")
+    _dump(b, trace)
+    result = merge_traces([a, b], tmp_path / "m.json")
+    assert [i.not_finite for i in result.inputs] == [0, 2]
+    merged = json.loads((tmp_path / "m.json").read_text(), parse_constant=_refuse_constant)
+    assert sum(e.get("ts") == 10**400 for e in merged["traceEvents"]) == 1
+
+
+def _refuse_constant(word: str) -> None:
+    raise AssertionError(f"{word} written")
 
 
 def test_base_time_beyond_the_cheap_look_is_still_used(

@@ -20,10 +20,18 @@ spells a name of the run directory.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
+import stat
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
+
+from ._errors import TraceError
 
 __all__ = [
     "AUTO",
@@ -50,9 +58,12 @@ __all__ = [
     "auto_path",
     "is_temp",
     "is_trace_name",
+    "is_window_folder",
     "memory_path",
     "meta_path",
+    "not_regular",
     "nsys_path",
+    "open_regular",
     "phase_window_name",
     "rank_name",
     "rank_of_file",
@@ -62,6 +73,7 @@ __all__ = [
     "temp_name",
     "timing_path",
     "trace_path",
+    "traces_under",
     "trigger_path",
     "trigger_tag",
     "window_key",
@@ -104,7 +116,7 @@ SIGNAL_TAG = "sigusr2"
 SLOW_STEPS_TAG = "slow-steps"
 """The tag of a window a rank's own slow steps asked for (trace.auto)."""
 
-_STEP_WINDOW = re.compile(r"step-(\d{6,})-\d{6,}(?:-(.+))?")
+_STEP_WINDOW = re.compile(r"step-(\d{6,})-(\d{6,})(?:-(.+))?")
 
 
 def trigger_tag(trigger_id: str) -> str:
@@ -134,7 +146,15 @@ def window_key(name: str) -> tuple[int, str] | None:
     match = _STEP_WINDOW.fullmatch(name)
     if match is None:
         return None
-    return int(match.group(1)), match.group(2) or ""
+    return int(match.group(1)), match.group(3) or ""
+
+
+def window_steps(name: str) -> tuple[int, int] | None:
+    """(first, last) step a step window's name says it holds; None for another name."""
+    match = _STEP_WINDOW.fullmatch(name)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2))
 
 
 def phase_window_name(phase: str, invocation: int) -> str:
@@ -259,14 +279,23 @@ class RunDir:
 
     Lists names only; reading a file and judging its content is the caller's. Files
     being written (hidden names) are never listed, and listings are sorted, so ranks
-    come in order. A missing folder lists as empty.
+    come in order. A missing folder lists as empty. Only regular files (links to them
+    too) are listed: an entry named like a file that is something else (a FIFO, a
+    folder, a link that leads nowhere or in a loop), and a folder that cannot be
+    listed, is passed over and kept in `left_out` for the caller to say.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._left_out: dict[Path, str] = {}
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.root)!r})"
+
+    @property
+    def left_out(self) -> list[str]:
+        """What the listings so far passed over, one line each: "PATH: why"."""
+        return [f"{path}: {why}" for path, why in self._left_out.items()]
 
     @staticmethod
     def looks_like(path: str | os.PathLike[str]) -> bool:
@@ -296,13 +325,14 @@ class RunDir:
 
     def misnamed_timings(self) -> list[Path]:
         """Files in timings/ named like a rank's (`rank-*.jsonl`) whose name gives no rank."""
-        return [
-            path
-            for path in _entries(self.timings_dir)
-            if path.name.startswith("rank-")
-            and path.name.endswith(TIMINGS_SUFFIX)
-            and rank_of_file(path.name, TIMINGS_SUFFIX) is None
-        ]
+        return self._files(
+            self.timings_dir,
+            lambda name: (
+                name.startswith("rank-")
+                and name.endswith(TIMINGS_SUFFIX)
+                and rank_of_file(name, TIMINGS_SUFFIX) is None
+            ),
+        )
 
     def auto_records(self) -> list[RankFile]:
         """auto/rank-NNNNN.jsonl."""
@@ -310,7 +340,7 @@ class RunDir:
 
     def windows(self) -> list[str]:
         """The names of the windows that traces/ holds a folder for."""
-        return [path.name for path in _entries(self.root / TRACES) if path.is_dir()]
+        return [path.name for path in _entries(self.root / TRACES, self._note) if path.is_dir()]
 
     def traces(self, window: str | None = None) -> list[TraceFile]:
         """Every trace under traces/ (those of `window` alone, if given), rank from its name.
@@ -319,13 +349,7 @@ class RunDir:
         is not a summary: a trace a user put there, ranked by `rank_of_file`.
         """
         top = self.root / TRACES if window is None else self.root / TRACES / window
-        return [
-            TraceFile(rank_of_file(path.name), path, path.parent.name)
-            for path in sorted(top.rglob("*") if top.is_dir() else ())
-            if is_trace_name(path.name)
-            and path.is_file()
-            and (window is None or path.parent.name == window)
-        ]
+        return traces_under(top, window, self._note)
 
     def summaries(self, window: str | None = None) -> list[RankFile]:
         """traces/<window>/rank-NNNNN.summary.json."""
@@ -341,11 +365,7 @@ class RunDir:
 
     def triggers(self) -> list[Path]:
         """triggers/<id>.json."""
-        return [
-            path
-            for path in _entries(self.triggers_dir)
-            if path.name.endswith(TRIGGER_SUFFIX) and not path.is_dir()
-        ]
+        return self._files(self.triggers_dir, lambda name: name.endswith(TRIGGER_SUFFIX))
 
     def trigger_answers(self, trigger_id: str | None = None) -> list[RankFile]:
         """triggers/<id>/rank-NNNNN.json: every rank's answer (to one trigger, if given)."""
@@ -358,7 +378,9 @@ class RunDir:
         named = [
             name
             for name in {
-                folder.name for top in (TRACES, NSYS) for folder in _entries(self.root / top)
+                folder.name
+                for top in (TRACES, NSYS)
+                for folder in _entries(self.root / top, self._note)
             }
             if name == window or (key is not None and window_key(name) == key)
         ]
@@ -380,16 +402,32 @@ class RunDir:
                 return trace.with_name(f"{rank_name(rank)}{_SUMMARY_SUFFIX}")
         return None
 
+    def _note(self, path: Path, why: str) -> None:
+        self._left_out.setdefault(path, why)
+
+    def _regular(self, path: Path) -> bool:
+        """True for a regular file (or a link to one); anything else is noted."""
+        why = not_regular(path)
+        if why is not None:
+            self._note(path, why)
+        return why is None
+
+    def _files(self, folder: Path, wanted: Callable[[str], bool]) -> list[Path]:
+        """The regular files in `folder` whose name is `wanted`."""
+        return [p for p in _entries(folder, self._note) if wanted(p.name) and self._regular(p)]
+
     def _ranked(self, folder: Path, suffix: str, within: str | None = None) -> list[RankFile]:
         out = []
-        for path in _entries(folder):
+        for path in _entries(folder, self._note):
             rank = rank_of_file(path.name, suffix)
-            if rank is not None:
+            if rank is not None and self._regular(path):
                 out.append(RankFile(rank, path, within))
         return out
 
     def _in_windows(self, top: str, suffix: str, only: str | None = None) -> list[RankFile]:
-        folders = _entries(self.root / top) if only is None else [self.root / top / only]
+        folders = (
+            _entries(self.root / top, self._note) if only is None else [self.root / top / only]
+        )
         out: list[RankFile] = []
         for folder in folders:
             if folder.is_dir():
@@ -404,10 +442,124 @@ def is_trace_name(name: str) -> bool:
     return name.endswith((".json", ".json.gz"))
 
 
-def _entries(folder: Path) -> list[Path]:
-    """The entries of `folder` that are not being written, sorted; none if it is missing."""
+def is_window_folder(folder: str | os.PathLike[str]) -> bool:
+    """A window's folder in a run directory (traces/<window>): one trace per rank there.
+    A folder of traces gathered from elsewhere may hold several jobs' rank 0."""
+    return Path(folder).parent.name == TRACES
+
+
+def traces_under(
+    folder: str | os.PathLike[str],
+    window: str | None = None,
+    note: Callable[[Path, str], None] | None = None,
+) -> list[TraceFile]:
+    """Every trace at any depth under `folder` (in a folder named `window` alone, if given).
+
+    A name `is_trace_name` accepts that is not a regular file, a link in a loop, and a
+    folder that cannot be listed, is told to `note` (path, why) and not listed. Links
+    are followed, each folder read once however many links lead to it.
+    """
+    out = []
+    seen: set[tuple[int, int]] = set()
+    pending = deque([Path(folder)])  # breadth first: the first name in order reads a folder
+    while pending:
+        top = pending.popleft()
+        with contextlib.suppress(OSError):
+            info = os.stat(top)
+            if (info.st_dev, info.st_ino) in seen:
+                continue
+            seen.add((info.st_dev, info.st_ino))
+        for path in _entries(top, note):
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                mode = 0  # a link in a loop or to nothing: not_regular says which
+            if stat.S_ISDIR(mode):
+                pending.append(path)
+            named = is_trace_name(path.name) and (window is None or path.parent.name == window)
+            if named and stat.S_ISREG(mode):
+                out.append(TraceFile(rank_of_file(path.name), path, path.parent.name))
+            elif named or mode == 0:
+                why = not_regular(path)
+                # A loop is never meant: said whatever its name (a window's, most likely),
+                # but for a summary's, which the reader of summaries says.
+                loop = why == _LOOP and not path.name.endswith(_SUMMARY_SUFFIX)
+                if why is not None and note is not None and (named or loop):
+                    note(path, why)
+    return sorted(out, key=lambda trace: trace.path)
+
+
+def not_regular(path: str | os.PathLike[str]) -> str | None:
+    """What is wrong with reading `path` as a file ("not a regular file (a FIFO)", "a
+    symlink loop", ...); None for a regular file, or a link to one."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a broken symlink" if os.path.islink(path) else "no such file"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return _LOOP
+        return f"cannot read ({exc.strerror or exc})"
+    return _not_regular_mode(mode)
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """`path` open for binary reading when it is a regular file (or a link to one).
+
+    Anything else is a TraceError naming it ("PATH: not a regular file (a FIFO)"),
+    found without blocking: a FIFO is opened non-blocking and looked at, never read.
+    OSError where it cannot be opened at all (missing, no permission, a link loop).
+    """
+    fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
+    try:
+        why = _not_regular_mode(os.fstat(fd).st_mode)
+        if why is not None:
+            raise TraceError(f"{os.fspath(path)}: {why}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_LOOP = "a symlink loop"
+_NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _not_regular_mode(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((what for test, what in _KINDS if test(mode)), "another kind of entry")
+    return f"not a regular file ({kind})"
+
+
+def _entries(folder: Path, note: Callable[[Path, str], None] | None = None) -> list[Path]:
+    """The entries of `folder` that are not being written, sorted; none if it is missing.
+
+    A folder that is there but cannot be listed (a file, a link in a loop, no
+    permission) lists as empty too, and is told to `note`.
+    """
     try:
         names = sorted(os.listdir(folder))
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
+        if note is not None and os.path.islink(folder):
+            note(folder, "a broken symlink")
+        return []
+    except NotADirectoryError:
+        if note is not None and os.path.isfile(folder):  # not when a folder above is a file
+            note(folder, "not a directory (a regular file)")
+        return []
+    except OSError as exc:
+        if note is not None:
+            why = "a symlink loop" if exc.errno == errno.ELOOP else f"cannot list ({exc.strerror})"
+            note(folder, why)
         return []
     return [folder / name for name in names if not is_temp(name)]

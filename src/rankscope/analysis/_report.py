@@ -215,12 +215,17 @@ def _breakdown(m: PhaseMatrices) -> dict[str, Any]:
 
 
 def _kernels(root: Path, progress: Progress | None) -> dict[str, Any]:
-    traces = find_traces([root])
+    skipped: list[str] = []  # with what looked like a trace and is not (a FIFO, a folder)
+    try:
+        traces = find_traces([root], left_out=skipped)
+    except TraceError:
+        if not skipped:
+            raise
+        return {"windows": [], "skipped": skipped}
     windows: dict[str, list[Path]] = {}
     for path in traces:
         windows.setdefault(path.parent.name, []).append(path)
     out: list[dict[str, Any]] = []
-    skipped: list[str] = []
     done = 0
     for window, paths in sorted(windows.items()):
         try:
@@ -299,8 +304,9 @@ def _why_captured(root: Path, skipped: list[str]) -> dict[str, list[str]]:
         why.setdefault(window, []).append(
             f"rankscope trigger {trigger} asked for it ({format_ranks(ranks)})"
         )
+    skipped.extend(run.left_out)  # an auto record or answer that is not a regular file
     signalled: dict[str, list[int]] = {}
-    for trace in run.traces():
+    for trace in RunDir(root).traces():  # what it leaves out, _kernels has said
         key = window_key(trace.window)
         if key is not None and key[1] == SIGNAL_TAG and trace.rank is not None:
             signalled.setdefault(trace.window, []).append(trace.rank)
@@ -340,6 +346,7 @@ def _other_captures(root: Path, skipped: list[str]) -> dict[str, list[dict[str, 
         )
         entry["ranks"].append(rank)
         entry["bytes"] += size
+    skipped.extend(run.left_out)  # a range or snapshot that is not a regular file
     return {"nsys": list(nsys.values()), "memory": list(memory.values())}
 
 

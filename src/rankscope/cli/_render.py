@@ -238,6 +238,8 @@ def kernels(found: KernelReport, top: int) -> None:
         _console.print(_items_table(table.items[:top], title))
         if len(table.items) > top:
             _console.print(f"  ... {len(table.items) - top} more (--top N, or --json)")
+    for note in found.notes:
+        _console.print(Text(f"note: {note}", style="yellow"))
     _skipped(found.skipped)
 
 
@@ -249,6 +251,15 @@ def merged(result: Any) -> None:
             f"into {data['output']}"
         )
     )
+    for entry in data.get("inputs", []):
+        if entry.get("not_finite"):
+            _console.print(
+                Text(
+                    f"{entry['source']}: {entry['not_finite']} event(s) held NaN or Infinity, "
+                    "written as null (JSON has no word for them)",
+                    style="yellow",
+                )
+            )
     _console.print(
         "Open it at https://ui.perfetto.dev ('Open trace file'); each rank is its own group."
     )

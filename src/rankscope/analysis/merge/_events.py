@@ -5,6 +5,7 @@ This is the merge's one hot path, and the job a worker process runs (`_read_inpu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -45,7 +46,11 @@ class _RankEvents:
         self._thread_meta: dict[tuple[Any, Any], dict[str, Any]] = {}
         self._process_meta: dict[Any, dict[str, Any]] = {}
         self._batch: list[dict[str, Any]] = []
-        self._encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+        # NaN and Infinity are not JSON (Perfetto refuses the file): see _flush.
+        self._encode = json.JSONEncoder(
+            separators=(",", ":"), check_circular=False, allow_nan=False
+        ).encode
+        self._not_finite = 0
         self._first_ts: float | None = None
         self._absorbed = 0
         self._flushed = 0
@@ -65,6 +70,7 @@ class _RankEvents:
         other_id = self._id
         flow_id = self._flow_id
         rare = self._rare
+        far = self._far_ts
         meta_names = _META_ARG
         span = _ID_SPAN
 
@@ -85,17 +91,18 @@ class _RankEvents:
             event["tid"] = tid
             if shift:
                 ts = event.get("ts")
-                if ts.__class__ is float and ts - ts == 0:  # finite: nan and inf stay
+                if ts.__class__ is float and -1e12 < ts < 1e12:  # nan and inf stay
                     # Whole ns, divided once: the float nearest the 3-decimal value, no noise.
-                    if -1e12 < ts < 1e12:
-                        event["ts"] = (round(ts * 1000) + shift) / 1000
-                    else:  # absolute us, beyond what ts * 1000 holds: read it as written
-                        ns = int((Decimal(repr(ts)) * 1000).to_integral_value())
-                        event["ts"] = (ns + shift) / 1000
-                elif ts.__class__ is int:
-                    event["ts"] = (
-                        ts + whole_us if whole_us is not None else (ts * 1000 + shift) / 1000
-                    )
+                    event["ts"] = (round(ts * 1000) + shift) / 1000
+                elif ts.__class__ is int:  # older Kineto writes every ts so
+                    try:  # noqa: SIM105 - a try costs nothing here; suppress() is a call per event
+                        event["ts"] = (
+                            ts + whole_us if whole_us is not None else (ts * 1000 + shift) / 1000
+                        )
+                    except OverflowError:  # past what a float holds: kept as written
+                        pass
+                elif ts.__class__ is float:
+                    far(event, ts)
             if "id" in event:
                 event["id"] = flow_id(event["id"])
             args = event.get("args")
@@ -138,6 +145,7 @@ class _RankEvents:
                     "deviceProperties": meta.get("deviceProperties"),
                     "read": read,
                     "written": self._flushed,
+                    "not_finite": self._not_finite,
                 },
             )
         )
@@ -147,8 +155,15 @@ class _RankEvents:
         if not batch:
             return
         if self._first_ts is None:
-            self._first_ts = next((e["ts"] for e in batch if _is_number(e.get("ts"))), None)
-        text = self._encode(batch)
+            self._first_ts = next((e["ts"] for e in batch if _is_time(e.get("ts"))), None)
+        try:
+            text = self._encode(batch)
+        except ValueError:  # a NaN or an infinity, which JSON has no word for: null instead
+            finite = [_finite(event) for event in batch]
+            self._not_finite += sum(new != old for new, old in zip(finite, batch, strict=True))
+            text = self._encode(finite)
+        except RecursionError:
+            raise TraceError(f"{self._job.source}: an event nested too deep to write") from None
         self._flushed += len(batch)
         batch.clear()
         self._send(("chunk", self._job.index, text.encode(), self._flushed + self._absorbed))
@@ -168,6 +183,15 @@ class _RankEvents:
             if number < _ID_SPAN:
                 return number + self._id_base
         return self._id(value)
+
+    def _far_ts(self, event: dict[str, Any], ts: float) -> None:
+        """Shift a float ts beyond what ts * 1000 holds exactly (absolute us), read as
+        written; NaN, infinity and a ts a float cannot shift stay as written."""
+        if ts - ts != 0:
+            return  # nan, inf
+        with contextlib.suppress(OverflowError):
+            ns = int((Decimal(repr(ts)) * 1000).to_integral_value())
+            event["ts"] = (ns + self._job.shift_ns) / 1000
 
     def _rare(self, event: dict[str, Any]) -> None:
         if event.get("s") == "g":
@@ -261,8 +285,24 @@ def _text(value: Any) -> str:
 
 
 def _sort_key(value: Any) -> tuple[int, float]:
-    # Numbers first, in order; anything else (string pids, none) after them.
-    return (0, float(value)) if _is_number(value) else (1, 0.0)
+    # Numbers first, in order; anything else (string pids, none, nan, 10**400) after them.
+    return (0, float(value)) if _is_time(value) else (1, 0.0)
+
+
+def _is_time(value: Any) -> bool:
+    """A number a float holds and JSON writes: not nan, not infinite, not 10**400."""
+    return _is_number(value) and -1e300 < value < 1e300
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN and infinity in it made None (null)."""
+    if value.__class__ is float:
+        return value if value - value == 0 else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _hashable(value: Any) -> Any:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..._layout import open_regular
 from ..read._stream import scan_trace
 
 _READ_CHUNK = 256 << 10
@@ -92,7 +93,7 @@ def _read_header_fast(source: str) -> tuple[_Header, bool]:
     before: dict[str, Any] | None = None
     tail: deque[bytes] = deque()
     tail_bytes = json_bytes = 0
-    with open(source, "rb") as raw:
+    with open_regular(source) as raw:
         size = os.fstat(raw.fileno()).st_size
         compressed = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
@@ -159,7 +160,7 @@ def _fields_before_events(text: str) -> dict[str, Any] | None:
                 # No traceEvents in the whole text: not a trace, which the full read says.
                 return None
             pos += 1
-    except ValueError:  # invalid, or runs past the head: the full read will tell
+    except (ValueError, RecursionError):  # invalid, or runs past the head: the full read tells
         return None
 
 
@@ -179,7 +180,7 @@ def _last_top_level_value(text: str, key: str) -> Any:
             continue  # an escaped quote: inside a string
         try:
             value, end = _DECODER.raw_decode(text, match.end())
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if _closes_object(text, end):
             return value
@@ -199,5 +200,5 @@ def _closes_object(text: str, pos: int) -> bool:
             if not isinstance(key, str) or not text.startswith(":", pos):
                 return False
             _, pos = _DECODER.raw_decode(text, _ws(text, pos + 1))
-    except ValueError:
+    except (ValueError, RecursionError):
         return False

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import ConfigError, TraceError
+from ..._layout import not_regular, open_regular
 from .._parallel import LaneWorkers, worker_count
 from ._events import _read_input
 from ._header import _is_int, _read_header
@@ -36,14 +37,12 @@ def merge_traces(
     `ranks` gives each input's rank (overriding what the file says). `progress` is
     called with the input bytes read so far (as stored; the total is the sum of the
     files' sizes). A bad or missing input, two inputs of one rank, or an input whose
-    rank cannot be told raise TraceError naming the file; nothing is written then.
+    rank cannot be told raise TraceError naming the file; nothing is written then. So
+    does an input that is not a regular file (a FIFO is never opened), and an `output`
+    that is one of the inputs under any name (a link, a hard link): it is left as it is.
     """
     sources = _check_inputs(inputs, ranks)
-    final = Path(output)
-    if not final.parent.is_dir():
-        raise TraceError(f"{final}: cannot write: directory {final.parent} does not exist")
-    if final.is_dir():
-        raise TraceError(f"{final}: cannot write: it is a directory")
+    final = _check_output(Path(output), sources)
     lanes = _lane_count(sources)
     workers = _start_workers(lanes)  # they start up while the headers are read
     try:
@@ -90,7 +89,32 @@ def _check_inputs(
         for rank in given:
             if not _is_int(rank) or not 0 <= rank < _RANK_LIMIT:
                 raise ConfigError("ranks", given, f"whole numbers in 0..{_RANK_LIMIT - 1}")
+    for source in sources:
+        why = not_regular(source)
+        if why is not None:
+            raise TraceError(f"{source}: {why}")
     return sources
+
+
+def _check_output(final: Path, sources: list[str]) -> Path:
+    """`final`, where the merge may write it: a new name, or a file that no input is."""
+    if not final.parent.is_dir():
+        raise TraceError(f"{final}: cannot write: directory {final.parent} does not exist")
+    if final.is_dir():
+        raise TraceError(f"{final}: cannot write: it is a directory")
+    try:
+        out = final.stat()
+    except OSError:
+        return final  # not there yet (or a broken link, which the merge replaces)
+    for source in sources:
+        with contextlib.suppress(OSError):
+            info = os.stat(source)
+            if (info.st_dev, info.st_ino) == (out.st_dev, out.st_ino):
+                raise TraceError(
+                    f"{final}: is the input {source} (the same file); the merge will not "
+                    "overwrite its input: choose another output"
+                )
+    return final
 
 
 def _lane_count(sources: list[str]) -> int:
@@ -102,7 +126,7 @@ def _json_bytes(sources: list[str]) -> int:
     """About how much JSON the inputs hold, from their sizes alone."""
     json_bytes = 0
     for source in sources:
-        with contextlib.suppress(OSError), open(source, "rb") as raw:
+        with contextlib.suppress(OSError, TraceError), open_regular(source) as raw:
             packed = raw.read(2) == b"\x1f\x8b"
             json_bytes += os.fstat(raw.fileno()).st_size * (_GZIP_RATIO if packed else 1)
     return json_bytes

@@ -28,6 +28,8 @@ class MergedInput:
     """Size of the file as stored (compressed or not)."""
     json_bytes: int
     """Size of its JSON text, uncompressed."""
+    not_finite: int = 0
+    """Events holding a NaN or an infinity, written with null there (JSON has neither)."""
 
 
 @dataclass(frozen=True)

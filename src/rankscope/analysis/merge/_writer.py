@@ -145,6 +145,7 @@ class _Merger:
                     events=info["read"],
                     bytes_read=header.size,
                     json_bytes=header.json_bytes,
+                    not_finite=info["not_finite"],
                 )
             )
         tail = json.dumps({"rankscope": {"version": 1, "merged": merged}})

@@ -5,6 +5,8 @@ Imports no torch: analysis runs anywhere.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -13,16 +15,29 @@ from typing import Any
 from ._stream import scan_trace
 
 __all__ = [
+    "MAX_DUR_US",
     "SUMMARY_VERSION",
     "kernel_category",
+    "left_out_lines",
     "load_trace",
     "scan_trace",
     "summarize_events",
     "summarize_trace",
+    "summary_problem",
 ]
 
 SUMMARY_VERSION = 2
 _NUMBER = (int, float)
+# The events a summary counts, by "cat"; a tuple, not a set: a list as cat must not raise.
+_COUNTED = ("kernel", "cpu_op", "gpu_memcpy", "gpu_memset")
+MAX_DUR_US = 1e15
+"""A dur at or past this (31 years) is not a time: the event is left out and counted."""
+_MAX_TS_US = 1e18
+_FAULTS = {
+    "dur": "a bad dur (not a number from 0 to 1e15 us)",
+    "ts": "a bad ts (not a finite number)",
+    "name": "a bad name (not a string)",
+}
 
 
 def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -56,7 +71,9 @@ def summarize_events(events: Iterable[object]) -> dict[str, Any]:
     `categories` adds kernel time by kind of work (computation, communication) and the
     device's memcpy and memset time. A trace with no GPU kernels (CPU only) is
     summarised per CPU op by self time instead: an op's own time, the ops nested inside
-    it on the same thread taken out, so nothing is counted twice.
+    it on the same thread taken out, so nothing is counted twice. Events that would
+    count but cannot (a dur that is not a time, a name that is not a string) are left
+    out and counted per field under `left_out` (absent when none are).
     """
     table = _SummaryTable()
     for event in events:
@@ -82,28 +99,45 @@ class _SummaryTable:
         self.op_name: list[int] = []
         self._threads: dict[tuple[str, str], int] = {}
         self._names: dict[str, int] = {}
+        self.bad: dict[tuple[str, str], int] = {}
+        """Events left out, per (cat, field at fault)."""
 
     def add(self, ev: object) -> None:
         # Called once per event of traces with millions: checks are ordered by how
-        # often they end the work, and `type(x) in _NUMBER` also rejects bools.
+        # often they end the work, and `type(x) in _NUMBER` also rejects bools. A
+        # comparison chain is false for NaN and too-large ints alike, and never raises.
         if type(ev) is not dict or ev.get("ph") != "X":
             return
+        cat = ev.get("cat")
+        if cat not in _COUNTED:
+            return
         dur: Any = ev.get("dur")
-        name, cat = ev.get("name"), ev.get("cat")
-        if type(dur) not in _NUMBER or type(name) is not str:
+        if type(dur) not in _NUMBER or not 0 <= dur < MAX_DUR_US:
+            self._bad(cat, "dur")
+            return
+        name = ev.get("name")
+        if type(name) is not str:
+            self._bad(cat, "name")
             return
         if cat == "kernel":
             _add_stat(self.kernels, name, float(dur))
         elif cat == "cpu_op":
+            if self.kernels:
+                return
             ts: Any = ev.get("ts")
-            if type(ts) in _NUMBER and not self.kernels:
-                thread = (str(ev.get("pid")), str(ev.get("tid")))
-                self.op_thread.append(self._threads.setdefault(thread, len(self._threads)))
-                self.op_ts.append(float(ts))
-                self.op_dur.append(float(dur))
-                self.op_name.append(self._names.setdefault(name, len(self._names)))
-        elif cat in ("gpu_memcpy", "gpu_memset"):
+            if type(ts) not in _NUMBER or not -_MAX_TS_US < ts < _MAX_TS_US:
+                self._bad(cat, "ts")
+                return
+            thread = (str(ev.get("pid")), str(ev.get("tid")))
+            self.op_thread.append(self._threads.setdefault(thread, len(self._threads)))
+            self.op_ts.append(float(ts))
+            self.op_dur.append(float(dur))
+            self.op_name.append(self._names.setdefault(name, len(self._names)))
+        else:
             _add_stat(self.memory, "memcpy" if cat == "gpu_memcpy" else "memset", float(dur))
+
+    def _bad(self, cat: str, field: str) -> None:
+        self.bad[cat, field] = self.bad.get((cat, field), 0) + 1
 
     def result(self) -> dict[str, Any]:
         if self.kernels:
@@ -114,12 +148,24 @@ class _SummaryTable:
                 row[1] += total
                 row[2], row[3] = min(row[2], lo), max(row[3], hi)
             categories.update(self.memory)
-            return {
+            out = {
                 "kind": "gpu_kernels",
                 **_table(self.kernels),
                 "categories": _table(categories)["items"],
             }
-        return {"kind": "cpu_ops", **_table(self._self_times()), "categories": []}
+        else:
+            out = {"kind": "cpu_ops", **_table(self._self_times()), "categories": []}
+        # Only what the table would have counted: a GPU trace's CPU ops are not in it.
+        counted = (
+            ("cpu_op",) if out["kind"] == "cpu_ops" else ("kernel", "gpu_memcpy", "gpu_memset")
+        )
+        left_out: dict[str, int] = {}
+        for (cat, field), events in sorted(self.bad.items()):
+            if cat in counted:
+                left_out[field] = left_out.get(field, 0) + events
+        if left_out:
+            out["left_out"] = left_out
+        return out
 
     def _self_times(self) -> dict[str, list[float]]:
         names = list(self._names)
@@ -127,6 +173,14 @@ class _SummaryTable:
         for name, own in _self_times(self.op_thread, self.op_ts, self.op_dur, self.op_name):
             _add_stat(stats, names[name], own)
         return stats
+
+
+def left_out_lines(left_out: Mapping[str, int]) -> list[str]:
+    """What a summary's `left_out` counts, in words: "3 events with a bad dur (...) left out"."""
+    return [
+        f"{events} event{'s' if events != 1 else ''} with {_FAULTS.get(field, f'a bad {field}')} left out"
+        for field, events in left_out.items()
+    ]
 
 
 def _add_stat(stats: dict[str, list[float]], name: str, dur: float) -> None:
@@ -187,3 +241,86 @@ def _table(by_name: dict[str, list[float]]) -> dict[str, Any]:
         "total_us": total,
         "items": items,
     }
+
+
+# -- checking a summary read back from a file ---------------------------------------------
+
+_MAX_TOTAL_US = 1e18  # any sum of times a trace holds stays below this
+_ROW_TIMES = ("total_us", "min_us", "max_us")
+
+
+def summary_problem(  # noqa: PLR0911 - a return per check
+    data: Mapping[str, Any], name_rank: int | None = None
+) -> str | None:
+    """What makes `data` (a summary of this version, read back from its file) unusable, in
+    words; None when its figures can be summed as they are.
+
+    `name_rank` is the rank its trace's name gives: a summary saying another rank is
+    not of that trace. Every number is checked to be one (no NaN, no string), the rows
+    to add up to the totals, so a table built from summaries holds only finite figures.
+    """
+    kind = data.get("kind")
+    if kind not in ("gpu_kernels", "cpu_ops"):
+        return f"kind is {_shown(kind)}, not gpu_kernels or cpu_ops"
+    rank = data.get("rank")
+    if rank is not None and (not _is_count(rank) or rank >= 1 << 31):
+        return f"rank is {_shown(rank)}, not a rank"
+    if rank is not None and name_rank is not None and rank != name_rank:
+        return f"it says rank {rank}, its name rank {name_rank}"
+    for key in ("count", "total_us"):
+        value = data.get(key)
+        if not (_is_count(value) if key == "count" else _is_total(value)):
+            what = "a whole number >= 0" if key == "count" else "a time in us >= 0"
+            return f"{key} is {_shown(value)}, not {what}"
+    for key in ("items", "categories"):
+        problem = _rows_problem(key, data.get(key))
+        if problem is not None:
+            return problem
+    items = data["items"]
+    if sum(item["count"] for item in items) != data["count"]:
+        return "its items' counts do not add up to its count"
+    if not math.isclose(
+        sum(item["total_us"] for item in items), data["total_us"], rel_tol=1e-6, abs_tol=1e-3
+    ):
+        return "its items' times do not add up to its total_us"
+    left_out = data.get("left_out", {})
+    if not isinstance(left_out, dict) or not all(
+        isinstance(k, str) and _is_count(v) for k, v in left_out.items()
+    ):
+        return f"left_out is {_shown(left_out)}, not counts of events"
+    return None
+
+
+def _rows_problem(key: str, rows: Any) -> str | None:  # noqa: PLR0911 - a return per check
+    if not isinstance(rows, list):
+        return f"{key} is {_shown(rows)}, not a list"
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            return f"{key}[{number}] is {_shown(row)}, not an object"
+        if not isinstance(row.get("name"), str):
+            return f"{key}[{number}].name is {_shown(row.get('name'))}, not a string"
+        if not _is_count(row.get("count")) or row["count"] < 1:
+            return f"{key}[{number}].count is {_shown(row.get('count'))}, not a whole number >= 1"
+        for field in _ROW_TIMES:
+            if not _is_total(row.get(field)):
+                return f"{key}[{number}].{field} is {_shown(row.get(field))}, not a time in us >= 0"
+        if not row["min_us"] <= row["max_us"] <= row["total_us"] * (1 + 1e-9):
+            return f"{key}[{number}]: min_us, max_us and total_us disagree"
+    return None
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_total(value: object) -> bool:
+    return type(value) in _NUMBER and 0 <= value < _MAX_TOTAL_US  # type: ignore[operator]
+
+
+def _shown(value: object) -> str:
+    """`value` as JSON for a message, cut short: a file may hold a value of any size."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."

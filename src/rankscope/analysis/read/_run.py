@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import TraceError
-from ..._layout import META, RunDir
+from ..._layout import META, RunDir, open_regular
 from ..._text import format_ranks
 
 __all__ = ["RunMeta", "read_run_meta"]
@@ -76,14 +76,18 @@ def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
     meta: dict[int, dict[str, Any]] = {}
     skipped: list[str] = []
     sizes: set[int] = set()
-    for found in RunDir(root).meta():
+    run = RunDir(root)
+    for found in run.meta():
         path, rank = found.path, found.rank
         try:
-            with open(path, "rb") as fh:
+            with open_regular(path) as fh:
                 text = fh.read(_META_MAX + 1)
             if len(text) > _META_MAX:
                 raise ValueError(f"over {_META_MAX} bytes")
             data = json.loads(text)
+        except TraceError as exc:  # not a regular file after all (replaced since listed)
+            skipped.append(str(exc))
+            continue
         except (OSError, ValueError, RecursionError) as exc:
             skipped.append(f"{path}: not readable meta ({type(exc).__name__}: {exc})")
             continue
@@ -109,6 +113,7 @@ def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
                 )
             else:
                 sizes.add(size)
+    skipped.extend(run.left_out)  # a FIFO or a folder under a meta name
     if len(sizes) > 1:
         skipped.append(
             f"{root / META}: the ranks disagree on the world size ({sorted(sizes)}); using the largest"

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._errors import TraceError
+from ..._layout import open_regular
 
 __all__ = ["scan_trace"]
 
@@ -46,14 +47,14 @@ def scan_trace(
     """Call `visit` on every event (a dict) of the trace's traceEvents, in file order.
 
     Returns the other top-level fields (distributedInfo, baseTimeNanoseconds, ...).
-    Reads `.json` and `.json.gz` (detected by content). Any fault in the file is a
-    TraceError naming it; exceptions raised by `visit` pass through. `whole=False`
-    streams even small traces, for callers that read many files side by side in a
-    few MB each (the first 8 MB read at once would hold up the others).
+    Reads `.json` and `.json.gz` (detected by content); only a regular file is opened.
+    Any fault in the file is a TraceError naming it; exceptions raised by `visit` pass
+    through. `whole=False` streams even small traces, for callers that read many files
+    side by side in a few MB each (the first 8 MB read at once would hold up the others).
     """
     name = os.fspath(path)
     try:
-        with open(name, "rb") as raw:
+        with open_regular(name) as raw:
             compressed = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             read = gzip.GzipFile(fileobj=raw).read if compressed else raw.read
@@ -80,7 +81,7 @@ def _parse_whole(data: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]] | N
     """The events and other fields of a well-formed trace; None for anything else."""
     try:
         doc = json.loads(data.decode("utf-8"))
-    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, too deep
         return None
     if isinstance(doc, list):
         events, meta = doc, {}
@@ -208,6 +209,8 @@ class _Scanner:
             # A number has no closing mark: read on until something that cannot be part
             # of it follows, or the file ends, so a chunk boundary never splits it.
             while _NUMBER_CHARS.match(self._buf, self._pos).end() == len(self._buf):  # type: ignore[union-attr]
+                if len(self._buf) - self._pos > _MAX_VALUE:
+                    raise self._error("not a trace (a number of millions of digits)")
                 if not self._fill():
                     break
         while True:
@@ -222,6 +225,10 @@ class _Scanner:
                         raise self._error("truncated (the file ends inside the trace)") from None
                     raise self._error(f"not valid JSON ({exc.msg})") from None
                 continue
+            except ValueError:  # an integer of more digits than Python converts
+                raise self._error("not a trace (a number of thousands of digits)") from None
+            except RecursionError:
+                raise self._error("not a trace (values nested too deep)") from None
             self._pos = end
             return value
 

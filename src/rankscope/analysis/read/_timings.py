@@ -27,7 +27,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ..._errors import ConfigError, TraceError
-from ..._layout import TIMINGS_FILES, TIMINGS_SUFFIX, RunDir, rank_of_file, timing_path
+from ..._layout import (
+    TIMINGS_FILES,
+    TIMINGS_SUFFIX,
+    RunDir,
+    open_regular,
+    rank_of_file,
+    timing_path,
+)
 from .._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 
@@ -137,10 +144,11 @@ def read_timings(
     run = RunDir(root)
     files = sorted([found.path for found in run.timings()] + run.misnamed_timings())
     if not files:
-        raise TraceError(f"{root}: no timings (no {TIMINGS_FILES}; was the timer on?)")
+        said = "".join(f"; {line}" for line in run.left_out)
+        raise TraceError(f"{root}: no timings (no {TIMINGS_FILES}; was the timer on?){said}")
     ranks: dict[int, RankTimings] = {}
     claimed: dict[int, list[Path]] = {}
-    skipped: list[str] = []
+    skipped: list[str] = list(run.left_out)  # a FIFO or a folder under a timings name
     for path, result in zip(files, _read_all(files, progress, workers), strict=True):
         if isinstance(result, str):
             skipped.append(result)
@@ -176,7 +184,8 @@ def read_rank_timings(path: str | os.PathLike[str]) -> RankTimings:
         example = timing_path("", 3).name
         raise TraceError(f"{path}: not a timings file (expected a name like {example})")
     try:
-        data = path.read_bytes()
+        with open_regular(path) as fh:  # never blocks on a FIFO passed by name
+            data = fh.read()
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
     end = data.rfind(b"\n") + 1
