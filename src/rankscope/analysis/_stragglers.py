@@ -129,8 +129,16 @@ class StragglerReport:
             "findings": [f.to_dict() for f in self.findings],
         }
         if table:
-            out["table"] = [asdict(row) for row in self.table]
+            # Strict JSON: a ratio with no step to compare (a phase one rank alone has) is null.
+            out["table"] = [
+                {k: None if _not_finite(v) else v for k, v in asdict(row).items()}
+                for row in self.table
+            ]
         return out
+
+
+def _not_finite(value: object) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def find_stragglers(

@@ -76,7 +76,7 @@ class _RankEvents:
 
         def visit(event: Any) -> None:  # scan_trace hands out dicts only
             ph = event.get("ph")
-            if ph == "M" and event.get("name") in meta_names:
+            if ph == "M" and event.get("name").__class__ is str and event["name"] in meta_names:
                 absorb(event)
                 return
             key = (event.get("pid"), event.get("tid"))
