@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 import rankscope
 from rankscope import _attempt
+from rankscope._text import number_ranges
 from rankscope.analysis import build_report, read_timings
 from rankscope.analysis.read._attempts import AttemptMark
 from rankscope.cli import main
@@ -99,9 +100,63 @@ def test_an_attempt_is_picked_whole(tmp_path: Path) -> None:
     assert list(second.ranks) == [0] and (second.ranks[0].cpu_ms == 30.0).all()
     assert second.attempts.without == [1]
     assert second.attempts.note is not None
-    assert "attempt 2 is used (--attempt 2); rank 1 have no records" in second.attempts.note
+    assert "attempt 2 is used (--attempt 2); rank 1 has no records in it" in second.attempts.note
     with pytest.raises(rankscope.ConfigError, match=r"attempt=3 is not valid.*1 to 2"):
         read_timings(tmp_path, attempt=3)
+
+
+def _starts(root: Path, starts: list[tuple[int, str, int, int | None]]) -> None:
+    """Each (rank, token, started_ns offset in s, restart): one start of 3 steps."""
+    for rank, token, at, restart in starts:
+        lines = _attempt_lines(rank, token, range(3), 10.0 + at)
+        lines[0] = _opening(rank, token, 1_700_000_000_000_000_000 + at * 10**9, restart)
+        _write(root, rank, lines)
+
+
+FIRST = [(0, "a", 0, None), (1, "b", 1, None)]  # two ranks that start together
+
+
+@pytest.mark.parametrize(
+    ("starts", "ranks_of"),
+    [
+        # Rank 1 wrote nothing in the first attempt (killed before its first records).
+        ([(0, "a", 0, None), (0, "b", 900, None), (1, "c", 901, None)], ["0", "0-1"]),
+        # A job scaled up from 2 ranks to 3.
+        ([*FIRST, (0, "c", 900, None), (1, "d", 900, None), (2, "e", 901, None)], ["0-1", "0-2"]),
+        # The launcher tells them apart, however close their starts.
+        ([(0, "a", 0, 0), (0, "b", 5, 1), (1, "c", 6, 1)], ["0", "0-1"]),
+    ],
+)
+def test_a_ranks_attempts_are_matched_by_start_not_by_position(
+    tmp_path: Path, starts: list[tuple[int, str, int, int | None]], ranks_of: list[str]
+) -> None:
+    _starts(tmp_path, starts)
+    run = read_timings(tmp_path)
+    assert [a["ranks"] for a in run.attempts.described] == ranks_of
+    first = read_timings(tmp_path, attempt=1)
+    assert number_ranges(first.ranks) == ranks_of[0]
+    for timings in first.ranks.values():  # the records of starts at 0 and 1 s, not 900 s
+        assert (timings.cpu_ms <= 11.0).all()
+
+
+def test_steps_far_apart_are_never_taken_for_one(tmp_path: Path) -> None:
+    far = 2**62  # step x phases overflows an int64 key
+    for token, step in (("a", 0), ("b", far)):
+        lines = [_opening(0, token, 1_700_000_000_000_000_000)]
+        lines += [_record(0, step, p, 1.0, start_ns=1) for p in ("forward", "backward", "step")]
+        _write(tmp_path, 0, lines)
+    run = read_timings(tmp_path)
+    assert sorted(set(run.ranks[0].step.tolist())) == [0, far]
+    assert len(run.ranks[0]) == 6 and run.attempts.rerun_steps == []
+
+
+def test_a_record_that_names_its_attempt_is_a_record(tmp_path: Path) -> None:
+    lines = [_opening(0, "a", 1)] + [
+        _record(0, s, "forward", 1.0).replace('"v":1,"rank":0,', '"v":1,"rank":0,"attempt":"a",')
+        for s in range(4)
+    ]
+    _write(tmp_path, 0, lines)
+    assert len(read_timings(tmp_path).ranks[0]) == 4
 
 
 def test_one_process_starting_twice_is_one_attempt_and_an_old_file_is_one_more(
@@ -194,7 +249,10 @@ def test_rank_0_warns_once_when_another_job_writes_into_the_directory(
     said = warnings_of_a_start(TORCHELASTIC_RUN_ID="job2", TORCHELASTIC_RESTART_COUNT="0")
     assert len(said) == 1 and str(tmp_path) in said[0] and "new attempt" in said[0]
     assert len(warnings_of_a_start()) == 1  # a person running the script again
-    assert read_timings(tmp_path).attempts.count == 4
+    # torchrun without --rdzv-id: no job id, and its restarts are still restarts.
+    assert len(warnings_of_a_start(TORCHELASTIC_RESTART_COUNT="0")) == 1
+    assert warnings_of_a_start(TORCHELASTIC_RESTART_COUNT="1") == []
+    assert read_timings(tmp_path).attempts.count == 6
 
 
 # -- a real job, run twice into one directory ---------------------------------------------
@@ -274,19 +332,31 @@ def test_a_resumed_job_counts_from_its_checkpoint_step(tmp_path: Path, fresh_att
     assert sorted(timings.step[forward][second].tolist()) == list(range(6, 12))
 
 
-def test_a_resumed_capture_keeps_the_schedule_on_global_steps(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("first_step", "windows"),
+    [
+        (5, {"step-000006-000007": [6, 7], "step-000010-000011": [10, 11]}),
+        (6, {"step-000006-000007": [6, 7], "step-000010-000011": [10, 11]}),
+        # Resumed inside a window: it holds the steps from the resume on, and says so.
+        (7, {"step-000007-000007": [7], "step-000010-000011": [10, 11]}),
+    ],
+)
+def test_a_resumed_capture_keeps_the_schedule_on_global_steps(
+    tmp_path: Path, first_step: int, windows: dict[str, list[int]]
+) -> None:
     # wait 1, warm-up 1, record 2, again and again: steps 2-3, 6-7, 10-11 are recorded.
     schedule = rankscope.Schedule(wait=1, warmup=1, active=2, repeat=0)
     config = trace_config(tmp_path, schedule=schedule)
     model, opt = tiny_model()
-    with rankscope.Profiler(config, rank=0, world_size=1, first_step=5) as prof:
-        for _ in range(8):  # steps 5-12
+    with rankscope.Profiler(config, rank=0, world_size=1, first_step=first_step) as prof:
+        while prof._capture is not None and prof._capture._step < 12:  # through step 11
             tiny_step(model, opt, prof)
             prof.step()
-    windows = sorted(p.name for p in (tmp_path / "traces").iterdir())
-    assert windows == ["step-000006-000007", "step-000010-000011"]
-    trace = read_trace(tmp_path / "traces" / windows[0] / "rank-00000.pt.trace.json.gz")
-    assert profiler_steps(trace) == [6, 7]
+    found = {
+        window.name: profiler_steps(read_trace(window / "rank-00000.pt.trace.json.gz"))
+        for window in (tmp_path / "traces").iterdir()
+    }
+    assert found == windows
 
 
 def test_a_resumed_capture_past_its_schedule_holds_no_profiler(

@@ -173,3 +173,16 @@ def test_a_fifo_under_a_timings_or_meta_name_is_said_and_never_opened(
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         skipped = json.loads(done.stdout)["skipped"]
         assert f"{path}: not a regular file (a FIFO)" in skipped, skipped
+
+
+def test_a_temporary_a_killed_export_left_is_named(tmp_path: Path) -> None:
+    _run(tmp_path)
+    window = tmp_path / "traces" / "step-000003-000004"
+    window.mkdir(parents=True)
+    left = window / ".rank-00001.pt.trace.json.raw-4242.tmp.tmp"
+    left.write_text('{"traceEvents": [')  # cut short by a kill -9 mid-export
+    report = build_report(tmp_path)
+    assert [s for s in report["skipped"] if s.startswith(str(left))] == [
+        f"{left}: a temporary, not read (a write in progress, or one a killed process left: "
+        "its rank removes it when it starts again)"
+    ]

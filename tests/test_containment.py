@@ -434,6 +434,9 @@ def _plant(run: Path, outside: Path) -> dict[str, Path]:
     (outside / "kept").write_text("not rankscope's")
     link.symlink_to(outside, target_is_directory=True)
     stale["link"] = link
+    hour_ago = time.time() - 3600  # left by a process killed an hour ago
+    for path in stale.values():
+        os.utime(path, (hour_ago, hour_ago), follow_symlinks=False)
     return stale
 
 
@@ -447,6 +450,8 @@ def test_a_ranks_stale_temporaries_are_removed_when_it_starts(
         window / f".rank-00001.pt.trace.json.raw-{OTHER_PID}.tmp.tmp",  # another rank's
         window / ".rank-00000.pt.trace.json.gz",  # not a temporary name
         run / "triggers" / f".t2.json.{OTHER_PID}.tmp",  # the CLI's, not a rank's
+        # Changed just now: another job writing into the directory may be writing it.
+        window / f".rank-00000.summary.json.{OTHER_PID + 2}.tmp",
     ]
     for path in kept:
         path.write_text("keep")
@@ -471,6 +476,7 @@ def test_removing_stale_temporaries_looks_once_per_process(run: Path) -> None:
     first = run / "meta" / f".rank-00004.json.{OTHER_PID}.tmp"
     first.parent.mkdir()
     first.write_text("{")
+    os.utime(first, (time.time() - 3600, time.time() - 3600))
     assert remove_stale_temps(run, 4) == [str(first)]
     first.write_text("{")
     assert remove_stale_temps(run, 4) == []  # an earlier process's are gone already

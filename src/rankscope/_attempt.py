@@ -50,13 +50,19 @@ class Attempt:
     def same_job(self, earlier: dict[str, Any]) -> bool:
         """Whether `earlier` (an attempt's dict from a meta file) is an earlier start of this job.
 
-        Only a launcher's restart of one job id is: a start with restart count 0, or
-        without a job id, is a new launch even when it reuses the directory.
+        Only a launcher's restart is: this start's restart count is above 0 and above the
+        earlier one's, under the same launcher and job id (torchrun without --rdzv-id has
+        none: both None). A start with restart count 0, or no launcher, is a new launch
+        even when it reuses the directory.
         """
+        before = earlier.get("restart")
         return (
-            self.job is not None
+            self.launcher is not None
             and self.restart is not None
             and self.restart > 0
+            and isinstance(before, int)
+            and not isinstance(before, bool)
+            and before < self.restart
             and earlier.get("launcher") == self.launcher
             and earlier.get("job") == self.job
         )

@@ -211,7 +211,9 @@ def launcher_attempt(
         )
     if "SLURM_JOB_ID" in env:
         job = env["SLURM_JOB_ID"].strip()
-        return "slurm", job or None, _count(env, "SLURM_RESTART_COUNT") or 0
+        # SLURM sets the count only once it has requeued the job: absent, it is 0.
+        restart = _count(env, "SLURM_RESTART_COUNT") if "SLURM_RESTART_COUNT" in env else 0
+        return "slurm", job or None, restart
     return None
 
 

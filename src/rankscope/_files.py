@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import stat
+import time
 from pathlib import Path
 from typing import BinaryIO
 
@@ -57,7 +58,8 @@ _CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)  # never block on a FIFO planted at a name
 _DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NONBLOCK
+# Read too: the timer looks at the last byte (a torn line) through the same descriptor.
+_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC | _NONBLOCK
 _READ_FLAGS = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK
 _FILE_MODE = 0o666  # what open() asks for: the umask decides
 _DIR_MODE = 0o777  # what mkdir() asks for: the umask decides
@@ -413,8 +415,10 @@ def remove_stale_temps(run_dir: str | os.PathLike[str], rank: int) -> list[str]:
     A temporary is this rank's by its name (`.rank-NNNNN.*.tmp`), whichever host wrote
     it: a process id from another host means nothing here, and a rank's earlier process
     is gone when the rank starts again. Those whose tag holds this process's id may be
-    being written now and are left alone; so are other ranks' and everything else.
-    Never raises: what cannot be removed stays.
+    being written now and are left alone; so are those changed in the last minute (a
+    second job writing into the directory at the same time, which is allowed, writes
+    them now), other ranks' and everything else; the analysis names what stays. Never
+    raises: what cannot be removed stays.
     """
     mine = os.getpid()
     key = (os.path.abspath(run_dir), rank, mine)
@@ -469,12 +473,17 @@ def _names(folder: Folder) -> list[str]:
         return []
 
 
+_IN_USE_S = 60.0  # a temporary changed this recently may be another process's, being written
+
+
 def _remove_in(folder: Folder, prefix: str, mine: int) -> list[str]:
     removed = []
     for name in _names(folder):
         if not name.startswith(prefix) or _writer_pid(name) == mine or not name.endswith(".tmp"):
             continue
         try:
+            if time.time() - folder.lstat(name).st_mtime < _IN_USE_S:
+                continue
             folder.remove_temp(name)
         except OSError:
             continue

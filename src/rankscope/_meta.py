@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import platform
-import stat
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ._files import write_atomic
+from ._files import read_regular, write_atomic
 from ._layout import meta_path
 from ._ranks import RankInfo
 from ._version import __version__
@@ -57,15 +56,15 @@ def previous_attempt(run_dir: str, rank: int) -> dict[str, Any] | None:
 
     Never raises, and opens only a regular file.
     """
-    path = meta_path(run_dir, rank)
     try:
-        if not stat.S_ISREG(path.lstat().st_mode):
-            return None  # a link or a folder: no job's meta (writing it is refused and said)
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read(_META_MAX))
-    except FileNotFoundError:
+        # A link or anything but a regular file is no job's meta (writing it is refused
+        # and said); a FIFO is never waited on.
+        raw = read_regular(meta_path(run_dir, rank), _META_MAX)
+    except OSError:
         return None
-    except (OSError, ValueError, RecursionError):
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
         return {}
     attempt = data.get("attempt") if isinstance(data, dict) else None
     return attempt if isinstance(attempt, dict) else {}

@@ -109,6 +109,11 @@ def build_report(
         )
     if "kernels" in report:
         skipped.extend(report["kernels"].pop("skipped"))
+    skipped.extend(
+        f"{path}: a temporary, not read (a write in progress, or one a killed process left: "
+        "its rank removes it when it starts again)"
+        for path in RunDir(root).leftovers()
+    )
     report["skipped"] = skipped
     return report
 

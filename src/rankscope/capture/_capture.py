@@ -97,6 +97,7 @@ class TraceCapture(OneFault):
         self._wake_at = 0  # step() has nothing to do before this step (see _next_work)
         self._stopping = False
         self._resumed_past = False  # started (resumed) past the schedule's last window
+        self._first_step = 0  # a window that began before it recorded from it on only
         self._phase_calls = 0
         self._owner = threading.get_ident()  # the thread that drives torch.profiler
         self._export_error: Exception | None = None  # raised inside torch's on_trace_ready
@@ -122,7 +123,7 @@ class TraceCapture(OneFault):
     def start(self, first_step: int = 0) -> None:
         """Begin at `first_step`: a resumed job's global step (the schedule counts from 0)."""
         self._owner = threading.get_ident()
-        self._step = first_step
+        self._step = self._first_step = first_step
         if self._watch is not None:
             self._watch.step_began = time.perf_counter()
         if self._config.on_signal and self._target_phase is None:
@@ -385,7 +386,7 @@ class TraceCapture(OneFault):
         # It must not raise into torch: torch is midway through its own list of actions,
         # and cutting that list short leaves a profiler that crashes when stopped.
         last = self._step if self._stopping else self._step - 1
-        first = self._plan.window_start(last)
+        first = max(self._plan.window_start(last), self._first_step)
         asked = self._requests.by_first(first)
         try:
             if asked is None:

@@ -65,8 +65,13 @@ class ProfilerMaker:
         schedule = None
         if stepped:
             actions = {a: getattr(torch.profiler.ProfilerAction, a.name) for a in Action}
+            # torch asks for step 0 once, as it is made, and for step_num + 1 after each
+            # step(); a profiler made at a resumed job's first step (step_num set to it
+            # below) must answer that first question for that step, not for step 0.
+            made_at = step if base is None else 0
 
             def schedule(s: int) -> Any:
+                s = s or made_at
                 return actions[plan.action(s) if s >= live else Action.NONE]
 
         cfg = self._config

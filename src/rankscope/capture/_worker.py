@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from .._files import read_regular
 from ._finalize import FinalizeJob, discard, finalize
 
 __all__ = ["JobThread", "TraceFinalizer"]
@@ -158,10 +159,12 @@ class TraceFinalizer(JobThread[FinalizeJob]):
         return None
 
 
+_SUMMARY_MAX = 64 << 20  # a summary is a few hundred KB at most
+
+
 def _read_json(path: str) -> dict[str, Any] | None:
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+        data = json.loads(read_regular(path, _SUMMARY_MAX))  # never through a link
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None

@@ -106,7 +106,8 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
             logger.warning(
                 "rankscope: training began again with the same RankscopeCallback (a second "
                 "train(), or auto_find_batch_size retrying); its records go into %s with steps "
-                "counted from 0 again (give each train() its own callback and output_dir)",
+                "counted from the Trainer's global step again (give each train() its own callback "
+                "and output_dir)",
                 self.config.output_dir,
             )
         rank = args.process_index if self._rank is None else self._rank

@@ -108,7 +108,8 @@ class RankscopeCallback(Callback, CallbackRun):  # type: ignore[misc]
         if self.profiler is not None:
             logger.warning(
                 "rankscope: fit() called again with the same RankscopeCallback; its records "
-                "go into %s with steps counted from 0 again (give each run its own output_dir)",
+                "go into %s with steps counted from the trainer's global step again (give each run "
+                "its own output_dir)",
                 self.config.output_dir,
             )
         rank = trainer.global_rank if self._rank is None else self._rank

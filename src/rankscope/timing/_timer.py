@@ -336,11 +336,8 @@ class PhaseTimer:
         """A crash may have left half a line at the end: start ours on a line of their own."""
         file = self._file
         size = os.fstat(file.fileno()).st_size
-        if size:
-            with open(self.path, "rb") as fh:
-                fh.seek(size - 1)
-                if fh.read(1) != b"\n":
-                    file.write(b"\n")
+        if size and os.pread(file.fileno(), 1, size - 1) != b"\n":  # not by path: no link
+            file.write(b"\n")
 
     def forget_after_fork(self) -> None:
         """In a forked child: drop the parent's records unwritten and stop, silently."""

@@ -2,7 +2,8 @@
 
 A rank's timings file holds one attempt per process start (a line with `"attempt"`
 opens each; records before the first such line, from older versions, are an attempt
-too). The n-th attempt of every rank is the run's attempt n. No figure sums attempts:
+too). The ranks' starts are matched into the run's attempts (`run_attempts`). No
+figure sums attempts:
 by default the latest record of a (rank, step, phase) wins, so a step that ran again
 after a restart counts once, as it ran last; `pick` keeps one attempt instead.
 """
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..._text import format_ranks, number_ranges
 
-__all__ = ["AttemptMark", "Attempts", "mark_of", "resolve_attempts"]
+__all__ = ["AttemptMark", "Attempts", "mark_of", "resolve_attempts", "run_attempts"]
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ class Attempts:
         if self.used is not None:
             tail = f"attempt {self.used} is used (--attempt {self.used})"
             if self.without:
-                tail += f"; {format_ranks(self.without)} have no records in it"
+                none = "has" if len(self.without) == 1 else "have"
+                tail += f"; {format_ranks(self.without)} {none} no records in it"
             return f"{head}; {tail}"
         if not self.rerun_steps:
             return f"{head}; no step ran in more than one, so every record is used"
@@ -102,33 +104,80 @@ class Attempts:
 def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
     """Keep, in each rank's columns (RankTimings), the records the figures use; say what was seen.
 
+    Each rank's `attempt` column becomes the run's attempt (0-based, see `run_attempts`).
     Ranks left with no record (none in the picked attempt) are removed from `ranks`.
     """
-    out = Attempts(count=max((len(t.attempts) for t in ranks.values()), default=1))
-    out.described = _describe(ranks, out.count)
-    if pick is not None:
-        out.used = pick
-        for rank, timings in list(ranks.items()):
-            keep = timings.attempt == pick - 1
-            if not keep.all():
-                out.dropped += int((~keep).sum())
-                timings.keep(keep)
-            if len(timings) == 0:
-                del ranks[rank]
-                out.without.append(rank)
-        return out
+    groups, of_rank = run_attempts(ranks)
+    out = Attempts(count=max(len(groups), 1), described=_describe(groups))
     rerun: set[int] = set()
-    for timings in ranks.values():
-        if len(timings.attempts) < 2:
-            continue
-        keep, steps, times = _latest(timings.step, timings.phase, timings.attempt)
-        rerun.update(steps)
-        out.times = max(out.times, times)
-        if not keep.all():
+    for rank, timings in list(ranks.items()):
+        own = timings.attempt  # the rank's own attempts, in the order its file has them
+        if pick is not None:
+            keep = of_rank[rank][own] == pick - 1
+        elif len(timings.attempts) > 1:
+            keep, steps, times = _latest(timings.step, timings.phase, own)
+            rerun.update(steps)
+            out.times = max(out.times, times)
+        else:
+            keep = None
+        timings.attempt = of_rank[rank][own].astype(np.int32)
+        if keep is not None and not keep.all():
             out.dropped += int((~keep).sum())
             timings.keep(keep)
+        if len(timings) == 0:
+            del ranks[rank]
+            out.without.append(rank)
+    out.used = pick
     out.rerun_steps = sorted(rerun)
     return out
+
+
+# Ranks of one launch start within this of each other; starts further apart that no
+# launcher tells apart are two attempts.
+_ONE_LAUNCH_NS = 600 * 10**9
+
+
+def run_attempts(
+    ranks: dict[int, Any],
+) -> tuple[list[list[tuple[int, AttemptMark]]], dict[int, np.ndarray[Any, Any]]]:
+    """The run's attempts, in the order they started, each as its (rank, mark)s; and per
+    rank, the run's attempt (0-based) of each of the rank's own.
+
+    Ranks start together but not all of them write in every attempt (a rank killed
+    before its first records, a job scaled up), so the n-th attempt of a rank's file is
+    not the run's n-th. A rank's start joins the latest attempt that has the same
+    launcher job and restart, or, where no launcher said, the latest attempt started
+    less than ten minutes before it; never one that already holds that rank.
+    """
+    marks = [(rank, i, mark) for rank, t in ranks.items() for i, mark in enumerate(t.attempts)]
+    # Records from before attempts were written come first; then by start.
+    marks.sort(key=lambda m: (m[2].started_ns is not None, m[2].started_ns or 0, m[1], m[0]))
+    groups: list[list[tuple[int, AttemptMark]]] = []
+    latest: dict[object, int] = {}  # a launcher's (job, restart), or None: its latest group
+    of_rank = {rank: np.zeros(len(t.attempts), np.int64) for rank, t in ranks.items()}
+    for rank, own, mark in marks:
+        key = (mark.launcher, mark.job, mark.restart) if mark.job is not None else None
+        index = latest.get(key)
+        if index is not None and not _may_join(groups[index], rank, mark, key is not None):
+            index = None
+        if index is None:
+            index = len(groups)
+            groups.append([])
+            latest[key] = index
+        groups[index].append((rank, mark))
+        of_rank[rank][own] = index
+    return groups, of_rank
+
+
+def _may_join(
+    group: list[tuple[int, AttemptMark]], rank: int, mark: AttemptMark, keyed: bool
+) -> bool:
+    if any(r == rank for r, _ in group):
+        return False  # a rank starts once per attempt
+    if keyed or mark.started_ns is None:
+        return True
+    starts = [m.started_ns for _, m in group if m.started_ns is not None]
+    return not starts or mark.started_ns - min(starts) < _ONE_LAUNCH_NS
 
 
 def _latest(
@@ -136,24 +185,23 @@ def _latest(
 ) -> tuple[np.ndarray[Any, Any], list[int], int]:
     """(rows to keep: those of the latest attempt of their (step, phase); the steps more
     than one attempt recorded; the most attempts one step had)."""
-    key = step.astype(np.int64) * (int(phase.max(initial=0)) + 1) + phase
-    _, where = np.unique(key, return_inverse=True)
+    _, where = np.unique(np.stack([step, phase.astype(np.int64)]), axis=1, return_inverse=True)
+    where = where.reshape(-1)
     latest = np.full(int(where.max(initial=-1)) + 1, -1, np.int64)
     np.maximum.at(latest, where, attempt)
     keep = attempt == latest[where]
     # Steps per attempt, once each: a step is re-run when two attempts have it.
-    pairs = np.unique(np.stack([step.astype(np.int64), attempt.astype(np.int64)]), axis=1)
+    pairs = np.unique(np.stack([step, attempt.astype(np.int64)]), axis=1)
     steps, counts = np.unique(pairs[0], return_counts=True)
     rerun = steps[counts > 1]
     return keep, [int(s) for s in rerun], int(counts.max(initial=1))
 
 
-def _describe(ranks: dict[int, Any], count: int) -> list[dict[str, Any]]:
+def _describe(groups: list[list[tuple[int, AttemptMark]]]) -> list[dict[str, Any]]:
     described = []
-    for n in range(count):
-        marks = [(r, t.attempts[n]) for r, t in ranks.items() if n < len(t.attempts)]
-        starts = [m.started_ns for _, m in marks if m.started_ns is not None]
-        first = next((m for _, m in marks if m.token is not None), AttemptMark())
+    for n, group in enumerate(groups):
+        starts = [m.started_ns for _, m in group if m.started_ns is not None]
+        first = next((m for _, m in group if m.token is not None), AttemptMark())
         described.append(
             {
                 "n": n + 1,
@@ -161,7 +209,7 @@ def _describe(ranks: dict[int, Any], count: int) -> list[dict[str, Any]]:
                 "launcher": first.launcher,
                 "job": first.job,
                 "restart": first.restart,
-                "ranks": number_ranges(r for r, _ in marks),
+                "ranks": number_ranges(r for r, _ in group),
             }
         )
     return described

@@ -231,7 +231,7 @@ def _attempt_lines(body: bytes) -> list[re.Match[bytes]]:
     while at >= 0:
         start = body.rfind(b"\n", 0, at) + 1
         line = _ATTEMPT_LINE.match(body, start)
-        if line is not None:
+        if line is not None and b'"step":' not in line.group(0):  # a record may name its attempt
             found.append(line)
         end = body.find(b"\n", at)
         at = body.find(b',"attempt":', end) if end >= 0 else -1
