@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import rankscope
@@ -73,3 +77,32 @@ def timing_records(run_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     path = run_dir / "timings" / f"rank-{rank:05d}.jsonl"
     lines = map(json.loads, path.read_text(encoding="utf-8").splitlines())
     return [record for record in lines if "attempt" not in record]
+
+
+def within(call: Callable[[], Any], seconds: float = 60) -> Any:
+    """`call()`, failing the test instead of hanging it (a FIFO opened blocks forever)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the test below
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"hung for {seconds} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def rankscope_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings rankscope logged."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("rankscope")
+    ]

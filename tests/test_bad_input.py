@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,8 @@ from rankscope._layout import RunDir, memory_path, nsys_path, timing_path, trace
 from rankscope._synthetic import write_run_traces, write_timings, write_trace
 from rankscope.analysis import build_report, kernel_report, merge_traces
 from rankscope.analysis.read._kineto import summarize_trace
+
+from ._helpers import within
 
 pytestmark = pytest.mark.slow
 
@@ -107,26 +108,6 @@ def _kernels_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
 # -- running it: the library under a hang guard, the CLI in a process with a timeout ----
 
 
-def _within(call: Callable[[], Any], seconds: float = 60) -> Any:
-    """`call()`, failing the test instead of hanging it (a FIFO opened blocks forever)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # handed to the test below
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        pytest.fail(f"hung for {seconds} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def _cli(*argv: object, timeout: float = 60) -> tuple[int, str, str]:
     command = [sys.executable, "-m", "rankscope.cli", *map(str, argv)]
     try:
@@ -159,7 +140,7 @@ def _totals(report: Any) -> dict[int, float]:
 def _check_kernels(run: Path, said: str, good: dict[int, float], ranks: dict[int, float]) -> None:
     """kernel_report and `kernels --json` skip with `said` alone and sum `ranks` as given;
     `report` says it too, and shows the same ranks."""
-    report = _within(lambda: kernel_report([run]))
+    report = within(lambda: kernel_report([run]))
     assert report.skipped == [said]
     assert _totals(report) == pytest.approx(ranks)  # the other ranks' figures as they were
     code, out, err = _cli("kernels", run, "--json")
@@ -273,7 +254,7 @@ def test_a_trace_that_cannot_be_read_is_skipped_and_said(
 ) -> None:
     trace = _trace(run, 1)
     corrupt(trace)
-    report = _within(lambda: kernel_report([run]))
+    report = within(lambda: kernel_report([run]))
     (said,) = report.skipped
     assert said.startswith(f"{trace}: {problem}")
     assert _totals(report) == {r: t for r, t in good.items() if r != 1}
@@ -342,7 +323,7 @@ def test_a_bad_summary_is_said_and_its_trace_read_instead(
     data = json.loads(summary.read_text())
     edit(data)
     summary.write_text(json.dumps(data))
-    report = _within(lambda: kernel_report([run]))
+    report = within(lambda: kernel_report([run]))
     (said,) = report.skipped
     assert said.startswith(f"{summary}: not a usable summary ({problem}")
     assert said.endswith("; its trace was read instead")
@@ -403,7 +384,7 @@ def test_a_trace_name_that_is_not_a_regular_file_is_said_not_opened(
     if odd.is_dir():
         said = f"{odd}: no trace files (*.json, *.json.gz)"
     else:
-        report = _within(lambda: kernel_report([odd, _trace(run, 0)]))
+        report = within(lambda: kernel_report([odd, _trace(run, 0)]))
         assert report.skipped == [said] and _totals(report) == {0: good[0]}
     code, _, err = _cli("kernels", odd)
     assert code == 2 and _one_line(err, "kernels") == f"rankscope kernels: {said}"
@@ -411,7 +392,7 @@ def test_a_trace_name_that_is_not_a_regular_file_is_said_not_opened(
     code, _, err = _cli("merge", _trace(run, 0), odd, "-o", run / "m.json")
     assert code == 2 and _one_line(err, "merge") == f"rankscope merge: {said}"
     with pytest.raises(TraceError, match="^" + str(odd)):
-        _within(lambda: merge_traces([_trace(run, 0), odd], run / "m.json"))
+        within(lambda: merge_traces([_trace(run, 0), odd], run / "m.json"))
 
 
 def test_traces_that_is_a_file_is_said(run: Path) -> None:
@@ -466,7 +447,7 @@ def test_a_fifo_named_like_a_run_file_never_hangs_a_reader(
     run_dir = RunDir(run)
     run_dir.meta(), run_dir.timings(), run_dir.nsys_ranges(), run_dir.memory_snapshots()
     assert run_dir.left_out == [left_out]
-    report = _within(lambda: build_report(run))
+    report = within(lambda: build_report(run))
     if fifo.parent.name not in ("timings", "meta"):  # those readers are another module's
         assert left_out in report["skipped"]
     for command in ("report", "stragglers"):

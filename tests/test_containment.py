@@ -42,7 +42,7 @@ from rankscope.capture._trigger import (
     write_trigger,
 )
 
-from ._helpers import final_files, tiny_model, tiny_step
+from ._helpers import final_files, rankscope_warnings, tiny_model, tiny_step
 from .test_nsys import cuda  # noqa: F401 - the CUDA stand-in the nsys job runs with
 
 STEPS = 8
@@ -88,16 +88,8 @@ def _train(config: rankscope.ProfileConfig, steps: int = STEPS, sleep: Any = Non
     return done
 
 
-def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelno >= logging.WARNING and r.name.startswith("rankscope")
-    ]
-
-
 def _one_warning_about_a_link(caplog: pytest.LogCaptureFixture) -> str:
-    warned = _warnings(caplog)
+    warned = rankscope_warnings(caplog)
     assert len(warned) == 1, warned
     assert "refusing to write through a symbolic link" in warned[0], warned[0]
     assert "training goes on" in warned[0] or "the window is kept" in warned[0], warned[0]
@@ -236,7 +228,7 @@ def test_a_link_under_the_exports_temporary_name_is_removed_not_followed(
     (window / f"{work.name}.tmp").symlink_to(outside / "kineto-partial")
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         assert _train(_config(run, gzip=False)) == STEPS
-    assert _warnings(caplog) == []
+    assert rankscope_warnings(caplog) == []
     assert sorted(os.listdir(window)) == [
         f"{work.name}.tmp",  # a name nothing writes any more: left alone
         "rank-00000.pt.trace.json",
@@ -389,7 +381,7 @@ def test_a_trigger_file_naming_a_path_is_skipped_with_one_warning(
             assert watcher.poll() == []
     finally:
         watcher.close()
-    (warned,) = _warnings(caplog)
+    (warned,) = rankscope_warnings(caplog)
     assert "escape.json" in warned and "not a valid trigger file" in warned and '"/"' in warned
 
 
@@ -542,5 +534,5 @@ def test_meta_and_timings_are_not_written_through_a_link(
         assert _train(config) == STEPS
     assert (target.read_text() == "") if target.is_file() else list(target.iterdir()) == []
     target.unlink() if target.is_file() else target.rmdir()  # `outside` checks the rest
-    warned = _warnings(caplog)
+    warned = rankscope_warnings(caplog)
     assert warned and all("symbolic link" in w for w in warned), warned

@@ -13,7 +13,14 @@ import torch
 
 from rankscope import Profiler, Schedule
 
-from ._helpers import final_files, temp_files, tiny_model, tiny_step, trace_config
+from ._helpers import (
+    final_files,
+    rankscope_warnings,
+    temp_files,
+    tiny_model,
+    tiny_step,
+    trace_config,
+)
 
 STEPS = 8
 
@@ -27,14 +34,6 @@ def _loop(prof: Profiler) -> int:
             prof.step()
             done += 1
     return done
-
-
-def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelno >= logging.WARNING and r.name.startswith("rankscope")
-    ]
 
 
 def _raiser(name: str) -> Callable[..., Any]:
@@ -56,7 +55,7 @@ def test_torch_profiler_raising_turns_capture_off(
     prof = Profiler(trace_config(tmp_path, schedule=sched), rank=0, world_size=1)
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         assert _loop(prof) == STEPS
-    warned = _warnings(caplog)
+    warned = rankscope_warnings(caplog)
     assert len(warned) == 1, warned
     assert f"injected fault in {method}" in warned[0]
     assert "training goes on" in warned[0]
@@ -84,7 +83,7 @@ def test_phase_target_fault_in_start(
                 ran += 1
             prof.step()
     assert ran == 3
-    assert len(_warnings(caplog)) == 1
+    assert len(rankscope_warnings(caplog)) == 1
     assert not torch.autograd._profiler_enabled()
 
 
@@ -92,7 +91,7 @@ def test_read_only_output_dir(read_only_dir: Path, caplog: pytest.LogCaptureFixt
     prof = Profiler(trace_config(read_only_dir / "run"), rank=0, world_size=1)
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         assert _loop(prof) == STEPS
-    warned = _warnings(caplog)
+    warned = rankscope_warnings(caplog)
     assert len(warned) == 1, warned
     assert "cannot write" in warned[0]
     assert not (read_only_dir / "run").exists()
@@ -117,7 +116,7 @@ def test_a_link_where_a_window_is_saved_is_a_fault_like_a_full_disk(
     prof = Profiler(trace_config(tmp_path / "run", schedule=sched), rank=0, world_size=1)
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         assert _loop(prof) == STEPS
-    assert len(_warnings(caplog)) == 1
+    assert len(rankscope_warnings(caplog)) == 1
     (fault,) = prof.faults
     assert "refusing to write through a symbolic link" in fault, fault
     assert os.listdir(outside) == []
@@ -146,7 +145,7 @@ def test_disk_full_while_writing_a_trace(
                 prof.step()
                 done += 1
     assert done == 14
-    warned = _warnings(caplog)
+    warned = rankscope_warnings(caplog)
     assert len(warned) == 1, warned
     assert "disk full" in warned[0] or "No space left" in warned[0]
     assert [f for f in final_files(small_disk) if f.startswith("traces/")] == []
@@ -164,7 +163,7 @@ def test_finaliser_failure_in_the_background_stops_later_windows(
     prof = Profiler(trace_config(tmp_path, schedule=sched), rank=0, world_size=1)
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         assert _loop(prof) == STEPS
-    warned = _warnings(caplog)
+    warned = rankscope_warnings(caplog)
     failed = [w for w in warned if "writing a trace failed" in w]
     assert len(failed) == 1, warned
     # Windows may also have outrun the failing worker before its first failure came back:
@@ -186,7 +185,7 @@ def test_export_fault_between_back_to_back_cycles(
     prof = Profiler(trace_config(tmp_path, schedule=sched), rank=0, world_size=1)
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         assert _loop(prof) == STEPS
-    assert len(_warnings(caplog)) == 1
+    assert len(rankscope_warnings(caplog)) == 1
     assert not torch.autograd._profiler_enabled()
 
 
@@ -217,7 +216,7 @@ def test_a_user_profiler_already_running_is_left_alone(
         assert _loop(Profiler(trace_config(tmp_path), rank=0, world_size=1)) == STEPS
         torch.ones(4).cumsum(0)
     assert any(e.name == "aten::cumsum" for e in theirs.events())
-    warned = _warnings(caplog)
+    warned = rankscope_warnings(caplog)
     assert len(warned) == 1
     assert "another torch.profiler" in warned[0]
 
@@ -234,7 +233,7 @@ def test_no_worker_thread_means_one_warning_and_no_wait(
     prof = Profiler(trace_config(tmp_path), rank=0, world_size=1)
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         assert _loop(prof) == STEPS  # would wait STOP_TIMEOUT_S in stop() if the job hung
-    warned = _warnings(caplog)
+    warned = rankscope_warnings(caplog)
     assert len(warned) == 1
     assert "can't start new thread" in warned[0]
 

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import zlib
 from collections.abc import Callable
 from datetime import timedelta
@@ -39,6 +38,8 @@ from rankscope.analysis import (
     read_timings,
 )
 from rankscope.analysis.read._kineto import summarize_trace
+
+from ._helpers import within
 
 pytestmark = pytest.mark.slow
 
@@ -173,24 +174,14 @@ DAMAGE = st.tuples(
 
 def _within(call: Callable[[], Any]) -> Any:
     """`call()`, or the TraceError it raised (anything else fails); a hang fails too."""
-    box: dict[str, Any] = {}
 
-    def target() -> None:
+    def answer() -> Any:
         try:
-            box["value"] = call()
+            return call()
         except TraceError as exc:
-            box["value"] = exc
-        except BaseException as exc:  # handed to the test below
-            box["error"] = exc
+            return exc
 
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(HANG_S)
-    if thread.is_alive():
-        pytest.fail(f"hung for {HANG_S} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return within(answer, HANG_S)
 
 
 def _said(error: TraceError, run: Path) -> None:

@@ -13,7 +13,7 @@ from .._config import ProfileConfig
 from .._errors import ConfigError
 from .._profiler import Profiler, _as_config
 
-__all__ = ["CallbackRun", "Interrupted", "check_rank_args", "guarded"]
+__all__ = ["CallbackRun", "Interrupted", "check_rank_args", "first_step", "guarded"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,12 @@ def guarded(hook: Hook) -> Hook:
             self._fault(hook.__name__, exc)
 
     return run  # type: ignore[return-value]
+
+
+def first_step(global_step: object) -> int:
+    """The Profiler's first step for a trainer at `global_step`: a run resumed from a
+    checkpoint starts there, so its steps keep their numbers (0 when it is not a step)."""
+    return global_step if type(global_step) is int and global_step > 0 else 0
 
 
 def check_rank_args(rank: object, world_size: object) -> None:

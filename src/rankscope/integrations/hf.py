@@ -47,7 +47,7 @@ except ImportError as exc:
 
 from .._config import PathLike, ProfileConfig
 from .._profiler import Profiler
-from ._common import CallbackRun, guarded
+from ._common import CallbackRun, first_step, guarded
 
 if not hasattr(TrainerCallback, "on_pre_optimizer_step"):
     # The event that separates the optimizer from forward/backward came in 4.45.
@@ -113,14 +113,12 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
         rank = args.process_index if self._rank is None else self._rank
         world_size = args.world_size if self._world_size is None else self._world_size
         # A ConfigError here (a rank selection beyond the world size) is the user's to see.
-        # A run resumed from a checkpoint starts at its global step: its steps keep their numbers.
-        step = getattr(state, "global_step", 0)
         profiler = Profiler(
             self.config,
             rank=rank,
             world_size=world_size,
             environ=self._environ,
-            first_step=step if isinstance(step, int) and step > 0 else 0,
+            first_step=first_step(getattr(state, "global_step", 0)),
         )
         self.profiler = self._run = profiler
         try:

@@ -54,7 +54,7 @@ except ImportError as exc:
 from .._config import PathLike, ProfileConfig
 from .._errors import ConfigError
 from .._profiler import Profiler
-from ._common import CallbackRun, guarded
+from ._common import CallbackRun, first_step, guarded
 
 __all__ = ["RankscopeCallback"]
 
@@ -114,15 +114,13 @@ class RankscopeCallback(Callback, CallbackRun):  # type: ignore[misc]
             )
         rank = trainer.global_rank if self._rank is None else self._rank
         world_size = trainer.world_size if self._world_size is None else self._world_size
-        # A run resumed from a checkpoint starts at its global step: its steps keep their numbers.
-        step = trainer.global_step
         try:
             profiler = Profiler(
                 self.config,
                 rank=rank,
                 world_size=world_size,
                 environ=self._environ,
-                first_step=step if isinstance(step, int) and step > 0 else 0,
+                first_step=first_step(trainer.global_step),
             )
         except ConfigError:
             raise  # a rank selection beyond the world size: the user's to see
