@@ -182,7 +182,7 @@ def test_a_cpu_op_with_a_bad_ts_is_left_out_and_counted() -> None:
         ({"rank": True}, "rank is true, not a rank"),
         ({"rank": 2}, "it says rank 2, its name rank 1"),
         ({"count": 2.0}, "count is 2.0, not a whole number >= 0"),
-        ({"total_us": 10**400}, "total_us is 10000000000000000"),
+        ({"total_us": 10**400}, "total_us is a number of about 401 digits"),
         ({"items": {}}, "items is {}, not a list"),
         ({"categories": None}, "categories is null, not a list"),
         ({"count": 3}, "its items' counts do not add up to its count"),

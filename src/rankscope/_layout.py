@@ -59,6 +59,7 @@ __all__ = [
     "is_temp",
     "is_trace_name",
     "is_window_folder",
+    "leftovers",
     "memory_path",
     "meta_path",
     "not_regular",
@@ -77,6 +78,7 @@ __all__ = [
     "trigger_path",
     "trigger_tag",
     "window_key",
+    "window_steps",
 ]
 
 # -- folders, and the suffix of each kind of file ---------------------------------------
@@ -338,21 +340,6 @@ class RunDir:
         """auto/rank-NNNNN.jsonl."""
         return self._ranked(self.root / AUTO, _AUTO_SUFFIX)
 
-    def leftovers(self) -> list[Path]:
-        """Hidden temporaries (`*.tmp`) under meta/, timings/, auto/ and each window: a write
-        in progress, or one a killed process left that no start of its rank removed yet."""
-        folders = [self.root / top for top in (META, TIMINGS, AUTO)]
-        for top in (TRACES, NSYS, MEMORY):
-            folders += [path for path in _entries(self.root / top) if path.is_dir()]
-        out: list[Path] = []
-        for folder in folders:
-            try:
-                names = sorted(os.listdir(folder))
-            except OSError:
-                continue
-            out += [folder / name for name in names if is_temp(name) and name.endswith(".tmp")]
-        return out
-
     def windows(self) -> list[str]:
         """The names of the windows that traces/ holds a folder for."""
         return [path.name for path in _entries(self.root / TRACES, self._note) if path.is_dir()]
@@ -448,6 +435,23 @@ class RunDir:
             if folder.is_dir():
                 out.extend(self._ranked(folder, suffix, folder.name))
         return out
+
+
+def leftovers(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Hidden temporaries (`*.tmp`) under meta/, timings/, auto/ and each window: a write
+    in progress, or one a killed process left that no start of its rank removed yet."""
+    root = Path(run_dir)
+    folders = [root / top for top in (META, TIMINGS, AUTO)]
+    for top in (TRACES, NSYS, MEMORY):
+        folders += [path for path in _entries(root / top) if path.is_dir()]
+    out: list[Path] = []
+    for folder in folders:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        out += [folder / name for name in names if is_temp(name) and name.endswith(".tmp")]
+    return out
 
 
 def is_trace_name(name: str) -> bool:

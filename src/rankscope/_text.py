@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
-__all__ = ["format_ranks", "format_steps", "number_ranges"]
+__all__ = ["format_ranks", "format_steps", "number_ranges", "shown"]
 
 
 def number_ranges(numbers: Iterable[int], fold: int = 2) -> str:
@@ -41,3 +42,15 @@ def format_steps(steps: list[int]) -> str:
     if steps and steps == list(range(steps[0], steps[0] + len(steps))):
         return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
     return ", ".join(map(str, steps))
+
+
+def shown(value: object, width: int = 40) -> str:
+    """`value` as a file wrote it (JSON), cut short for a message: a file may hold a value
+    of any size, a number of 4000 digits among them."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= width else f"{text[: width - 3]}..."

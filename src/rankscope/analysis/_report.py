@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import TraceError
-from .._layout import SIGNAL_TAG, RunDir, window_key
+from .._layout import SIGNAL_TAG, RunDir, leftovers, window_key
 from .._text import format_ranks, format_steps
 from ._kernels import find_traces, kernel_report
 from ._matrix import STEP, PhaseMatrices, phase_matrices
@@ -112,7 +112,7 @@ def build_report(
     skipped.extend(
         f"{path}: a temporary, not read (a write in progress, or one a killed process left: "
         "its rank removes it when it starts again)"
-        for path in RunDir(root).leftovers()
+        for path in leftovers(root)
     )
     report["skipped"] = skipped
     return report

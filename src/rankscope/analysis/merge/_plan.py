@@ -9,6 +9,7 @@ from typing import Any
 
 from ..._errors import TraceError
 from ..._layout import rank_name, rank_of_file
+from ..._text import shown
 from ._header import _MISSING, _Header, _is_int
 
 _RANK_LIMIT = 1 << 20
@@ -57,8 +58,7 @@ def _base_of(source: str, raw: Any) -> int | None:
     if isinstance(raw, float) and raw.is_integer() and 0 <= raw < _BASE_LIMIT:
         return int(raw)
     raise TraceError(
-        f"{source}: baseTimeNanoseconds is {_shown(raw)}, not a time in nanoseconds "
-        f"(0 to 2**63 - 1)"
+        f"{source}: baseTimeNanoseconds is {shown(raw)}, not a time in nanoseconds (0 to 2**63 - 1)"
     )
 
 
@@ -69,7 +69,7 @@ def _rank_of(source: str, header: _Header, given: int | None) -> tuple[int, str]
         rank = header.info_rank
         if not _is_int(rank) or not 0 <= rank < _RANK_LIMIT:
             raise TraceError(
-                f"{source}: distributedInfo.rank is {_shown(rank)}, not a rank in "
+                f"{source}: distributedInfo.rank is {shown(rank)}, not a rank in "
                 f"0..{_RANK_LIMIT - 1}"
             )
         return int(rank), "distributedInfo"
@@ -84,11 +84,3 @@ def _rank_of(source: str, header: _Header, given: int | None) -> tuple[int, str]
         f"{source}: cannot tell its rank: no distributedInfo.rank in the trace and no "
         f"rank in the file name (as in {rank_name(3)}); give the ranks explicitly"
     )
-
-
-def _shown(value: Any) -> str:
-    """`value` for a message, cut short: a file may hold a number of 4000 digits."""
-    if _is_int(value) and value.bit_length() > 128:
-        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."

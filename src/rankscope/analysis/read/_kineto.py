@@ -5,13 +5,13 @@ Imports no torch: analysis runs anywhere.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..._text import shown
 from ._stream import scan_trace
 
 __all__ = [
@@ -261,17 +261,17 @@ def summary_problem(  # noqa: PLR0911 - a return per check
     """
     kind = data.get("kind")
     if kind not in ("gpu_kernels", "cpu_ops"):
-        return f"kind is {_shown(kind)}, not gpu_kernels or cpu_ops"
+        return f"kind is {shown(kind)}, not gpu_kernels or cpu_ops"
     rank = data.get("rank")
     if rank is not None and (not _is_count(rank) or rank >= 1 << 31):
-        return f"rank is {_shown(rank)}, not a rank"
+        return f"rank is {shown(rank)}, not a rank"
     if rank is not None and name_rank is not None and rank != name_rank:
         return f"it says rank {rank}, its name rank {name_rank}"
     for key in ("count", "total_us"):
         value = data.get(key)
         if not (_is_count(value) if key == "count" else _is_total(value)):
             what = "a whole number >= 0" if key == "count" else "a time in us >= 0"
-            return f"{key} is {_shown(value)}, not {what}"
+            return f"{key} is {shown(value)}, not {what}"
     for key in ("items", "categories"):
         problem = _rows_problem(key, data.get(key))
         if problem is not None:
@@ -287,23 +287,23 @@ def summary_problem(  # noqa: PLR0911 - a return per check
     if not isinstance(left_out, dict) or not all(
         isinstance(k, str) and _is_count(v) for k, v in left_out.items()
     ):
-        return f"left_out is {_shown(left_out)}, not counts of events"
+        return f"left_out is {shown(left_out)}, not counts of events"
     return None
 
 
 def _rows_problem(key: str, rows: Any) -> str | None:  # noqa: PLR0911 - a return per check
     if not isinstance(rows, list):
-        return f"{key} is {_shown(rows)}, not a list"
+        return f"{key} is {shown(rows)}, not a list"
     for number, row in enumerate(rows, 1):
         if not isinstance(row, dict):
-            return f"{key}[{number}] is {_shown(row)}, not an object"
+            return f"{key}[{number}] is {shown(row)}, not an object"
         if not isinstance(row.get("name"), str):
-            return f"{key}[{number}].name is {_shown(row.get('name'))}, not a string"
+            return f"{key}[{number}].name is {shown(row.get('name'))}, not a string"
         if not _is_count(row.get("count")) or row["count"] < 1:
-            return f"{key}[{number}].count is {_shown(row.get('count'))}, not a whole number >= 1"
+            return f"{key}[{number}].count is {shown(row.get('count'))}, not a whole number >= 1"
         for field in _ROW_TIMES:
             if not _is_total(row.get(field)):
-                return f"{key}[{number}].{field} is {_shown(row.get(field))}, not a time in us >= 0"
+                return f"{key}[{number}].{field} is {shown(row.get(field))}, not a time in us >= 0"
         if not row["min_us"] <= row["max_us"] <= row["total_us"] * (1 + 1e-9):
             return f"{key}[{number}]: min_us, max_us and total_us disagree"
     return None
@@ -315,12 +315,3 @@ def _is_count(value: object) -> bool:
 
 def _is_total(value: object) -> bool:
     return type(value) in _NUMBER and 0 <= value < _MAX_TOTAL_US  # type: ignore[operator]
-
-
-def _shown(value: object) -> str:
-    """`value` as JSON for a message, cut short: a file may hold a value of any size."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
