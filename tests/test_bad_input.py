@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from rankscope import ConfigError, TraceError
-from rankscope._layout import RunDir, memory_path, nsys_path, timing_path, trace_path
+from rankscope._layout import RunDir, memory_path, nsys_path, summary_of, timing_path, trace_path
 from rankscope._synthetic import write_run_traces, write_timings, write_trace
 from rankscope.analysis import build_report, kernel_report, merge_traces
 from rankscope.analysis.read._kineto import summarize_trace
@@ -41,7 +41,7 @@ BAD_DUR = "a bad dur (not a number from 0 to 1e15 us) left out"
 
 def _write_summary(trace: Path) -> None:
     """The summary capture writes beside a trace."""
-    summary = RunDir.summary_of(trace)
+    summary = summary_of(trace)
     assert summary is not None
     summary.write_text(json.dumps(summarize_trace(trace, window=trace.parent.name)))
 
@@ -76,7 +76,7 @@ def _trace(run: Path, rank: int) -> Path:
 
 
 def _summary(run: Path, rank: int) -> Path:
-    summary = RunDir.summary_of(_trace(run, rank))
+    summary = summary_of(_trace(run, rank))
     assert summary is not None
     return summary
 

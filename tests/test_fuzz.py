@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rankscope import TraceError
-from rankscope._layout import RunDir
+from rankscope._layout import summary_of
 from rankscope._synthetic import write_run_traces, write_timings
 from rankscope.analysis import (
     build_report,
@@ -67,7 +67,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pristine")
     write_timings(root, ranks=2, steps=8)
     for truth in write_run_traces(root, WINDOW, [0, 1], world_size=2, size_bytes=6_000):
-        summary = RunDir.summary_of(truth.path)
+        summary = summary_of(truth.path)
         assert summary is not None
         summary.write_text(json.dumps(summarize_trace(truth.path, window=WINDOW)))
     return root

@@ -18,12 +18,14 @@ from rankscope._config import AutoTrigger, TraceConfig
 from rankscope._layout import (
     SIGNAL_TAG,
     RunDir,
+    is_run_dir,
     is_trace_name,
     memory_path,
     not_regular,
     open_regular,
     rank_of_file,
     step_window_name,
+    summary_of,
     traces_under,
     trigger_tag,
     window_key,
@@ -84,7 +86,7 @@ def test_every_kind_of_file_is_listed_with_its_rank(run_dir: Path) -> None:
         (RANK, WINDOW, "rank-00003.pt.trace.json.gz")
     ]
     assert [(s.rank, s.folder) for s in run.summaries()] == [(RANK, WINDOW)]
-    assert RunDir.summary_of(traces[0].path) == run.summaries()[0].path
+    assert summary_of(traces[0].path) == run.summaries()[0].path
     assert [f.rank for f in run.auto_records()] == [RANK]
     assert [p.name for p in run.triggers()] == ["t-1.json"]
     assert [(f.rank, f.folder) for f in run.trigger_answers()] == [(RANK, "t-1")]
@@ -135,7 +137,7 @@ def test_a_missing_run_directory_lists_nothing(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "nowhere")
     assert run.meta() == run.timings() == run.summaries() == []
     assert run.traces() == [] and run.windows() == [] and run.triggers() == []
-    assert not RunDir.looks_like(tmp_path / "nowhere")
+    assert not is_run_dir(tmp_path / "nowhere")
 
 
 @pytest.mark.parametrize(

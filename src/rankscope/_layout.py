@@ -15,6 +15,8 @@ spells a name of the run directory.
     RUN_DIR/auto/rank-00003.jsonl
     RUN_DIR/nsys/<window>/rank-00003.json
     RUN_DIR/memory/<window>/rank-00003.pickle
+    RUN_DIR/live/rank-00003.json
+    RUN_DIR/hangs/step-012034/rank-00003.json
     RUN_DIR/report.html
 """
 
@@ -36,6 +38,8 @@ from ._errors import TraceError
 __all__ = [
     "AUTO",
     "GZIP_SUFFIX",
+    "HANGS",
+    "LIVE",
     "MEMORY",
     "MERGED",
     "META",
@@ -56,10 +60,13 @@ __all__ = [
     "TraceFile",
     "ack_path",
     "auto_path",
+    "hang_path",
+    "is_run_dir",
     "is_temp",
     "is_trace_name",
     "is_window_folder",
     "leftovers",
+    "live_path",
     "memory_path",
     "meta_path",
     "not_regular",
@@ -69,7 +76,9 @@ __all__ = [
     "rank_name",
     "rank_of_file",
     "slow_phase_tag",
+    "stall_name",
     "step_window_name",
+    "summary_of",
     "summary_path",
     "temp_name",
     "timing_path",
@@ -87,6 +96,10 @@ META = "meta"
 TIMINGS = "timings"
 TRACES = "traces"
 TRIGGERS = "triggers"
+LIVE = "live"
+"""RUN_DIR/live/rank-NNNNN.json: a rank's heartbeat (step, open phases), rewritten while it runs."""
+HANGS = "hangs"
+"""RUN_DIR/hangs/<stall>/rank-NNNNN.json: what a rank's watchdog saw when its steps stopped."""
 AUTO = "auto"
 """RUN_DIR/auto/rank-NNNNN.jsonl: one line per anomaly window a rank asked for, with its figures."""
 NSYS = "nsys"
@@ -105,6 +118,8 @@ TRIGGER_SUFFIX = ".json"
 _ACK_SUFFIX = ".json"
 _NSYS_SUFFIX = ".json"
 _MEMORY_SUFFIX = ".pickle"
+_LIVE_SUFFIX = ".json"
+_HANG_SUFFIX = ".json"
 
 META_FILES = f"{META}/rank-*{_META_SUFFIX}"
 """How the meta files are named, for messages."""
@@ -247,6 +262,21 @@ def nsys_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
     return Path(run_dir) / NSYS / window / f"{rank_name(rank)}{_NSYS_SUFFIX}"
 
 
+def live_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """RUN_DIR/live/rank-NNNNN.json: the rank's heartbeat."""
+    return Path(run_dir) / LIVE / f"{rank_name(rank)}{_LIVE_SUFFIX}"
+
+
+def stall_name(step: int) -> str:
+    """The folder of a stall's hang files: the step every rank was in, `step-012034`."""
+    return f"step-{step:06d}"
+
+
+def hang_path(run_dir: str | os.PathLike[str], step: int, rank: int) -> Path:
+    """RUN_DIR/hangs/step-NNNNNN/rank-NNNNN.json: what the rank's watchdog saw in that step."""
+    return Path(run_dir) / HANGS / stall_name(step) / f"{rank_name(rank)}{_HANG_SUFFIX}"
+
+
 def memory_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:
     """RUN_DIR/memory/<window>/rank-NNNNN.pickle: a CUDA memory snapshot (memory_viz's format)."""
     return Path(run_dir) / MEMORY / window / f"{rank_name(rank)}{_MEMORY_SUFFIX}"
@@ -298,12 +328,6 @@ class RunDir:
     def left_out(self) -> list[str]:
         """What the listings so far passed over, one line each: "PATH: why"."""
         return [f"{path}: {why}" for path, why in self._left_out.items()]
-
-    @staticmethod
-    def looks_like(path: str | os.PathLike[str]) -> bool:
-        """True when `path` holds a folder that only a run directory has."""
-        root = Path(path)
-        return any((root / part).is_dir() for part in (TRACES, TIMINGS, META))
 
     @property
     def timings_dir(self) -> Path:
@@ -395,14 +419,13 @@ class RunDir:
         ]
         return found
 
-    @staticmethod
-    def summary_of(trace: Path) -> Path | None:
-        """The capture's summary beside a trace it wrote; None for another trace's name."""
-        for suffix in (TRACE_SUFFIX + GZIP_SUFFIX, TRACE_SUFFIX):
-            rank = rank_of_file(trace.name, suffix)
-            if rank is not None:
-                return trace.with_name(f"{rank_name(rank)}{_SUMMARY_SUFFIX}")
-        return None
+    def heartbeats(self) -> list[RankFile]:
+        """live/rank-NNNNN.json: each rank's heartbeat, rewritten while it runs."""
+        return self._ranked(self.root / LIVE, _LIVE_SUFFIX)
+
+    def hangs(self) -> list[RankFile]:
+        """hangs/<stall>/rank-NNNNN.json: what a rank's watchdog saw when it stalled."""
+        return self._in_windows(HANGS, _HANG_SUFFIX)
 
     def _note(self, path: Path, why: str) -> None:
         self._left_out.setdefault(path, why)
@@ -435,6 +458,21 @@ class RunDir:
             if folder.is_dir():
                 out.extend(self._ranked(folder, suffix, folder.name))
         return out
+
+
+def is_run_dir(path: str | os.PathLike[str]) -> bool:
+    """True when `path` holds a folder that only a run directory has."""
+    root = Path(path)
+    return any((root / part).is_dir() for part in (TRACES, TIMINGS, META, LIVE))
+
+
+def summary_of(trace: Path) -> Path | None:
+    """The capture's summary beside a trace it wrote; None for another trace's name."""
+    for suffix in (TRACE_SUFFIX + GZIP_SUFFIX, TRACE_SUFFIX):
+        rank = rank_of_file(trace.name, suffix)
+        if rank is not None:
+            return trace.with_name(f"{rank_name(rank)}{_SUMMARY_SUFFIX}")
+    return None
 
 
 def leftovers(run_dir: str | os.PathLike[str]) -> list[Path]:

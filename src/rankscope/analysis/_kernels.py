@@ -11,10 +11,12 @@ from typing import Any
 from .._errors import ConfigError, TraceError
 from .._layout import (
     RunDir,
+    is_run_dir,
     is_window_folder,
     not_regular,
     open_regular,
     rank_of_file,
+    summary_of,
     traces_under,
     window_steps,
 )
@@ -116,7 +118,7 @@ def find_traces(
     for source in sources:
         path = Path(source)
         if path.is_dir():
-            if RunDir.looks_like(path):  # its traces, never its meta or timings
+            if is_run_dir(path):  # its traces, never its meta or timings
                 run = RunDir(path)
                 inside = [t.path for t in run.traces(window)]
                 said.extend(run.left_out)
@@ -364,7 +366,7 @@ def _summary_or_say(path: Path) -> tuple[dict[str, Any] | None, list[str]]:
 def _current_summary(trace: Path, said: list[str]) -> dict[str, Any] | None:
     """The capture's summary of `trace`, if it is of this version, newer than the trace and
     sound; a summary there that cannot be used is added to `said`."""
-    summary = RunDir.summary_of(trace)
+    summary = summary_of(trace)
     if summary is None or not os.path.lexists(summary):
         return None
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import TraceError
-from ..._layout import META, RunDir, open_regular
+from ..._layout import META, RunDir, is_run_dir, open_regular
 from ..._text import format_ranks
 
 __all__ = ["RunMeta", "read_run_meta"]
@@ -52,10 +52,10 @@ class RunMeta:
 
 def _enclosing_run_dir(path: Path) -> Path | None:
     """The run directory that `path` lies inside (traces/, a window), when it is not one itself."""
-    if RunDir.looks_like(path):
+    if is_run_dir(path):
         return None
     for parent in list(path.resolve().parents)[:3]:
-        if RunDir.looks_like(parent):
+        if is_run_dir(parent):
             return parent
     return None
 
