@@ -59,12 +59,18 @@ def event_names(trace: dict[str, Any]) -> set[str]:
     return {ev.get("name", "") for ev in trace["traceEvents"]}
 
 
-def final_files(run_dir: Path) -> list[str]:
-    """Every file under run_dir with a final name, relative; temporary names start with a dot."""
+def final_files(run_dir: Path, heartbeats: bool = False) -> list[str]:
+    """Every file under run_dir with a final name, relative; temporary names start with a dot.
+
+    The heartbeats (live/, on wherever the timer or capture is) are left out unless asked
+    for: tests/test_watchdog.py checks them.
+    """
     return sorted(
         str(p.relative_to(run_dir))
         for p in run_dir.rglob("*")
-        if p.is_file() and not p.name.startswith(".")
+        if p.is_file()
+        and not p.name.startswith(".")
+        and (heartbeats or p.relative_to(run_dir).parts[0] != "live")
     )
 
 

@@ -31,7 +31,7 @@ def test_no_flags_give_the_default_config() -> None:
 
 def test_every_field_has_a_flag_with_its_docstring_as_help() -> None:
     fields = config_fields()
-    assert len(fields) == 42  # a new field gets a flag without anyone writing one
+    assert len(fields) == 46  # a new field gets a flag without anyone writing one
     help_text = " ".join(_parser().format_help().split())
     for field in fields:
         assert flag_name(field) in help_text, field.name
@@ -84,6 +84,10 @@ _FLAGS = {
     "memory.max_entries": ["5000"],
     "memory.stacks": ["all"],
     "memory.on_oom": None,  # on by default: --no-... turns it off
+    "hang.enable": None,
+    "hang.after_s": ["30"],
+    "hang.factor": ["4"],
+    "hang.heartbeat_s": ["2.5"],
 }
 _EXPECTED = {
     "trace.target": "phase:forward",
@@ -98,6 +102,10 @@ _EXPECTED = {
     "memory.ranks": "2",
     "memory.stacks": "all",
     "memory.on_oom": False,
+    "hang.enable": False,
+    "hang.after_s": 30.0,
+    "hang.factor": 4.0,
+    "hang.heartbeat_s": 2.5,
 }
 
 

@@ -519,6 +519,7 @@ def test_to_dict_shape(run_dir: Path) -> None:
             "stacks": "python",
             "on_oom": True,
         },
+        "hang": {"enable": True, "after_s": 180.0, "factor": 10.0, "heartbeat_s": 5.0},
     }
 
 

@@ -682,8 +682,11 @@ def test_a_full_disk_mid_run_warns_once_and_training_goes_on(
             steps += 1
     assert steps == 400
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1
-    assert "No space left" in warnings[0].getMessage()
+    timer = [r for r in warnings if r.name.startswith("rankscope.timing")]
+    assert len(timer) == 1
+    assert "No space left" in timer[0].getMessage()
+    # The heartbeat shares the disk: its watchdog may say so too, once, and goes on.
+    assert len(warnings) - len(timer) <= 1
     assert not prof._timer.enabled  # type: ignore[union-attr]
     lines = (small_disk / "timings" / "rank-00000.jsonl").read_text().splitlines()
     assert lines

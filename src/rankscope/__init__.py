@@ -14,6 +14,7 @@ if _typing.TYPE_CHECKING:
     from ._args import add_arguments
     from ._config import (
         AutoTrigger,
+        HangConfig,
         MemoryConfig,
         ProfileConfig,
         Schedule,
@@ -27,6 +28,7 @@ if _typing.TYPE_CHECKING:
 __all__ = [
     "AutoTrigger",
     "ConfigError",
+    "HangConfig",
     "MemoryConfig",
     "ProfileConfig",
     "Profiler",
@@ -46,6 +48,7 @@ __all__ = [
 _WHERE = {
     "add_arguments": "_args",
     "AutoTrigger": "_config",
+    "HangConfig": "_config",
     "MemoryConfig": "_config",
     "ProfileConfig": "_config",
     "Schedule": "_config",

@@ -23,6 +23,7 @@ __all__ = [
     "STACKS",
     "TOOLS",
     "AutoTrigger",
+    "HangConfig",
     "MemoryConfig",
     "ProfileConfig",
     "Schedule",
@@ -383,6 +384,37 @@ class MemoryConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class HangConfig:
+    """The heartbeat (RUN_DIR/live/rank-NNNNN.json: the step and the open phases) and the
+    hang watchdog (RUN_DIR/hangs/step-NNNNNN/rank-NNNNN.json, once per stall), on every rank
+    that times or traces. See docs/hangs.md.
+    """
+
+    enable: bool = True
+    """Keep a heartbeat and watch for stalls wherever the timer or the capture is on."""
+    after_s: float = 180.0
+    """A step that has not ended after max(after_s, factor x the median step) is a stall.
+    Below the default NCCL timeout (10 min), so the hang files are written before it fires."""
+    factor: float = 10.0
+    """How many median steps a step may take before it is a stall (when that is over after_s)."""
+    heartbeat_s: float = 5.0
+    """The heartbeat file is rewritten at most this often, and only when something changed."""
+
+    def __post_init__(self) -> None:
+        _check_bool("hang.enable", self.enable)
+        for name in ("after_s", "factor", "heartbeat_s"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ConfigError(f"hang.{name}", value, "a number > 0")
+            object.__setattr__(self, name, float(value))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ProfileConfig:
     """Everything a Profiler needs; the environment may override parts of it (see `with_env`)."""
 
@@ -394,6 +426,8 @@ class ProfileConfig:
     """The sampled phase timer."""
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     """CUDA memory snapshots."""
+    hang: HangConfig = field(default_factory=HangConfig)
+    """The heartbeat and the hang watchdog."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_dir", _resolve_output_dir(self.output_dir))
@@ -403,6 +437,8 @@ class ProfileConfig:
             raise ConfigError("timer", self.timer, "a TimerConfig")
         if not isinstance(self.memory, MemoryConfig):
             raise ConfigError("memory", self.memory, "a MemoryConfig")
+        if not isinstance(self.hang, HangConfig):
+            raise ConfigError("hang", self.hang, "a HangConfig")
         if self.memory.enable and not self.memory.on_oom and not self.trace.enable:
             raise ConfigError(
                 "memory.on_oom",
@@ -460,6 +496,8 @@ class ProfileConfig:
             kwargs["timer"] = _timer_from_dict(kwargs["timer"])
         if "memory" in kwargs and not isinstance(kwargs["memory"], MemoryConfig):
             kwargs["memory"] = MemoryConfig(**_section("memory", kwargs["memory"], MemoryConfig))
+        if "hang" in kwargs and not isinstance(kwargs["hang"], HangConfig):
+            kwargs["hang"] = HangConfig(**_section("hang", kwargs["hang"], HangConfig))
         return cls(**kwargs)
 
     @classmethod

@@ -55,6 +55,16 @@ def _parse_int(name: str, value: str) -> int:
     return int(text)
 
 
+_FLOAT = re.compile(r"-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?")
+
+
+def _parse_float(name: str, value: str) -> float:
+    text = value.strip()
+    if not _FLOAT.fullmatch(text):
+        raise ConfigError(name, value, "a number written in ASCII digits (180, 2.5)")
+    return float(text)
+
+
 def _text(_name: str, value: str) -> str:
     return value.strip()
 
@@ -73,6 +83,9 @@ _OVERRIDES: dict[str, tuple[tuple[str, ...], Callable[[str, str], Any]]] = {
     "RANKSCOPE_TIMER": (("timer", "enable"), parse_bool),
     "RANKSCOPE_TIMER_RANKS": (("timer", "ranks"), _text),
     "RANKSCOPE_TIMER_EVERY": (("timer", "every_n_steps"), _parse_int),
+    "RANKSCOPE_HANG": (("hang", "enable"), parse_bool),
+    "RANKSCOPE_HANG_AFTER_S": (("hang", "after_s"), _parse_float),
+    "RANKSCOPE_HANG_FACTOR": (("hang", "factor"), _parse_float),
 }
 
 _PREFIX = "RANKSCOPE_"

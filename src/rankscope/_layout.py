@@ -60,6 +60,7 @@ __all__ = [
     "TraceFile",
     "ack_path",
     "auto_path",
+    "flight_recorder_path",
     "hang_path",
     "is_run_dir",
     "is_temp",
@@ -275,6 +276,11 @@ def stall_name(step: int) -> str:
 def hang_path(run_dir: str | os.PathLike[str], step: int, rank: int) -> Path:
     """RUN_DIR/hangs/step-NNNNNN/rank-NNNNN.json: what the rank's watchdog saw in that step."""
     return Path(run_dir) / HANGS / stall_name(step) / f"{rank_name(rank)}{_HANG_SUFFIX}"
+
+
+def flight_recorder_path(run_dir: str | os.PathLike[str], step: int, rank: int) -> Path:
+    """Beside a hang file: torch's Flight Recorder dump (NCCL only), as torch pickled it."""
+    return Path(run_dir) / HANGS / stall_name(step) / f"{rank_name(rank)}.flight-recorder.pickle"
 
 
 def memory_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from .capture._memory import MemorySnapshots
     from .timing import PhaseTimer
     from .timing._record import Span
+    from .watch import Pulse, Watchdog
 
 __all__ = ["Profiler", "annotate", "current"]
 
@@ -114,6 +116,8 @@ class Profiler:
         self._recorder: MemorySnapshots | None = None  # memory between start() and stop()
         self._timing: PhaseTimer | None = None  # the timer between start() and stop(), else None
         self._sampling = False  # the current step is timed
+        self._pulse: Pulse | None = None  # what the watchdog reads, between start() and stop()
+        self._watchdog: Watchdog | None = None
         self._state = "new"
         self._at_exit: Callable[[], None] | None = None
 
@@ -164,12 +168,30 @@ class Profiler:
         if timer is not None:
             self._sampling = timer.start(self.first_step)
             self._timing = timer
+        if self.config.hang.enable:
+            self._start_watchdog(run_dir)
         self._at_exit = functools.partial(_stop_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
         _SettleAtExit.register()
 
+    def _start_watchdog(self, run_dir: str) -> None:
+        from .watch import Pulse, Watchdog
+
+        pulse = Pulse(self.first_step, threading.get_ident())
+        watchdog = Watchdog(self.config.hang, run_dir, self.rank_info, pulse)
+        try:
+            watchdog.start()
+        except Exception as exc:  # no thread to be had: the run goes on without a watchdog
+            logger.warning("rankscope: no hang watchdog on rank %d (%s)", self.rank, exc)
+            return
+        self._pulse, self._watchdog = pulse, watchdog
+        _TRAINING.open = pulse.open  # this thread's phases, and no other's, are pushed
+
     def step(self) -> None:
         """Mark the end of a training step (call once per iteration). A no-op before start()."""
+        pulse = self._pulse
+        if pulse is not None:
+            pulse.step += 1
         capture = self._live
         if capture is not None:
             capture.step()
@@ -188,6 +210,7 @@ class Profiler:
             _Active.profiler = None
         _STARTED.discard(self)
         memory = self._recorder
+        watchdog = self._watchdog
         capture, timer = self._detach()
         if timer is not None:
             timer.stop()
@@ -195,6 +218,8 @@ class Profiler:
             capture.stop()
         if memory is not None:
             memory.stop()  # after the capture: a window that stop() closes is dumped first
+        if watchdog is not None:
+            watchdog.stop()  # last: its final heartbeat says the run ended cleanly
 
     def _detach(self) -> tuple[TraceCapture | None, PhaseTimer | None]:
         """End the run for step() and phase() (and the atexit hook); return what was live."""
@@ -203,6 +228,9 @@ class Profiler:
         capture, self._live = self._live, None
         timer, self._timing = self._timing, None
         self._sampling = False
+        pulse, self._pulse, self._watchdog = self._pulse, None, None
+        if pulse is not None and getattr(_TRAINING, "open", None) is pulse.open:
+            _TRAINING.open = None
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
             self._at_exit = None
@@ -214,9 +242,12 @@ class Profiler:
         The parent's records and windows are the parent's to write; the child writes
         nothing, and its exit does not stop the parent's profiler.
         """
+        watchdog = self._watchdog
         _, timer = self._detach()
         if timer is not None:
             timer.forget_after_fork()
+        if watchdog is not None:
+            watchdog.forget_after_fork()
 
     def __enter__(self) -> Profiler:
         self.start()
@@ -305,6 +336,9 @@ class Phase:
                 self._open = [opened]
             else:
                 self._open.append(opened)
+        phases = getattr(_TRAINING, "open", None)
+        if phases is not None:  # the training thread: the watchdog reads it; no clock here
+            phases.append(self)
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
@@ -314,6 +348,12 @@ class Phase:
             if not stack:
                 self._open = None
             _finish(opened, exc_type is not None)
+        phases = getattr(_TRAINING, "open", None)
+        if phases:
+            if phases[-1] is self:
+                phases.pop()
+            elif self in phases:  # left out of order
+                phases.remove(self)
 
     def _start(self, profiler: Profiler, capture: TraceCapture | None) -> _Opened:
         token = None
@@ -358,6 +398,11 @@ class _NoPhase:
 
 
 _STARTED: weakref.WeakSet[Profiler] = weakref.WeakSet()  # started and not stopped
+
+# On the thread that started a Profiler with a watchdog: `open`, the list of its open
+# phases (Pulse.open). Other threads see no `open` and push nothing. A thread-local,
+# not a thread id: torch.compile traces through it, and cannot through get_ident().
+_TRAINING = threading.local()
 
 
 def _after_fork_in_child() -> None:

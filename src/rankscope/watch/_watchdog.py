@@ -1,0 +1,274 @@
+"""The watchdog thread: the heartbeat file, and a hang file once per stall.
+
+It polls the training thread's Pulse (about once a second) and keeps every time
+itself, so the training thread reads no clock for it: a step's start is when the
+watchdog first saw its number, a phase's start when it first saw the phase open
+(both to within one poll). It writes:
+
+- RUN_DIR/live/rank-NNNNN.json: at most every `heartbeat_s`, only when something
+  changed, and once more at stop() with state "stopped";
+- RUN_DIR/hangs/step-NNNNNN/rank-NNNNN.json: when a step has not ended after
+  max(after_s, factor x the median step), with the open phases, the last completed
+  step, the Python stack of every thread and, where NCCL is in use, torch's Flight
+  Recorder dump beside it; rewritten with `ended_ns` when the rank moves again.
+
+Every write goes through `_files` (under RUN_DIR, no link followed). A failure is
+warned about once and the watchdog goes on; it never raises into the job, never stops
+it, and never calls a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any
+
+from .._attempt import current_attempt
+from .._config import HangConfig
+from .._files import write_atomic
+from .._layout import flight_recorder_path, hang_path, live_path, stall_name
+from .._ranks import RankInfo
+from ._pulse import Pulse
+
+__all__ = ["Watchdog"]
+
+logger = logging.getLogger(__name__)
+
+_VERSION = 1
+_STEPS_KEPT = 64  # step times the median is taken over
+_FRAMES_KEPT = 64  # innermost frames kept per thread in a hang file
+
+
+class Watchdog:
+    """Watches one rank's Pulse from a daemon thread; see the module's docstring."""
+
+    def __init__(self, config: HangConfig, run_dir: str, rank_info: RankInfo, pulse: Pulse) -> None:
+        self._config = config
+        self._run_dir = run_dir
+        self._rank = rank_info.rank
+        self._host = rank_info.host
+        self._pulse = pulse
+        self._poll = min(1.0, config.after_s / 4, config.heartbeat_s)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+        # What the watchdog has seen (its own clock, epoch ns).
+        self._step = pulse.step
+        self._step_seen = time.time_ns()
+        self._moved = self._step_seen
+        self._steps: deque[float] = deque(maxlen=_STEPS_KEPT)  # seconds per step
+        self._since: dict[int, int] = {}  # id(phase) -> when it was first seen open
+        self._open: list[tuple[str, str, int]] = []  # (name, kind, since_ns), outermost first
+        self._stall: dict[str, Any] | None = None  # the hang file of the stall under way
+        self._written = 0  # when the heartbeat was last written
+        self._changed = True
+
+    # -- lifecycle (training thread) ------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"rankscope-watchdog-{self._rank}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread and write the last heartbeat: state "stopped", a clean end."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stopping.set()
+        thread.join(timeout=5.0)
+        try:
+            self._look(time.time_ns())
+            self._write_heartbeat(time.time_ns(), stopped=True)
+        except Exception as exc:
+            self._warn("the last heartbeat", exc)
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the thread is not there; write nothing for the parent."""
+        self._thread = None
+
+    # -- the thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self._poll):
+            try:
+                now = time.time_ns()
+                self._look(now)
+                self._watch(now)
+                if self._changed and now - self._written >= self._config.heartbeat_s * 1e9:
+                    self._write_heartbeat(now, stopped=False)
+            except Exception as exc:  # nothing may reach the job; the next poll tries again
+                self._warn("watching", exc)
+
+    def _look(self, now: int) -> None:
+        """Take in what the training thread did since the last poll."""
+        pulse = self._pulse
+        step = pulse.step
+        if step != self._step:
+            if step > self._step:
+                self._steps.append((now - self._step_seen) / 1e9 / (step - self._step))
+            self._step, self._step_seen, self._moved, self._changed = step, now, now, True
+            if self._stall is not None:
+                self._end_stall(now)
+        phases = list(pulse.open)
+        since = {id(p): self._since.get(id(p), now) for p in phases}
+        if since.keys() != self._since.keys():
+            self._moved, self._changed = now, True
+        self._since = since
+        self._open = [(str(p._name), str(p._kind), since[id(p)]) for p in phases]
+
+    def _threshold(self) -> float:
+        median = self.median_step_s
+        config = self._config
+        return config.after_s if median is None else max(config.after_s, config.factor * median)
+
+    @property
+    def median_step_s(self) -> float | None:
+        return statistics.median(self._steps) if self._steps else None
+
+    def _watch(self, now: int) -> None:
+        if self._stall is None and (now - self._step_seen) / 1e9 > self._threshold():
+            self._begin_stall(now)
+
+    # -- the files --------------------------------------------------------------------
+
+    def _identity(self) -> dict[str, Any]:
+        return {
+            "v": _VERSION,
+            "rank": self._rank,
+            "host": self._host,
+            "pid": os.getpid(),
+            "attempt": current_attempt().token,
+        }
+
+    def _open_phases(self, now: int | None = None) -> list[dict[str, Any]]:
+        out = []
+        for depth, (name, kind, since) in enumerate(self._open):
+            entry: dict[str, Any] = {"phase": name, "kind": kind, "since_ns": since, "depth": depth}
+            if now is not None:
+                entry["open_s"] = round((now - since) / 1e9, 3)
+            out.append(entry)
+        return out
+
+    def _write_heartbeat(self, now: int, stopped: bool) -> None:
+        median = self.median_step_s
+        data = {
+            **self._identity(),
+            "written_ns": now,
+            "moved_ns": self._moved,
+            "step": self._step,
+            "step_started_ns": self._step_seen,
+            "median_step_s": None if median is None else round(median, 6),
+            "open": self._open_phases(),
+            "state": "stopped" if stopped else "running",
+            "stopped_ns": now if stopped else None,
+            "hang": None if self._stall is None else stall_name(self._step),
+        }
+        self._write(live_path(self._run_dir, self._rank), data, "the heartbeat")
+        self._written, self._changed = now, False
+
+    def _begin_stall(self, now: int) -> None:
+        step = self._step
+        median = self.median_step_s
+        self._stall = {
+            **self._identity(),
+            "step": step,
+            "last_completed_step": step - 1 if step > 0 else None,
+            "step_started_ns": self._step_seen,
+            "detected_ns": now,
+            "threshold_s": round(self._threshold(), 3),
+            "median_step_s": None if median is None else round(median, 6),
+            "open": self._open_phases(now),
+            "threads": _stacks(self._pulse.owner),
+            "flight_recorder": self._flight_recorder(step),
+            "ended_ns": None,
+            "stalled_s": None,
+        }
+        self._write(hang_path(self._run_dir, step, self._rank), self._stall, "a hang file")
+        self._changed = True
+        self._write_heartbeat(now, stopped=False)  # says the stall at once
+        logger.warning(
+            "rankscope: rank %d has not finished step %d in %.0f s (in %s); wrote %s",
+            self._rank,
+            step,
+            (now - self._step_seen) / 1e9,
+            " > ".join(name for name, _, _ in self._open) or "no phase",
+            hang_path(self._run_dir, step, self._rank),
+        )
+
+    def _end_stall(self, now: int) -> None:
+        stall, self._stall = self._stall, None
+        if stall is None:
+            return
+        stall["ended_ns"] = now
+        stall["stalled_s"] = round((now - stall["step_started_ns"]) / 1e9, 3)
+        self._write(hang_path(self._run_dir, stall["step"], self._rank), stall, "a hang file")
+
+    def _flight_recorder(self, step: int) -> dict[str, str]:
+        """torch's Flight Recorder dump, beside the hang file, where NCCL is in use."""
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is None or not dist.is_available() or not dist.is_initialized():
+                return {"skipped": "torch.distributed is not initialized"}
+            backend = str(dist.get_backend())
+            if "nccl" not in backend:
+                return {"skipped": f"no NCCL process group (backend {backend})"}
+            dump = getattr(sys.modules["torch"]._C._distributed_c10d, "_dump_nccl_trace", None)
+            if dump is None:
+                return {"skipped": "this torch has no Flight Recorder dump"}
+            path = flight_recorder_path(self._run_dir, step, self._rank)
+            write_atomic(self._run_dir, path, bytes(dump()), str(os.getpid()))
+            return {"path": path.name}
+        except Exception as exc:
+            return {"skipped": f"the dump failed ({type(exc).__name__}: {exc})"}
+
+    def _write(self, path: Any, data: dict[str, Any], what: str) -> None:
+        try:
+            text = json.dumps(data, indent=1, allow_nan=False, default=str)
+            write_atomic(self._run_dir, path, text.encode(), str(os.getpid()))
+        except Exception as exc:
+            self._warn(f"writing {what}", exc)
+
+    def _warn(self, doing: str, exc: BaseException) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        logger.warning(
+            "rankscope: the hang watchdog of rank %d failed %s (%s: %s); it keeps watching, "
+            "and training goes on",
+            self._rank,
+            doing,
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _stacks(training: int) -> list[dict[str, Any]]:
+    """The Python stack of every thread, outermost frame first (innermost kept)."""
+    names = {t.ident: t for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        thread = names.get(ident)
+        frames = traceback.extract_stack(frame)[-_FRAMES_KEPT:]
+        out.append(
+            {
+                "name": thread.name if thread is not None else f"thread {ident}",
+                "ident": ident,
+                "daemon": bool(thread.daemon) if thread is not None else None,
+                "training": ident == training,
+                "stack": [
+                    {"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line}
+                    for f in frames
+                ],
+            }
+        )
+    out.sort(key=lambda t: not t["training"])  # the training thread first
+    return out
