@@ -1,0 +1,166 @@
+"""The heartbeat and the hang watchdog, on real Profilers (and real spawned gloo ranks)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+import rankscope
+from rankscope import HangConfig
+
+from ._helpers import final_files, rankscope_warnings
+
+FAST = {"after_s": 1.0, "heartbeat_s": 0.3}  # a stall after 1 s, polled every 0.25 s
+
+
+def _config(run: Path, **hang: Any) -> rankscope.ProfileConfig:
+    return rankscope.ProfileConfig(
+        output_dir=run,
+        timer=rankscope.TimerConfig(enable=True, every_n_steps=10),
+        hang=HangConfig(**{**FAST, **hang}),
+    )
+
+
+def _run(run: Path, stall: Callable[[int], float], steps: int = 6, **hang: Any) -> None:
+    """`steps` steps of 50 ms; step i also sleeps stall(i) seconds in a data phase."""
+    with rankscope.Profiler(_config(run, **hang), rank=0, world_size=1) as prof:
+        for i in range(steps):
+            with prof.phase("forward"):
+                time.sleep(0.05)
+            with prof.phase("data_loading", kind="data"), prof.phase("read", kind="io"):
+                time.sleep(stall(i))
+            prof.step()
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def test_a_stall_writes_one_hang_file_with_phases_and_stacks_then_its_end(tmp_path: Path) -> None:
+    _run(tmp_path, lambda i: 2.5 if i == 4 else 0.0)
+    (hang,) = sorted((tmp_path / "hangs").rglob("*.json"))
+    assert hang.relative_to(tmp_path).as_posix() == "hangs/step-000004/rank-00000.json"
+    data = _json(hang)
+    assert (data["step"], data["last_completed_step"], data["threshold_s"]) == (4, 3, 1.0)
+    assert [(p["phase"], p["kind"], p["depth"]) for p in data["open"]] == [
+        ("data_loading", "data", 0),
+        ("read", "io", 1),
+    ]
+    assert all(0.5 < p["open_s"] < 2.5 for p in data["open"])
+    training = data["threads"][0]
+    assert training["training"] and training["name"] == "MainThread"
+    assert training["stack"][-1]["code"] == "time.sleep(stall(i))"
+    assert data["flight_recorder"] == {"skipped": "torch.distributed is not initialized"}
+    assert data["ended_ns"] is not None and 2.0 < data["stalled_s"] < 4.0  # the rank moved on
+    beat = _json(tmp_path / "live" / "rank-00000.json")
+    assert (beat["state"], beat["step"], beat["open"], beat["hang"]) == ("stopped", 6, [], None)
+    assert beat["attempt"] == _json(tmp_path / "meta" / "rank-00000.json")["attempt"]["attempt"]
+
+
+def test_a_live_heartbeat_says_the_step_and_the_open_phases(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    with rankscope.Profiler(config, rank=0, world_size=1) as prof:
+        for _ in range(3):
+            prof.step()
+        with prof.phase("backward"), prof.phase("all_reduce", kind="comm"):
+            time.sleep(1.0)
+            beat = _json(tmp_path / "live" / "rank-00000.json")
+    assert (beat["state"], beat["step"], beat["stopped_ns"]) == ("running", 3, None)
+    assert [(p["phase"], p["kind"]) for p in beat["open"]] == [
+        ("backward", "compute"),
+        ("all_reduce", "comm"),
+    ]
+    assert beat["written_ns"] >= beat["moved_ns"] >= beat["step_started_ns"] > 0
+
+
+def test_a_merely_slow_step_under_the_threshold_is_no_hang(tmp_path: Path) -> None:
+    _run(tmp_path, lambda i: 0.6 if i == 3 else 0.0, after_s=2.0)
+    assert not (tmp_path / "hangs").exists()
+
+
+def test_phases_of_other_threads_are_not_the_training_threads(tmp_path: Path) -> None:
+    import threading
+
+    with rankscope.Profiler(_config(tmp_path), rank=0, world_size=1) as prof:
+        gate = threading.Event()
+
+        def background() -> None:
+            with prof.phase("checkpoint", kind="io"):
+                gate.wait(5)
+
+        worker = threading.Thread(target=background)
+        worker.start()
+        with prof.phase("all_reduce", kind="comm"):
+            time.sleep(0.8)
+            beat = _json(tmp_path / "live" / "rank-00000.json")
+        gate.set()
+        worker.join()
+    assert [p["phase"] for p in beat["open"]] == ["all_reduce"]
+
+
+def test_an_unwritable_directory_is_one_warning_and_training_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "live").write_text("a file where the folder goes")
+    (tmp_path / "hangs").write_text("and here")
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        _run(tmp_path, lambda i: 1.6 if i == 2 else 0.0)
+    said = [w for w in rankscope_warnings(caplog) if "watchdog" in w]
+    assert len(said) == 1 and "keeps watching, and training goes on" in said[0]
+    assert (tmp_path / "timings" / "rank-00000.jsonl").exists()  # the rest of the run went on
+
+
+def test_heartbeats_follow_no_link(tmp_path: Path) -> None:
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    run.mkdir()
+    outside.mkdir()
+    (run / "live").symlink_to(outside, target_is_directory=True)
+    (run / "hangs").symlink_to(outside, target_is_directory=True)
+    _run(run, lambda i: 1.6 if i == 2 else 0.0)
+    assert list(outside.iterdir()) == []
+
+
+def test_off_writes_no_heartbeat(tmp_path: Path) -> None:
+    _run(tmp_path, lambda i: 0.0, enable=False)
+    assert final_files(tmp_path, heartbeats=True) == [
+        "meta/rank-00000.json",
+        "timings/rank-00000.jsonl",
+    ]
+
+
+def test_the_watchdog_calls_no_collective(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    called: list[str] = []
+    for name in (
+        "all_reduce",
+        "all_gather",
+        "all_gather_object",
+        "broadcast",
+        "broadcast_object_list",
+        "barrier",
+        "gather",
+        "scatter",
+        "reduce",
+        "monitored_barrier",
+    ):
+        monkeypatch.setattr(dist, name, lambda *a, _name=name, **k: called.append(_name))
+    # A real process group (one rank, gloo), as in a distributed job.
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1
+    )
+    try:
+        _run(tmp_path / "run", lambda i: 1.6 if i == 2 else 0.0)
+    finally:
+        dist.destroy_process_group()
+    assert called == []
+    tmp_path = tmp_path / "run"
+    hang = _json(tmp_path / "hangs" / "step-000002" / "rank-00000.json")
+    assert hang["flight_recorder"] == {"skipped": "no NCCL process group (backend gloo)"}
+    assert os.path.exists(tmp_path / "live" / "rank-00000.json")
