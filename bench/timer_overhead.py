@@ -5,7 +5,9 @@ unsampled step and on a sampled step, next to `with contextlib.nullcontext()` in
 same run. Macro: a small MLP trained on the CPU with 5 phases a step, the step times of
 three variants interleaved step by step (no profiler, timer every 10 steps, timer every
 step), compared by their medians. With --device cuda the macro loop runs on the GPU and
-the timer records CUDA events. Prints ratios; absolute times mean little on a shared
+the timer records CUDA events. The timer's variants run with the heartbeat and hang
+watchdog on, as they are by default (what the heartbeat alone adds to step() and phase():
+bench/unselected_cost.py). Prints ratios; absolute times mean little on a shared
 machine.
 
     python bench/timer_overhead.py [--quick] [--device cpu|cuda]
