@@ -67,12 +67,12 @@ def main() -> None:
             "empty method call": _best_ns("empty.step()", env),
             "with nullcontext()": _best_ns("with nullcontext(): pass", env),
         }
-        for name in profilers:
+        for name, prof in profilers.items():
             rows[f"{name} step()"] = _best_ns(f"{name}.step()", env)
             rows[f"{name} with phase()"] = _best_ns(f"with {name}.phase('forward'): pass", env)
             if name == "timer":
                 # Its heartbeat listens on this thread: stopped, the next one runs without.
-                profilers[name].stop()
+                prof.stop()
         for prof in profilers.values():
             prof.stop()
     base_call = rows["empty method call"]

@@ -113,3 +113,31 @@ def train_attempt(  # noqa: PLR0917 - mp.spawn passes its arguments by position
     finally:
         gc.collect()
         dist.destroy_process_group()
+
+
+def hang_one_rank(rank: int, world_size: int, init: str, run_dir: str, stuck: int) -> None:
+    """Every rank loads data, then all-reduces; rank `stuck` blocks for good in its data
+    phase at step 3, so the others wait for it inside the all-reduce (the test kills them)."""
+    import threading
+    from datetime import timedelta
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
+    )
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir,
+        timer=rankscope.TimerConfig(enable=True, every_n_steps=1),
+        hang=rankscope.HangConfig(after_s=2.0, heartbeat_s=0.5),
+    )
+    x = torch.ones(4)
+    with rankscope.Profiler(config) as prof:
+        for step in range(10_000):
+            with prof.phase("data_loading", kind="data"):
+                if rank == stuck and step == 3:
+                    threading.Event().wait()  # a dead data-loader worker: forever
+                time.sleep(0.01)
+            with prof.phase("all_reduce", kind="comm"):
+                dist.all_reduce(x)
+            prof.step()

@@ -78,6 +78,20 @@ def test_report_writes_html_and_prints_the_run(
     assert "html" not in data
 
 
+def test_report_of_a_run_that_hung_says_who_is_stuck(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from .test_hang_analysis import data_stuck_run
+
+    run = data_stuck_run(_straggler_run(tmp_path), dead=True)
+    code, out, err = _run_cli(["report", str(run), "--no-html"], capsys)
+    assert code == 0, err
+    assert "Hangs" in out
+    assert "hung: rank 2 has been stuck in data_loading (data) at step 120" in out
+    assert "stuck rank 2 on node000, step 120: data_loading" in out
+    assert "rank 2 is slow in forward" in out  # the stragglers are still there
+
+
 def _truncated_gz(path: Path) -> Path:
     path.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X"}]}')[:-9])
     return path
@@ -99,6 +113,8 @@ def _truncated_gz(path: Path) -> Path:
         (["kernels", "{tmp}", "--top", "0"], "--top: expected a number >= 1"),
         (["stragglers", "{tmp}", "--threshold", "abc"], "--threshold: invalid float value"),
         (["merge", "{tmp}/absent.json", "-o", "{tmp}/out.json"], "absent.json"),
+        (["hang", "{tmp}"], "{tmp}: no heartbeats (live/) or hang files (hangs/) to read"),
+        (["hang", "{tmp}/absent", "--json"], "{tmp}/absent: no such directory"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(

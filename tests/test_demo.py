@@ -96,7 +96,10 @@ def test_two_ranks_and_another_phase(tmp_path: Path, capsys: pytest.CaptureFixtu
         tmp_path, capsys, *argv, "--straggler-phase", "optimizer", "--slowdown", "4"
     )
     slow = [f for f in report["stragglers"]["findings"] if f["role"] == "slow"]
-    assert [(f["rank"], f["phase"]) for f in slow] == [(1, "optimizer")]
+    # The slowed phase comes first. Two ranks on a loaded 2-core machine may also differ
+    # in another phase (measured: forward, once in a full test run); it is the same rank.
+    assert (slow[0]["rank"], slow[0]["phase"]) == (1, "optimizer")
+    assert {f["rank"] for f in slow} == {1}
     assert report["stragglers"]["reference"] == "faster rank"
     assert "rank 1 is slow in optimizer" in out
 

@@ -551,3 +551,79 @@ def test_windows_say_who_asked_and_other_captures_are_listed() -> None:
     report["kernels"] = {"windows": []}
     kernels = render_html(report).split('<section id="kernels">')[1].split("</section>")[0]
     assert "none (no traces captured)" in kernels and "nsys capture range" in kernels
+
+
+# --------------------------------------------------------------------------- hangs
+
+
+def hung_report(tmp_path: Path) -> dict[str, Any]:
+    """The realistic report of a run that then hung: rank 2 stuck in a phase whose name
+    is markup, its stack holding more."""
+    from rankscope.analysis import find_hangs
+
+    from .test_hang_analysis import NOW, data_stuck_run
+
+    stack = [
+        {"file": "train.py", "line": 40, "function": "<module>", "code": "main()"},
+        {"file": f"data/{PWN_IMG}.py", "line": 7, "function": "load", "code": PWN_SCRIPT},
+    ]
+    run = data_stuck_run(tmp_path / "run", dead=True, stuck_phase=PWN_SCRIPT, stack=stack)
+    report = realistic_report()
+    report["hangs"] = find_hangs(run, now_ns=NOW).to_dict()
+    return report
+
+
+def test_the_hangs_section_says_who_is_stuck_and_shows_its_stack(tmp_path: Path) -> None:
+    report = hung_report(tmp_path)
+    page = render_html(report)
+    ids = ["summary", "hangs", "heatmap", "breakdown", "kernels", "skipped"]
+    positions = [page.index(f'<section id="{i}">') for i in ids]
+    assert positions == sorted(positions)
+    assert '<a href="#hangs">hangs</a>' in page
+    hangs = page.split('<section id="hangs">')[1].split("</section>")[0]
+    assert html.escape(report["hangs"]["summary"]) in hangs
+    assert "<b>hung</b>" in hangs
+    assert "<td>waits</td><td>0-1, 3</td>" in hangs  # grouped: one row for 4095 ranks too
+    assert f"data/{html.escape(PWN_IMG)}.py:7 in load" in hangs
+    assert html.escape(PWN_SCRIPT) in hangs
+    for name in (PWN_SCRIPT, PWN_IMG):
+        assert name not in page
+    assert "No Flight Recorder dump: NCCL is not in use (gloo)" in hangs
+    # A run that had no watch gets no section, and a clean one says so in green.
+    assert '<section id="hangs">' not in render_html(realistic_report())
+    report["hangs"]["state"], report["hangs"]["summary"] = "finished", "the run finished"
+    report["hangs"]["groups"] = report["hangs"]["findings"] = []
+    clean = render_html(report).split('<section id="hangs">')[1].split("</section>")[0]
+    assert '<p class="clean">finished: the run finished</p>' in clean
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        "x",
+        None,
+        {"groups": [None, {"ranks": "x", "for_s": float("nan"), "since": 1e300}]},
+        {"findings": [{"role": "stuck", "frames": [None, 3, {"line": []}], "open": "x"}]},
+        {"as_of": "now", "live": "yes", "rules": {"stall_factor": "x"}, "silent": [None]},
+    ],
+)
+def test_malformed_hangs_do_not_crash(broken: Any) -> None:
+    page = render_html({"run_dir": "/r", "hangs": broken})
+    assert page.count("<section") == 6
+
+
+@pytest.mark.slow
+def test_a_hung_run_in_chromium(browser: Chromium, tmp_path: Path) -> None:
+    report = hung_report(tmp_path)
+    path = tmp_path / "hung.html"
+    path.write_text(render_html(report), encoding="utf-8")
+    assert browser.open(path) == []
+    text = browser.evaluate("document.getElementById('hangs').textContent")
+    assert report["hangs"]["summary"] in text
+    assert f"data/{PWN_IMG}.py:7 in load" in text and PWN_SCRIPT in text
+    assert browser.evaluate("typeof window.__pwned") == "undefined"
+    assert (
+        browser.evaluate("document.querySelectorAll('#hangs details[open] pre.stack').length") == 1
+    )
+    assert browser.evaluate(_PIXELS)["cells"] == "120"  # the heatmap still draws
+    assert browser.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")

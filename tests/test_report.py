@@ -169,3 +169,28 @@ def test_memory_snapshots_and_nsys_ranges_are_listed(tmp_path: Path) -> None:
         {"window": "step-000002-000003", "first": 2, "last": 3, "ranks": [0]}
     ]
     assert any("rank-00001.json: not an nsys range record" in s for s in report["skipped"])
+
+
+def test_heartbeats_and_hang_files_give_a_hangs_part(tmp_path: Path) -> None:
+    from .test_hang_analysis import data_stuck_run
+
+    run = _run(tmp_path, slowdowns=[Slowdown(2, "forward", 0.41)])
+    assert "hangs" not in build_report(run)  # no watch, no part
+    data_stuck_run(run, dead=True)  # the job then hung and was killed
+    (run / "live" / "rank-00009.json").write_text('{"v": 1, "rank": 9, "step": NaN}')
+    report = build_report(run)
+    json.dumps(report, allow_nan=False)
+    hangs = report["hangs"]
+    assert hangs["state"] == "hung" and "skipped" not in hangs
+    assert hangs["summary"].startswith("rank 2 has been stuck in data_loading (data) at step 120")
+    assert [g["ranks"] for g in hangs["groups"]] == [[2], [0, 1, 3]]
+    assert any("rank-00009.json: not a heartbeat (NaN" in s for s in report["skipped"])
+    assert report["stragglers"]["findings"]  # the rest of the report is as it was
+
+
+def test_a_run_with_heartbeats_alone_is_reported(tmp_path: Path) -> None:
+    from .test_hang_analysis import data_stuck_run
+
+    report = build_report(data_stuck_run(tmp_path, dead=True))
+    assert report["hangs"]["state"] == "hung"
+    assert "stragglers" not in report and "kernels" not in report

@@ -420,7 +420,7 @@ def test_trigger_starts_far_enough_ahead_and_reports_who_will_record(
         ),
         ([], {"target": "phase:fwd"}, "trace.target is 'phase:fwd'"),
         ([], {"tool": "nsys"}, "trace.tool is 'nsys' and the rank has no CUDA device (cpu)"),
-        ([], {"timings": False}, "no timings to tell which step the run has reached"),
+        ([], {"timings": False}, "no heartbeat or timings to tell which step the run has reached"),
         (["--status", "--at", "30"], {}, "cannot be combined with --at"),
         (["--run-is-no-run"], {}, "unrecognized arguments"),
     ],

@@ -112,7 +112,7 @@ def test_an_unwritable_directory_is_one_warning_and_training_goes_on(
     (tmp_path / "live").write_text("a file where the folder goes")
     (tmp_path / "hangs").write_text("and here")
     with caplog.at_level(logging.WARNING, logger="rankscope"):
-        _run(tmp_path, lambda i: 1.6 if i == 2 else 0.0)
+        _run(tmp_path, lambda i: 2.5 if i == 2 else 0.0)
     said = [w for w in rankscope_warnings(caplog) if "watchdog" in w]
     assert len(said) == 1 and "keeps watching, and training goes on" in said[0]
     assert (tmp_path / "timings" / "rank-00000.jsonl").exists()  # the rest of the run went on
@@ -124,7 +124,7 @@ def test_heartbeats_follow_no_link(tmp_path: Path) -> None:
     outside.mkdir()
     (run / "live").symlink_to(outside, target_is_directory=True)
     (run / "hangs").symlink_to(outside, target_is_directory=True)
-    _run(run, lambda i: 1.6 if i == 2 else 0.0)
+    _run(run, lambda i: 2.5 if i == 2 else 0.0)
     assert list(outside.iterdir()) == []
 
 
@@ -156,7 +156,7 @@ def test_the_watchdog_calls_no_collective(tmp_path: Path, monkeypatch: pytest.Mo
         "gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1
     )
     try:
-        _run(tmp_path / "run", lambda i: 1.6 if i == 2 else 0.0)
+        _run(tmp_path / "run", lambda i: 2.5 if i == 2 else 0.0)
     finally:
         dist.destroy_process_group()
     assert called == []
@@ -164,3 +164,98 @@ def test_the_watchdog_calls_no_collective(tmp_path: Path, monkeypatch: pytest.Mo
     hang = _json(tmp_path / "hangs" / "step-000002" / "rank-00000.json")
     assert hang["flight_recorder"] == {"skipped": "no NCCL process group (backend gloo)"}
     assert os.path.exists(tmp_path / "live" / "rank-00000.json")
+
+
+# -- the trigger, answered by the heartbeat -------------------------------------------------
+
+
+def test_a_trigger_works_from_the_first_step_and_not_on_a_finished_run(tmp_path: Path) -> None:
+    from rankscope.capture._ask import ask_for_window, trigger_status
+
+    config = rankscope.ProfileConfig(
+        output_dir=tmp_path,
+        trace=rankscope.TraceConfig(
+            enable=True, ranks="0", schedule=rankscope.Schedule(wait=10**6)
+        ),
+        hang=HangConfig(**FAST),
+    )
+    with rankscope.Profiler(config, rank=0, world_size=1) as prof:  # no timer: no timings
+        prof.step()
+        time.sleep(0.6)  # one heartbeat
+        asked = ask_for_window(tmp_path)
+        assert asked["latest_step"] == 1 and asked["run"]["source"] == "heartbeat"
+        assert asked["start"] > 1 and asked["run"]["state"] == "running"
+    with pytest.raises(rankscope.TraceError, match="the run looks finished: every rank's stop"):
+        ask_for_window(tmp_path)
+    status = trigger_status(tmp_path)
+    assert status["run"]["state"] == "finished" and "looks finished" in status["run"]["note"]
+    from rankscope.cli import main
+
+    assert main(["trigger", str(tmp_path)]) == 2  # nothing is written for a finished run
+    assert not list((tmp_path / "triggers").glob("*.json"))[1:]  # only the first trigger
+    assert main(["trigger", str(tmp_path), "--status"]) == 0
+
+
+def test_a_run_whose_heartbeats_stopped_moving_is_said_to_look_over(tmp_path: Path) -> None:
+    from rankscope.capture._ask import run_progress
+
+    _run(tmp_path, lambda i: 0.0)
+    beat = _json(tmp_path / "live" / "rank-00000.json")
+    beat.update(state="running", stopped_ns=None)  # killed: no stop() recorded an end
+    (tmp_path / "live" / "rank-00000.json").write_text(json.dumps(beat))
+    later = beat["moved_ns"] + 20 * 60 * 10**9
+    progress = run_progress(tmp_path, now_ns=later)
+    assert progress.state == "stale" and "no heartbeat has moved for 20 min" in (
+        progress.note or ""
+    )
+
+
+# -- a real hang: four spawned gloo ranks, one stuck outside any collective ------------------
+
+
+@pytest.mark.slow
+def test_one_rank_stuck_in_data_loading_is_named_and_the_others_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch.multiprocessing as mp
+
+    from rankscope.cli import main
+
+    from ._dist_workers import hang_one_rank
+
+    world, stuck, run = 4, 2, tmp_path / "run"
+    ranks = mp.start_processes(
+        hang_one_rank,
+        args=(world, f"file://{tmp_path}/rendezvous", str(run), stuck),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            hangs = sorted((run / "hangs").rglob("rank-*.json"))
+            if len(hangs) == world:
+                break
+            time.sleep(0.5)
+        assert [h.relative_to(run).as_posix() for h in hangs] == [
+            f"hangs/step-000003/rank-{r:05d}.json" for r in range(world)
+        ]
+        time.sleep(1.0)  # the heartbeats that say the stall
+        assert main(["hang", str(run), "--json"]) == 0
+        found = json.loads(capsys.readouterr().out)
+    finally:
+        for process in ranks.processes:
+            process.kill()
+            process.join()
+    by_rank = {f["rank"]: f for f in found["findings"]}
+    assert sorted(by_rank) == list(range(world))
+    assert (by_rank[stuck]["role"], by_rank[stuck]["phase"], by_rank[stuck]["step"]) == (
+        "stuck",
+        "data_loading",
+        3,
+    )
+    for rank in set(range(world)) - {stuck}:
+        assert (by_rank[rank]["role"], by_rank[rank]["phase"]) == ("waits", "all_reduce"), rank
+    stack = json.loads((run / "hangs" / "step-000003" / f"rank-{stuck:05d}.json").read_text())
+    assert stack["threads"][0]["stack"][-1]["function"] == "wait"  # Event.wait, where it sits

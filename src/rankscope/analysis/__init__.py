@@ -2,7 +2,7 @@
 
 The flow: `read/` turns files into columns and events (the run directory is listed
 through `rankscope._layout.RunDir`); the analyzers here (`_matrix`, `_stragglers`,
-`_kernels`, `_report`, `merge/`) turn those into answers; `render/` draws the HTML
+`_kernels`, `_hangs`, `_report`, `merge/`) turn those into answers; `render/` draws the HTML
 report. `_parallel` is the one way they read files in parallel.
 
 Imports no torch: analysis runs anywhere. Names load on first use, so the trace
@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._hangs import HangFinding, HangReport, find_hangs
     from ._kernels import KernelReport, KernelTable, find_traces, kernel_report
     from ._matrix import PhaseMatrices, phase_matrices
     from ._report import build_report
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from .render._html import render_html
 
 __all__ = [
+    "HangFinding",
+    "HangReport",
     "KernelReport",
     "KernelTable",
     "MergeResult",
@@ -36,6 +39,7 @@ __all__ = [
     "StragglerFinding",
     "StragglerReport",
     "build_report",
+    "find_hangs",
     "find_stragglers",
     "find_traces",
     "kernel_report",
@@ -53,6 +57,9 @@ __all__ = [
 
 _WHERE = {
     "render_html": "render._html",
+    "HangFinding": "_hangs",
+    "HangReport": "_hangs",
+    "find_hangs": "_hangs",
     "KernelReport": "_kernels",
     "KernelTable": "_kernels",
     "find_traces": "_kernels",

@@ -15,6 +15,7 @@ import numpy as np
 from .._errors import TraceError
 from .._layout import SIGNAL_TAG, RunDir, leftovers, window_key
 from .._text import format_ranks, format_steps
+from ._hangs import hangs_of
 from ._kernels import find_traces, kernel_report
 from ._matrix import STEP, PhaseMatrices, phase_matrices
 from ._stragglers import find_stragglers
@@ -42,10 +43,12 @@ def build_report(
     attempt: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Read a run directory's timings, meta and traces and say what they show.
+    """Read a run directory's timings, meta, traces, heartbeats and hang files and say
+    what they show.
 
     A run with timings but no traces (or the other way round) is reported with what it
-    has; a TraceError when it has neither. What could not be read is listed under
+    has; a TraceError when it has none of them. "hangs" (`find_hangs`) is there when the
+    run has heartbeats or hang files. What could not be read is listed under
     "skipped", never dropped silently. A run that restarted into its directory uses the
     latest record of each step, or attempt `attempt`, and says so under "attempts".
     """
@@ -102,7 +105,12 @@ def build_report(
         if not report["kernels"]["windows"]:
             kernels_error = "; ".join(report["kernels"]["skipped"]) or "none readable"
     report["captures"] = _other_captures(root, skipped)
-    other = report["captures"]["nsys"] or report["captures"]["memory"]
+    hangs = hangs_of(meta, time.time_ns())
+    if hangs.files_listed:  # a run that had the watch on: heartbeats or hang files
+        report["hangs"] = hangs.to_dict()
+        said = set(skipped)
+        skipped.extend(line for line in report["hangs"].pop("skipped") if line not in said)
+    other = report["captures"]["nsys"] or report["captures"]["memory"] or hangs.files_read
     if timings_error is not None and kernels_error is not None and not other:
         raise TraceError(
             f"{root}: nothing to report (no timings: {timings_error}; no traces: {kernels_error})"

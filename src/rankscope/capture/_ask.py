@@ -10,8 +10,10 @@ so the command and a Python caller see the same message.
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +25,7 @@ from ._trigger import Trigger, new_trigger_id, rank_listens, read_acks, read_tri
 if TYPE_CHECKING:
     from ..analysis import RunMeta
 
-__all__ = ["ask_for_window", "latest_step", "trigger_status"]
+__all__ = ["Progress", "ask_for_window", "latest_step", "run_progress", "trigger_status"]
 
 _STATES = ("saved", "accepted", "declined", "waiting", "not_listening")
 
@@ -71,8 +73,11 @@ def ask_for_window(
             f"the run's trace.trigger_max_steps is {max_steps}",
         )
     check = max(int(t["trigger_check_every_n_steps"]) for t in traces)
-    lead = _lead(timers, check)
-    latest = latest_step(run_dir)
+    progress = run_progress(run_dir)
+    if progress.state == "finished":
+        raise TraceError(f"{run_dir}: {progress.note}; no rank is left to see a trigger")
+    latest = progress.step
+    lead = progress.lag + check + 2 if progress.source == "heartbeat" else _lead(timers, check)
     start = _start(run_dir, latest, lead, at, in_steps)
     trigger = Trigger(
         new_trigger_id(),
@@ -82,10 +87,12 @@ def ask_for_window(
         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
     path = write_trigger(run_dir, trigger)
-    note = None
+    note = progress.note
     if latest is None:
-        note = "the run has no timings, so whether this step is still ahead is not known"
-    elif start < latest + lead:
+        note = (
+            "the run has no heartbeat or timings, so whether this step is still ahead is not known"
+        )
+    elif note is None and start < latest + lead:
         note = (
             f"ranks may first see this trigger as late as step {latest + lead - 2}; "
             f"a rank that sees it at step {start} or later declines it"
@@ -100,6 +107,7 @@ def ask_for_window(
         "window": trigger.window,
         "traces": str(Path(run_dir) / folder / trigger.window),
         "latest_step": latest,
+        "run": progress.to_dict(),
         "selected": selected,
         "listening": listening,
         "not_listening": {str(r): why for r, why in unheard.items()},
@@ -161,7 +169,74 @@ def trigger_status(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
                 "saved": saved,
             }
         )
-    return {"run_dir": str(run_dir), "triggers": found, "skipped": skipped}
+    progress = run_progress(run_dir)
+    return {
+        "run_dir": str(run_dir),
+        "run": progress.to_dict(),
+        "triggers": found,
+        "skipped": skipped,
+    }
+
+
+@dataclass
+class Progress:
+    """How far a run has come, from its heartbeats (or, without any, its timings)."""
+
+    state: str
+    """"running", "finished" (every heartbeat says its rank's stop() ran), "stale" (no
+    heartbeat moved for a long time: finished without stop(), or hung), "unknown"."""
+    step: int | None = None
+    """The latest step a running rank is in (or the timings reached)."""
+    lag: int = 0
+    """Steps the run may have gone on since the heartbeats said `step`."""
+    source: str | None = None
+    """"heartbeat" or "timings"."""
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "step": self.step, "source": self.source, "note": self.note}
+
+
+# No heartbeat moved for this long: the run looks over (a live rank rewrites its
+# heartbeat every few seconds whenever it steps or enters a phase).
+_STALE_S = 300.0
+
+
+def run_progress(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> Progress:
+    """Where the run stands: its heartbeats say it from the first step on."""
+    from ..analysis.read._watch import read_watch
+
+    beats = read_watch(run_dir).heartbeats
+    if not beats:
+        latest = latest_step(run_dir)
+        return Progress("unknown" if latest is None else "running", latest, source="timings")
+    now = time.time_ns() if now_ns is None else now_ns
+    if all(beat.stopped for beat in beats.values()):
+        last = max(beat.stopped_ns or beat.written_ns for beat in beats.values())
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last / 1e9))
+        return Progress(
+            "finished",
+            max(beat.step for beat in beats.values()),
+            source="heartbeat",
+            note=f"the run looks finished: every rank's stop() ran (the last at {when})",
+        )
+    running = [beat for beat in beats.values() if not beat.stopped]
+    moved = max(beat.moved_ns for beat in running)
+    step = max(beat.step for beat in running)
+    if (now - moved) / 1e9 > _STALE_S:
+        minutes = (now - moved) / 60e9
+        return Progress(
+            "stale",
+            step,
+            source="heartbeat",
+            note=f"no heartbeat has moved for {minutes:.0f} min: the run looks finished or "
+            "hung (rankscope hang says which)",
+        )
+    # Steps the ranks may have taken since their heartbeats were written.
+    oldest = min(beat.written_ns for beat in running)
+    medians = [b.median_step_s for b in running if b.median_step_s]
+    lag = math.ceil((now - oldest) / 1e9 / min(medians)) + 1 if medians else 10
+    return Progress("running", step, lag=min(lag, 10_000), source="heartbeat")
 
 
 def latest_step(run_dir: str | os.PathLike[str]) -> int | None:
@@ -244,7 +319,7 @@ def _start(
         return at
     if latest is None:
         raise TraceError(
-            f"{run_dir}: no timings to tell which step the run has reached "
-            "(is the timer on?); give the first step with --at STEP"
+            f"{run_dir}: no heartbeat or timings to tell which step the run has reached "
+            "(is hang.enable off?); give the first step with --at STEP"
         )
     return latest + (lead if in_steps is None else in_steps)

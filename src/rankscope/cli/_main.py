@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .._errors import ConfigError, RankscopeError
-from .._layout import REPORT, TRIGGERS, RunDir
+from .._errors import ConfigError, RankscopeError, TraceError
+from .._layout import HANGS, LIVE, REPORT, TRIGGERS, RunDir
 from .._version import __version__
 
 __all__ = ["main"]
@@ -156,6 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     _json_option(merge)
     merge.set_defaults(run=_merge)
 
+    _hang_command(commands)
+
     trigger = commands.add_parser(
         "trigger",
         help="ask a running job to record a window now, or (--status) who answered",
@@ -190,6 +192,22 @@ def _parser() -> argparse.ArgumentParser:
     _json_option(trigger)
     trigger.set_defaults(run=_trigger)
     return parser
+
+
+def _hang_command(commands: Any) -> None:
+    hang = commands.add_parser(
+        "hang",
+        help="which rank is stuck where, and which ranks wait for it",
+        description=(
+            f"Read the ranks' heartbeats (RUN_DIR/{LIVE}) and hang files (RUN_DIR/{HANGS}) and "
+            "say whether the job is hung, which rank is stuck in which phase at which step "
+            "since when, and which ranks wait for it. Exit 0 whenever they could be read, "
+            "hung or not; 2 when there is none to read."
+        ),
+    )
+    hang.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    _json_option(hang)
+    hang.set_defaults(run=_hang)
 
 
 def _straggler_options(parser: argparse.ArgumentParser) -> None:
@@ -458,6 +476,25 @@ def _demo(args: argparse.Namespace) -> int:
         _print_json(report)
     else:
         render.demo_end(job, report, trained, time.perf_counter() - started)
+    return 0
+
+
+def _hang(args: argparse.Namespace) -> int:
+    from ..analysis import find_hangs
+
+    render = None if args.json else _terminal("hang")
+    found = find_hangs(args.run_dir)
+    if found.files_read == 0:
+        first = " ".join(found.skipped[0].split()) if found.skipped else ""  # one line
+        why = f"; {len(found.skipped)} skipped, first {first}" if first else ""
+        raise TraceError(
+            f"{found.run_dir}: no heartbeats ({LIVE}/) or hang files ({HANGS}/) to read: "
+            f"the watch was off, or the run predates it{why}"
+        )
+    if render is None:
+        _print_json(found.to_dict())
+    else:
+        render.hang(found.to_dict())
     return 0
 
 

@@ -7,6 +7,7 @@ Names from traces go into Text objects, never markup: a kernel name like
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from rich.text import Text
 
 from .._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
 from .._text import format_ranks
+from ..analysis._hangs import duration
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport
 
@@ -26,6 +28,7 @@ __all__ = [
     "Progress",
     "demo_end",
     "demo_start",
+    "hang",
     "kernels",
     "merged",
     "report",
@@ -181,6 +184,10 @@ def report(data: dict[str, Any], html: Path | None) -> None:
                 f"{entry['bytes'] / 1e6:.1f} MB (open at https://pytorch.org/memory_viz)"
             )
         )
+    hangs = data.get("hangs")
+    if hangs is not None:
+        _console.print("[bold]Hangs[/bold]")
+        hang(hangs, title=False)
     _skipped(data.get("skipped", []))
     if html is not None:
         _console.print(Text(f"\nHTML report: {html}"))
@@ -269,6 +276,84 @@ def _rank_list(ranks: list[int]) -> str:
     return format_ranks(ranks) if ranks else "no ranks"
 
 
+# -- hangs ---------------------------------------------------------------------
+
+_STATE_STYLES = {"hung": "bold red", "no heartbeats": "yellow"}
+_STACKS_SHOWN = 4  # stuck ranks whose frames are printed; --json has them all
+
+
+def _utc(epoch_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_s))
+
+
+def _for(seconds: float) -> str:
+    return duration(seconds)
+
+
+def hang(data: dict[str, Any], title: bool = True) -> None:
+    """`rankscope hang`, or the hangs part of `rankscope report` (title=False)."""
+    if title:
+        _console.print(Text(f"rankscope hang: {data['run_dir']}", style="bold"))
+    age = data["newest_heartbeat_age_s"]
+    newest = "" if age is None else f"; the newest heartbeat of a running rank is {_for(age)} old"
+    _console.print(Text(f"as of {_utc(data['as_of'])}{newest}"))
+    state = data["state"]
+    line = Text(f"{state}: ", style=_STATE_STYLES.get(state, "green"))
+    line.append(data["summary"])
+    _console.print(line)
+    groups = data["groups"]
+    if groups:
+        table = Table(box=box.SIMPLE_HEAD, title="Stalled ranks", title_justify="left")
+        for column in ("role", "ranks", "phase", "kind", "step", "for", "since"):
+            table.add_column(column, justify="right" if column in ("step", "for") else "left")
+        for g in groups:
+            table.add_row(
+                g["role"],
+                _name(_rank_list(g["ranks"]), 40),
+                _name(g["phase"] or "(outside any phase)", 30),
+                g["kind"] or "-",
+                str(g["step"]),
+                _for(g["for_s"]),
+                _utc(g["since"]),
+            )
+        _console.print(table)
+    stuck = [f for f in data["findings"] if f["role"] == "stuck"]
+    for f in stuck[:_STACKS_SHOWN]:
+        _stuck(f)
+    if len(stuck) > _STACKS_SHOWN:
+        _console.print(f"  ... {len(stuck) - _STACKS_SHOWN} more stuck ranks (--json has them)")
+    ranks = data["ranks"]
+    if ranks["missing"]:
+        _console.print(Text(f"no heartbeat: {_rank_list(ranks['missing'])}", style="yellow"))
+    for note in data["notes"]:
+        _console.print(Text(f"note: {note}", style="yellow"))
+    _skipped(data.get("skipped", []))
+
+
+def _stuck(f: dict[str, Any]) -> None:
+    host = f" on {f['host']}" if f["host"] else ""
+    path = " > ".join(p["phase"] for p in f["open"]) or "no open phase"
+    _console.print(Text(f"stuck rank {f['rank']}{host}, step {f['step']}: {path}", style="bold"))
+    frames = f.get("frames") or []
+    if frames:
+        _console.print(Text(f"  innermost frames of its training thread ({f['thread']}):"))
+        for frame in frames:
+            _console.print(Text(f"    {frame['file']}:{frame['line']} in {frame['function']}"))
+            if frame["code"]:
+                _console.print(Text(f"      {frame['code']}"))
+    elif f["hang_file"] is None:
+        _console.print(
+            Text(
+                f"  no hang file: its watchdog writes one with the stacks after "
+                f"{_for(f['threshold_s'])} without a step()"
+            )
+        )
+    if f["flight_recorder"]:
+        _console.print(Text(f"  Flight Recorder dump: {f['flight_recorder']}"))
+    elif f["flight_recorder_skipped"]:
+        _console.print(Text(f"  no Flight Recorder dump: {f['flight_recorder_skipped']}"))
+
+
 # -- triggers ------------------------------------------------------------------
 
 
@@ -283,7 +368,8 @@ def _grouped(reasons: dict[str, str], ranks: list[int]) -> list[tuple[list[int],
 def trigger_written(data: dict[str, Any]) -> None:
     _console.print(Text(f"rankscope trigger: wrote {data['path']}", style="bold"))
     latest = data["latest_step"]
-    reached = "" if latest is None else f"; the run's timings have reached step {latest}"
+    said = "heartbeats say it is in" if data["run"]["source"] == "heartbeat" else "timings reached"
+    reached = "" if latest is None else f"; the run's {said} step {latest}"
     _console.print(
         Text(
             f"  window {data['window']}: steps {data['start']}-{data['last']} "
@@ -315,6 +401,9 @@ _STATES = {
 
 
 def trigger_status(data: dict[str, Any]) -> None:
+    note = data["run"]["note"]
+    if note is not None:
+        _console.print(Text(note, style="yellow"))
     triggers = data["triggers"]
     if not triggers:
         _console.print(Text(f"no triggers in {data['run_dir']}"))

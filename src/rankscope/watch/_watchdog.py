@@ -5,8 +5,9 @@ itself, so the training thread reads no clock for it: a step's start is when the
 watchdog first saw its number, a phase's start when it first saw the phase open
 (both to within one poll). It writes:
 
-- RUN_DIR/live/rank-NNNNN.json: at most every `heartbeat_s`, only when something
-  changed, and once more at stop() with state "stopped";
+- RUN_DIR/live/rank-NNNNN.json: at most every `heartbeat_s` when something changed,
+  once a minute when nothing did (a stuck rank is alive; a killed one is not), and once
+  more at stop() with state "stopped";
 - RUN_DIR/hangs/step-NNNNNN/rank-NNNNN.json: when a step has not ended after
   max(after_s, factor x the median step), with the open phases, the last completed
   step, the Python stack of every thread and, where NCCL is in use, torch's Flight
@@ -44,6 +45,9 @@ logger = logging.getLogger(__name__)
 _VERSION = 1
 _STEPS_KEPT = 64  # step times the median is taken over
 _FRAMES_KEPT = 64  # innermost frames kept per thread in a hang file
+# Rewritten this often even when nothing changed: a rank stuck but alive keeps its
+# written_ns moving (moved_ns does not), so a reader tells it from a killed one.
+_KEEPALIVE_NS = 60 * 10**9
 
 
 class Watchdog:
@@ -103,7 +107,10 @@ class Watchdog:
                 now = time.time_ns()
                 self._look(now)
                 self._watch(now)
-                if self._changed and now - self._written >= self._config.heartbeat_s * 1e9:
+                since = now - self._written
+                if (
+                    self._changed and since >= self._config.heartbeat_s * 1e9
+                ) or since >= _KEEPALIVE_NS:
                     self._write_heartbeat(now, stopped=False)
             except Exception as exc:  # nothing may reach the job; the next poll tries again
                 self._warn("watching", exc)
@@ -167,6 +174,8 @@ class Watchdog:
             "step": self._step,
             "step_started_ns": self._step_seen,
             "median_step_s": None if median is None else round(median, 6),
+            "threshold_s": round(self._threshold(), 3),
+            "started_ns": current_attempt().started_ns,
             "open": self._open_phases(),
             "state": "stopped" if stopped else "running",
             "stopped_ns": now if stopped else None,

@@ -153,31 +153,37 @@ def run_attempts(
     # Records from before attempts were written come first; then by start.
     marks.sort(key=lambda m: (m[2].started_ns is not None, m[2].started_ns or 0, m[1], m[0]))
     groups: list[list[tuple[int, AttemptMark]]] = []
+    members: list[set[int]] = []  # each group's ranks
+    first: list[int | None] = []  # each group's earliest start
     latest: dict[object, int] = {}  # a launcher's (job, restart), or None: its latest group
     of_rank = {rank: np.zeros(len(t.attempts), np.int64) for rank, t in ranks.items()}
     for rank, own, mark in marks:
         key = (mark.launcher, mark.job, mark.restart) if mark.job is not None else None
         index = latest.get(key)
-        if index is not None and not _may_join(groups[index], rank, mark, key is not None):
+        if index is not None and (
+            rank in members[index]  # a rank starts once per attempt
+            or not (key is not None or _near(first[index], mark.started_ns))
+        ):
             index = None
         if index is None:
             index = len(groups)
             groups.append([])
+            members.append(set())
+            first.append(mark.started_ns)
             latest[key] = index
         groups[index].append((rank, mark))
+        members[index].add(rank)
         of_rank[rank][own] = index
     return groups, of_rank
 
 
-def _may_join(
-    group: list[tuple[int, AttemptMark]], rank: int, mark: AttemptMark, keyed: bool
-) -> bool:
-    if any(r == rank for r, _ in group):
-        return False  # a rank starts once per attempt
-    if keyed or mark.started_ns is None:
-        return True
-    starts = [m.started_ns for _, m in group if m.started_ns is not None]
-    return not starts or mark.started_ns - min(starts) < _ONE_LAUNCH_NS
+def _near(first: int | None, started: int | None) -> bool:
+    """A start joins a group started less than _ONE_LAUNCH_NS before it (marks sort by start,
+    so a group's first start is its earliest); records without a start (an older
+    rankscope's) join only each other."""
+    if first is None or started is None:
+        return first is None and started is None
+    return started - first < _ONE_LAUNCH_NS
 
 
 def _latest(

@@ -2,11 +2,12 @@
 
 The page's style and script are report.css and report.js beside this module, inlined.
 
-Sections: summary (ranks, steps, stragglers in words, phases), a rank x sampled-step
-heatmap drawn on a canvas, the per-rank phase breakdown, the top kernels per captured
-window, and the input that was skipped. Every name from the data is HTML-escaped in the
-page, the data embedded for the script is safe inside <script>, the script inserts text
-with textContent only, and a Content-Security-Policy lets no other script run.
+Sections: summary (ranks, steps, stragglers in words, phases), hangs where the run had
+the watch on (render/_hangs.py), a rank x sampled-step heatmap drawn on a canvas, the
+per-rank phase breakdown, the top kernels per captured window, and the input that was
+skipped. Every name from the data is HTML-escaped in the page, the data embedded for the
+script is safe inside <script>, the script inserts text with textContent only, and a
+Content-Security-Policy lets no other script run.
 
 Size: the heatmap values dominate, at 4 significant digits about 6 bytes a cell: 1024
 ranks x 200 steps x 7 metrics (step time and 6 phases) makes a 8.9 MB page (7.5 MB with
@@ -26,6 +27,7 @@ from importlib import resources
 from typing import Any
 
 from ..._text import number_ranges
+from ._hangs import hangs_section
 from ._values import (
     as_float,
     as_int,
@@ -79,6 +81,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         [
             _header(report, run_dir),
             _summary(report, findings, hosts),
+            *([hangs_section(report)] if "hangs" in report else []),
             heatmap_html,
             _breakdown(report, findings),
             _kernels(report),
@@ -108,11 +111,12 @@ def _header(report: Mapping[str, Any], run_dir: str) -> str:
     meta = [f"generated {esc(generated)}" if generated else "generation time not given"]
     if version is not None:
         meta.append(f"report schema v{esc(as_text(version))}")
+    hangs = '<a href="#hangs">hangs</a>' if "hangs" in report else ""
     return (
         "<header>\n<h1>rankscope report</h1>\n"
         f'<p class="run"><code>{esc(run_dir)}</code></p>\n'
         f'<p class="meta">{" · ".join(meta)}</p>\n'
-        '<nav><a href="#summary">summary</a><a href="#heatmap">heatmap</a>'
+        f'<nav><a href="#summary">summary</a>{hangs}<a href="#heatmap">heatmap</a>'
         '<a href="#breakdown">breakdown</a><a href="#kernels">kernels</a>'
         '<a href="#skipped">skipped input</a></nav>\n</header>'
     )

@@ -1,0 +1,627 @@
+"""Who is stuck, and where: a run's heartbeats and hang files, the stuck rank told apart
+from the ranks that wait for it (docs/hangs.md says these rules for users).
+
+- Attempts. A rank's heartbeat is rewritten by each start of that rank, so it is the
+  rank's latest attempt. A hang file counts only when its attempt token is the one in
+  its rank's heartbeat (without a heartbeat: the one in its meta file; without either,
+  the token of its newest hang file); the others are an earlier attempt's, left out
+  and counted. Heartbeats of ranks that did not start again in the run's latest launch
+  (a job restarted with fewer ranks) are left out too: their starts, from the meta
+  files, are matched into launches as the timings' are (`run_attempts`).
+- Stalled. A rank whose heartbeat says "running" is stalled when it has an open stall
+  (a hang file of its attempt with no `ended_ns`, and its heartbeat still at that
+  step), or when it has not moved (no step(), no phase entered or left) for longer
+  than its threshold, judged against now: the hang file's `threshold_s`, else the
+  heartbeat's, else max(hang.factor x its median step time, hang.after_s), from the
+  rank's config in its meta file (the watchdog's own rule and defaults).
+- Stuck or waiting. Of the stalled ranks, those whose innermost open phase is not of
+  kind "comm" (or that are in no phase) and whose step is the lowest among such ranks
+  are stuck; every other stalled rank waits (in a collective, or at a later step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._config import HangConfig
+from .._errors import ConfigError
+from .._text import format_ranks, number_ranges
+from .read._attempts import _ONE_LAUNCH_NS as ONE_LAUNCH_NS
+from .read._attempts import AttemptMark, mark_of, run_attempts
+from .read._run import RunMeta, read_run_meta
+from .read._watch import Frame, HangFile, Heartbeat, OpenPhase, read_watch
+
+__all__ = [
+    "HANGS_VERSION",
+    "STALL_FACTOR",
+    "STALL_FLOOR_S",
+    "HangFinding",
+    "HangReport",
+    "duration",
+    "find_hangs",
+    "hangs_of",
+]
+
+HANGS_VERSION = 1
+_DEFAULTS = HangConfig()
+STALL_FACTOR = _DEFAULTS.factor
+"""Median step times a rank may go unmoved (hang.factor), where its meta does not say..."""
+STALL_FLOOR_S = _DEFAULTS.after_s
+"""...and never less than this many seconds (hang.after_s)."""
+_GRACE_S = 60.0
+"""How long past its threshold a stall may go before the missing hang file is news."""
+_NS = 1_000_000_000
+_SUMMARY_GROUPS = 3  # groups of one role named in the summary sentence; the table has all
+
+STUCK = "stuck"
+WAITS = "waits"
+
+
+@dataclass(frozen=True, slots=True)
+class HangFinding:
+    """A stalled rank: stuck (the cause) or waiting, where, since when."""
+
+    rank: int
+    role: str
+    """"stuck" or "waits"."""
+    host: str | None
+    step: int
+    open: tuple[OpenPhase, ...]
+    """The phases it is inside, outermost first."""
+    since_ns: int
+    """When it entered its innermost phase; in none, when it last moved."""
+    now_ns: int
+    moved_ns: int
+    written_ns: int | None
+    """When its heartbeat was last written; None without one."""
+    threshold_s: float
+    hang: HangFile | None
+    """Its open stall's hang file, where its watchdog wrote one."""
+
+    @property
+    def phase(self) -> str | None:
+        return self.open[-1].phase if self.open else None
+
+    @property
+    def kind(self) -> str | None:
+        return self.open[-1].kind if self.open else None
+
+    @property
+    def for_s(self) -> float:
+        return max(0, self.now_ns - self.since_ns) / _NS
+
+    def to_dict(self) -> dict[str, Any]:
+        hang = self.hang
+        out: dict[str, Any] = {
+            "rank": self.rank,
+            "host": self.host,
+            "role": self.role,
+            "phase": self.phase,
+            "kind": self.kind,
+            "step": self.step,
+            "since": _epoch_s(self.since_ns),
+            "for_s": round(self.for_s, 3),
+            "heartbeat_age_s": None
+            if self.written_ns is None
+            else round(max(0, self.now_ns - self.written_ns) / _NS, 3),
+            "moved_ago_s": round(max(0, self.now_ns - self.moved_ns) / _NS, 3),
+            "threshold_s": self.threshold_s,
+            "open": [_open_dict(p) for p in self.open],
+            "hang_file": None if hang is None else str(hang.path),
+            "detected": None if hang is None else _epoch_s(hang.detected_ns),
+            "flight_recorder": None if hang is None else hang.flight_recorder,
+            "flight_recorder_skipped": None if hang is None else hang.flight_recorder_skipped,
+        }
+        if self.role == STUCK:
+            out["thread"] = None if hang is None else hang.thread
+            out["frames"] = [] if hang is None else [_frame_dict(f) for f in hang.frames]
+        return out
+
+
+@dataclass
+class HangReport:
+    """What `find_hangs` found: the state, the stalled ranks, and what else was seen."""
+
+    run_dir: Path
+    state: str
+    """"hung", "running", "finished" (every heartbeat stopped) or "no heartbeats"."""
+    summary: str
+    now_ns: int
+    world_size: int | None
+    findings: list[HangFinding] = field(default_factory=list)
+    heartbeats: int = 0
+    newest_heartbeat_ns: int | None = None
+    """When the newest heartbeat of a running rank was written."""
+    running: list[int] = field(default_factory=list)
+    stopped: list[int] = field(default_factory=list)
+    stopped_steps: list[int] = field(default_factory=list)
+    """The step each stopped rank was at, in the order of `stopped`."""
+    missing: list[int] = field(default_factory=list)
+    earlier_launch: list[int] = field(default_factory=list)
+    longest_unmoved: tuple[float, int] | None = None
+    """(seconds, rank): the running rank, not stalled, that went longest without moving."""
+    stalls_ended: list[dict[str, Any]] = field(default_factory=list)
+    older_hang_files: int = 0
+    files_listed: int = 0
+    """Heartbeat and hang file names found, readable or not."""
+    files_read: int = 0
+    """Heartbeats and hang files that passed their checks (of any attempt)."""
+    notes: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def groups(self) -> list[dict[str, Any]]:
+        """The findings by (role, phase, kind, step): stuck first, then the largest."""
+        by_key: dict[tuple[str, str | None, str | None, int], list[HangFinding]] = {}
+        for f in self.findings:
+            by_key.setdefault((f.role, f.phase, f.kind, f.step), []).append(f)
+        ordered = sorted(
+            by_key.items(),
+            key=lambda item: (item[0][0] != STUCK, -len(item[1]), item[0][3], item[1][0].rank),
+        )
+        return [
+            {
+                "role": role,
+                "phase": phase,
+                "kind": kind,
+                "step": step,
+                "ranks": [f.rank for f in found],
+                "count": len(found),
+                "for_s": round(max(f.for_s for f in found), 3),
+                "since": _epoch_s(min(f.since_ns for f in found)),
+            }
+            for (role, phase, kind, step), found in ordered
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        newest = self.newest_heartbeat_ns
+        longest = self.longest_unmoved
+        return {
+            "v": HANGS_VERSION,
+            "run_dir": str(self.run_dir),
+            "state": self.state,
+            "summary": self.summary,
+            "as_of": _epoch_s(self.now_ns),
+            "newest_heartbeat_age_s": None
+            if newest is None
+            else round(max(0, self.now_ns - newest) / _NS, 3),
+            "rules": {"stall_factor": STALL_FACTOR, "stall_floor_s": STALL_FLOOR_S},
+            "ranks": {
+                "world_size": self.world_size,
+                "heartbeats": self.heartbeats,
+                "stuck": [f.rank for f in self.findings if f.role == STUCK],
+                "waiting": [f.rank for f in self.findings if f.role == WAITS],
+                "running": self.running,
+                "stopped": self.stopped,
+                "missing": self.missing,
+                "earlier_launch": self.earlier_launch,
+            },
+            "groups": self.groups(),
+            "findings": [f.to_dict() for f in self.findings],
+            "longest_unmoved": None
+            if longest is None
+            else {"rank": longest[1], "s": round(longest[0], 3)},
+            "stalls_ended": self.stalls_ended,
+            "older_hang_files": self.older_hang_files,
+            "notes": self.notes,
+            "skipped": self.skipped,
+        }
+
+
+def find_hangs(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> HangReport:
+    """Read a run's heartbeats (RUN_DIR/live) and hang files (RUN_DIR/hangs) and say
+    who is stuck where, and who waits for it.
+
+    `now_ns` (epoch ns) is the time to judge against; the clock by default. A path
+    that is not a run directory is a TraceError; a run without heartbeats or hang files
+    is a report whose state is "no heartbeats". Bad files are named in `skipped`.
+    """
+    if now_ns is not None and (
+        isinstance(now_ns, bool) or not isinstance(now_ns, int) or now_ns < 0
+    ):
+        raise ConfigError("now_ns", now_ns, "epoch nanoseconds, an integer >= 0")
+    meta = read_run_meta(run_dir)
+    report = hangs_of(meta, time.time_ns() if now_ns is None else now_ns)
+    report.skipped[:0] = meta.skipped
+    return report
+
+
+def hangs_of(meta: RunMeta, now_ns: int) -> HangReport:
+    """`find_hangs` for a run whose meta files are read already; what the meta files
+    could not give is the caller's to say (not in `skipped`)."""
+    files = read_watch(meta.root)
+    beats, earlier = _latest_launch(files.heartbeats, meta)
+    open_hangs, ended, older = _current_hangs(files.hangs, beats, set(earlier), meta)
+    world = _world_size(meta, beats, earlier)
+    running = [b.written_ns for b in beats.values() if not b.stopped]
+    report = HangReport(
+        run_dir=meta.root.resolve(),
+        state="",
+        summary="",
+        now_ns=now_ns,
+        world_size=world,
+        heartbeats=len(beats),
+        newest_heartbeat_ns=max(running) if running else None,
+        earlier_launch=earlier,
+        older_hang_files=older,
+        files_listed=files.listed,
+        files_read=len(files.heartbeats) + len(files.hangs),
+        skipped=files.skipped,
+    )
+    present = set(beats) | set(open_hangs) | {h.rank for h in ended}
+    size = world if world is not None else max(present, default=-1) + 1
+    report.missing = [r for r in range(size) if r not in present]
+    report.findings = _roles(_judge(report, beats, open_hangs, meta))
+    report.stalls_ended = _ended(ended)
+    report.state = _state(report, beats)
+    report.summary = _summary(report)
+    report.notes = _notes(report)
+    return report
+
+
+# -- attempts and launches -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Starts:
+    """What `run_attempts` reads of a rank: its starts (here one, its latest)."""
+
+    attempts: list[AttemptMark]
+
+
+def _meta_attempt(meta: RunMeta, rank: int) -> dict[str, Any] | None:
+    attempt = meta.meta.get(rank, {}).get("attempt")
+    return attempt if isinstance(attempt, dict) else None
+
+
+def _latest_launch(
+    beats: dict[int, Heartbeat], meta: RunMeta
+) -> tuple[dict[int, Heartbeat], list[int]]:
+    """The heartbeats of the run's latest launch, and the ranks whose heartbeat is of an
+    earlier one. A start is known from the heartbeat's `started_ns`, or from the rank's
+    meta file when it names the heartbeat's attempt; a rank whose start is not known is
+    kept."""
+    starts: dict[int, _Starts] = {}
+    for rank, beat in beats.items():
+        mark: AttemptMark | str | None = None
+        attempt = _meta_attempt(meta, rank)
+        if attempt is not None and attempt.get("attempt") == beat.attempt:
+            mark = mark_of(attempt)
+        if (not isinstance(mark, AttemptMark) or mark.started_ns is None) and beat.started_ns:
+            mark = AttemptMark(token=beat.attempt, started_ns=beat.started_ns)
+        if isinstance(mark, AttemptMark) and mark.started_ns is not None:
+            starts[rank] = _Starts([mark])
+    if len(starts) < 2 or _one_launch([s.attempts[0] for s in starts.values()]):
+        return beats, []
+    launches, _ = run_attempts(starts)
+    if len(launches) < 2:
+        return beats, []
+    latest = {rank for rank, _ in launches[-1]}
+    earlier = sorted(set(starts) - latest)
+    return {r: b for r, b in beats.items() if r not in earlier}, earlier
+
+
+def _one_launch(marks: list[AttemptMark]) -> bool:
+    """The common case, seen without pairing every rank with every other (`run_attempts`
+    does, which 4096 ranks make seconds): one launcher key, starts within its window."""
+    keys = {(m.launcher, m.job, m.restart) if m.job is not None else None for m in marks}
+    starts = [m.started_ns or 0 for m in marks]
+    return len(keys) == 1 and max(starts) - min(starts) < ONE_LAUNCH_NS
+
+
+def _current_hangs(
+    hangs: list[HangFile], beats: dict[int, Heartbeat], earlier: set[int], meta: RunMeta
+) -> tuple[dict[int, HangFile], list[HangFile], int]:
+    """(each rank's open stall of its current attempt, the stalls of that attempt that
+    ended, how many hang files were an earlier attempt's)."""
+    by_rank: dict[int, list[HangFile]] = {}
+    for hang in hangs:
+        by_rank.setdefault(hang.rank, []).append(hang)
+    open_hangs: dict[int, HangFile] = {}
+    ended: list[HangFile] = []
+    older = 0
+    for rank, files in sorted(by_rank.items()):
+        if rank in earlier:
+            older += len(files)
+            continue
+        beat = beats.get(rank)
+        attempt = _meta_attempt(meta, rank)
+        if beat is not None:
+            token = beat.attempt
+        elif attempt is not None and isinstance(attempt.get("attempt"), str):
+            token = attempt["attempt"]
+        else:
+            token = max(files, key=lambda h: h.detected_ns).attempt
+        mine = [h for h in files if h.attempt == token]
+        older += len(files) - len(mine)
+        still = [h for h in mine if _still_open(h, beat)]
+        ended.extend(h for h in mine if h not in still)
+        if still:
+            named = [h for h in still if beat is not None and h.stall == beat.hang]
+            pick = (named or sorted(still, key=lambda h: h.detected_ns))[-1]
+            open_hangs[rank] = pick
+            ended.extend(h for h in still if h is not pick)
+    return open_hangs, ended, older
+
+
+def _still_open(hang: HangFile, beat: Heartbeat | None) -> bool:
+    """A stall that has not ended: no ended_ns, and the rank's heartbeat (if any) is
+    running and still in that step (the watchdog's own rule: a stall lasts until the
+    step changes; its rewrite with ended_ns may not have landed, or the rank died)."""
+    if hang.ended_ns is not None:
+        return False
+    return beat is None or (not beat.stopped and beat.step == hang.step)
+
+
+def _world_size(meta: RunMeta, beats: dict[int, Heartbeat], earlier: list[int]) -> int | None:
+    """The world size the meta files state; after a launch with fewer ranks, the one the
+    latest launch's ranks state."""
+    if not earlier:
+        return meta.world_size
+    sizes = [
+        size
+        for rank in beats
+        if isinstance(size := meta.meta.get(rank, {}).get("world_size"), int)
+        and not isinstance(size, bool)
+        and rank < size <= (1 << 20)
+    ]
+    return max(sizes) if sizes else meta.world_size
+
+
+# -- judging each rank -----------------------------------------------------------------
+
+
+def _judge(
+    report: HangReport,
+    beats: dict[int, Heartbeat],
+    open_hangs: dict[int, HangFile],
+    meta: RunMeta,
+) -> list[HangFinding]:
+    """The stalled ranks (roles not yet given); fills running, stopped and longest_unmoved."""
+    now = report.now_ns
+    stalled: list[HangFinding] = []
+    for rank in sorted(set(beats) | set(open_hangs)):
+        beat, hang = beats.get(rank), open_hangs.get(rank)
+        if beat is not None and beat.stopped:
+            report.stopped.append(rank)
+            report.stopped_steps.append(beat.step)
+            continue
+        if beat is not None:
+            step, phases, moved = beat.step, beat.open, beat.moved_ns
+        elif hang is not None:  # no heartbeat: the last it moved is when its phases began
+            step, phases = hang.step, hang.open
+            moved = max([hang.step_started_ns or 0, *(p.since_ns for p in hang.open)])
+        else:
+            continue
+        threshold = _threshold(beat, hang, meta.meta.get(rank, {}))
+        host = (beat.host if beat else None) or (hang.host if hang else None)
+        unmoved = max(0, now - moved) / _NS
+        if hang is None and unmoved <= threshold:
+            report.running.append(rank)
+            if report.longest_unmoved is None or unmoved > report.longest_unmoved[0]:
+                report.longest_unmoved = (unmoved, rank)
+            continue
+        stalled.append(
+            HangFinding(
+                rank=rank,
+                role=WAITS,
+                host=host or meta.hosts.get(rank),
+                step=step,
+                open=phases,
+                since_ns=phases[-1].since_ns if phases else moved,
+                now_ns=now,
+                moved_ns=moved,
+                written_ns=beat.written_ns if beat else None,
+                threshold_s=threshold,
+                hang=hang,
+            )
+        )
+    return stalled
+
+
+def _threshold(beat: Heartbeat | None, hang: HangFile | None, meta: dict[str, Any]) -> float:
+    """The rank's watchdog threshold: as its hang file or heartbeat states it, else by
+    the watchdog's rule from the rank's config (its meta file), else from the defaults."""
+    if hang is not None:
+        return hang.threshold_s
+    if beat is not None and beat.threshold_s is not None:
+        return beat.threshold_s
+    config = meta.get("config")
+    rule = config.get("hang") if isinstance(config, dict) else None
+    after = _positive(rule, "after_s", STALL_FLOOR_S)
+    factor = _positive(rule, "factor", STALL_FACTOR)
+    median = beat.median_step_s if beat is not None else None
+    return max(factor * median, after) if median else after
+
+
+def _positive(rule: object, key: str, default: float) -> float:
+    value = rule.get(key) if isinstance(rule, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    return float(value) if math.isfinite(value) and 0 < value <= 1e9 else default
+
+
+def _roles(stalled: list[HangFinding]) -> list[HangFinding]:
+    """Stuck: outside a collective, at the lowest step of such ranks; the rest wait."""
+    low = min((f.step for f in stalled if f.kind != "comm"), default=None)
+    return [
+        dataclasses.replace(f, role=STUCK) if f.kind != "comm" and f.step == low else f
+        for f in stalled
+    ]
+
+
+def _ended(ended: list[HangFile]) -> list[dict[str, Any]]:
+    by_stall: dict[str, list[HangFile]] = {}
+    for hang in ended:
+        by_stall.setdefault(hang.stall, []).append(hang)
+    out = []
+    for stall, files in sorted(by_stall.items()):
+        lengths = [h.stalled_s for h in files if h.stalled_s is not None]
+        out.append(
+            {
+                "stall": stall,
+                "steps": sorted({h.step for h in files}),
+                "ranks": sorted({h.rank for h in files}),
+                "longest_s": max(lengths) if lengths else None,
+            }
+        )
+    return out
+
+
+def _state(report: HangReport, beats: dict[int, Heartbeat]) -> str:
+    if report.findings:
+        return "hung"
+    if not beats:
+        return "no heartbeats"
+    if not report.running:
+        return "finished"
+    return "running"
+
+
+# -- words -----------------------------------------------------------------------------
+
+
+def duration(seconds: float) -> str:
+    """`45 s`, `4 min`, `2.5 h`, `3.1 days`: how long, as people say it."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 120 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def _where(phase: str | None, kind: str | None) -> str:
+    return "outside any phase" if phase is None else f"in {phase} ({kind})"
+
+
+def _summary(report: HangReport) -> str:
+    if report.state == "no heartbeats":
+        if report.files_read == 0:
+            return "no heartbeats or hang files: the watch was off, or the run predates it"
+        return "no heartbeat of the run's latest launch; nothing to judge against"
+    if report.state == "finished":
+        return f"the run finished: every rank's stop() ran ({_ranks(report.stopped)})"
+    if report.state == "running":
+        n = len(report.running)
+        text = (
+            f"no rank is stalled: {n} rank{'s' if n != 1 else ''} running "
+            f"({number_ranges(report.running)})"
+        )
+        longest = report.longest_unmoved
+        if longest is not None:
+            text += f"; the longest any has gone without moving is {duration(longest[0])} (rank {longest[1]})"
+        return text
+    groups = report.groups()
+    stuck = [g for g in groups if g["role"] == STUCK]
+    waits = [g for g in groups if g["role"] == WAITS]
+    parts = []
+    for g in stuck[:_SUMMARY_GROUPS]:
+        parts.append(
+            f"{format_ranks(g['ranks'])} {'has' if g['count'] == 1 else 'have'} been stuck "
+            f"{_where(g['phase'], g['kind'])} at step {g['step']} for {duration(g['for_s'])}"
+        )
+    if not stuck:
+        parts.append("no stalled rank is outside a collective")
+    for g in waits[:_SUMMARY_GROUPS]:
+        parts.append(
+            f"{format_ranks(g['ranks'])} {'waits' if g['count'] == 1 else 'wait'} "
+            f"{_where(g['phase'], g['kind'])} at step {g['step']}"
+        )
+    rest = sum(g["count"] for g in stuck[_SUMMARY_GROUPS:] + waits[_SUMMARY_GROUPS:])
+    if rest:
+        parts.append(f"{rest} more stalled rank{'s' if rest > 1 else ''} elsewhere (see the table)")
+    if not stuck:
+        parts.extend(_suspects(report))
+    return "; ".join(parts)
+
+
+def _suspects(report: HangReport) -> list[str]:
+    """When every stalled rank waits in a collective: the ranks that are not there."""
+    out = []
+    if report.stopped:
+        steps = sorted(set(report.stopped_steps))
+        at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+        out.append(
+            f"{format_ranks(report.stopped)} stopped at {at} (stop() ran: it left the loop early?)"
+        )
+    if report.running:
+        out.append(f"{format_ranks(report.running)} still moving, below the threshold")
+    if report.missing:
+        out.append(f"{format_ranks(report.missing)} wrote no heartbeat")
+    if not out:
+        out.append(
+            "a collective that never completes (mismatched calls, a network fault): "
+            "see the Flight Recorder dump beside the hang files, where NCCL is in use"
+        )
+    return out
+
+
+def _ranks(ranks: list[int]) -> str:
+    """`1 rank: 0`, `4 ranks: 0-3`."""
+    return f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}: {number_ranges(ranks)}"
+
+
+def _notes(report: HangReport) -> list[str]:
+    notes = []
+    unwatched = [
+        f.rank
+        for f in report.findings
+        if f.hang is None and (report.now_ns - f.moved_ns) / _NS > f.threshold_s + _GRACE_S
+    ]
+    if unwatched:
+        their = "its" if len(unwatched) == 1 else "their"
+        notes.append(
+            f"{format_ranks(unwatched)}: stalled past {their} "
+            "threshold with no hang file, so the watchdog did not write one: it is off "
+            "(hang.enable), or the process is gone (killed, crashed without stop(), or its "
+            "host down) and this is where it was when it went"
+        )
+    stuck = [f for f in report.findings if f.role == STUCK]
+    if len(stuck) > 1 and len(stuck) == len(report.findings) and len({f.phase for f in stuck}) == 1:
+        notes.append(
+            f"every stalled rank is in {stuck[0].phase}, which is not a comm phase: where a "
+            "collective runs inside it (DDP's gradient all-reduce inside backward), time the "
+            'collective as its own phase (kind="comm") to tell the stuck rank from its waiters'
+        )
+    if report.earlier_launch:
+        notes.append(
+            f"{format_ranks(report.earlier_launch)}: heartbeats of an earlier launch of the job "
+            "(they did not start again in the latest), left out"
+        )
+    if report.older_hang_files:
+        n = report.older_hang_files
+        notes.append(f"{n} hang file{'s' if n > 1 else ''} of an earlier attempt left out")
+    if report.missing and report.state != "hung":
+        notes.append(f"{format_ranks(report.missing)}: no heartbeat")
+    for g in report.stalls_ended:
+        longest = g["longest_s"]
+        how = f", the longest for {duration(longest)}" if longest is not None else ""
+        notes.append(
+            f"a stall that ended: {format_ranks(g['ranks'])} at step "
+            f"{number_ranges(g['steps'])}{how}"
+        )
+    return notes
+
+
+def _epoch_s(ns: int) -> float:
+    return round(ns / _NS, 3)
+
+
+def _open_dict(phase: OpenPhase) -> dict[str, Any]:
+    return {
+        "phase": phase.phase,
+        "kind": phase.kind,
+        "since": _epoch_s(phase.since_ns),
+        "depth": phase.depth,
+    }
+
+
+def _frame_dict(frame: Frame) -> dict[str, Any]:
+    return {"file": frame.file, "line": frame.line, "function": frame.function, "code": frame.code}

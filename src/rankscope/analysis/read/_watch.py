@@ -1,0 +1,474 @@
+"""The watch layer's files: each rank's heartbeat (RUN_DIR/live) and the hang files its
+watchdog wrote (RUN_DIR/hangs/<stall>), read and checked field by field.
+
+Every file is untrusted: only regular files are opened (RunDir lists no other), a file
+larger than any the capture writes is not read, and a field of the wrong type or out
+of range (a string for a step, NaN, a number of 400 digits, a negative time) makes the
+file skipped with the field named. Unknown fields are ignored. Two files that claim one
+rank (`rank-3.json` beside `rank-00003.json`) are both skipped: neither is trusted over
+the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..._errors import TraceError
+from ..._files import is_plain_name
+from ..._layout import RankFile, RunDir, open_regular
+from ..._text import shown
+
+__all__ = [
+    "FRAMES_KEPT",
+    "Frame",
+    "HangFile",
+    "Heartbeat",
+    "OpenPhase",
+    "WatchFiles",
+    "read_watch",
+]
+
+_T = TypeVar("_T")
+_VERSIONS = (1,)
+_HEARTBEAT_MAX = 1 << 20
+"""A heartbeat is a few hundred bytes; one past 1 MiB is not one."""
+_HANG_MAX = 64 << 20
+"""A hang file holds every thread's stack: megabytes at most."""
+_MAX_NS = (1 << 63) - 1
+_MAX_STEP = 1 << 62
+_MAX_SECONDS = 1e12
+_MAX_TEXT = 4096
+"""A name (phase, kind, host, attempt) longer than this is no name."""
+_MAX_CODE = 1 << 16
+_MAX_OPEN = 1024
+"""Open phases nest; more than this many at once is not a training loop."""
+FRAMES_KEPT = 12
+"""The innermost frames kept of a hang file's training thread."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpenPhase:
+    """A phase a rank was inside: entered at `since_ns` (epoch ns), at nesting `depth`."""
+
+    phase: str
+    kind: str
+    since_ns: int
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame of a thread's stack, as the watchdog saw it."""
+
+    file: str
+    line: int | None
+    function: str
+    code: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A rank's heartbeat (RUN_DIR/live/rank-NNNNN.json), checked."""
+
+    path: Path
+    rank: int
+    host: str | None
+    pid: int | None
+    attempt: str
+    written_ns: int
+    moved_ns: int
+    step: int
+    step_started_ns: int | None
+    median_step_s: float | None
+    open: tuple[OpenPhase, ...]
+    """Outermost first."""
+    stopped: bool
+    """The rank's stop() ran: a clean end."""
+    stopped_ns: int | None
+    hang: str | None
+    """The stall folder while the rank's watchdog sees a stall."""
+    threshold_s: float | None = None
+    """The watchdog's threshold, where the heartbeat states it (optional)."""
+    started_ns: int | None = None
+    """When this attempt started, where the heartbeat states it (optional)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HangFile:
+    """What a rank's watchdog wrote when its steps stopped (RUN_DIR/hangs/<stall>/rank-NNNNN.json)."""
+
+    path: Path
+    stall: str
+    """The folder that holds it (`step-012034`)."""
+    rank: int
+    host: str | None
+    pid: int | None
+    attempt: str
+    step: int
+    last_completed_step: int | None
+    step_started_ns: int | None
+    detected_ns: int
+    threshold_s: float
+    median_step_s: float | None
+    open: tuple[OpenPhase, ...]
+    thread: str | None
+    """The name of the thread whose frames are kept: the training thread."""
+    frames: tuple[Frame, ...]
+    """That thread's innermost `FRAMES_KEPT` frames, outermost first."""
+    threads: int
+    flight_recorder: str | None
+    """The path of torch's Flight Recorder dump beside this file, where one was saved."""
+    flight_recorder_skipped: str | None
+    """Why none was saved, where the file says."""
+    ended_ns: int | None
+    stalled_s: float | None
+
+
+@dataclass
+class WatchFiles:
+    """Every heartbeat and hang file that passed its checks, and what did not."""
+
+    heartbeats: dict[int, Heartbeat] = field(default_factory=dict)
+    hangs: list[HangFile] = field(default_factory=list)
+    listed: int = 0
+    """Heartbeat and hang file names found, read or not (those that are no regular file too)."""
+    skipped: list[str] = field(default_factory=list)
+
+
+def read_watch(run_dir: str | os.PathLike[str]) -> WatchFiles:
+    """Read RUN_DIR/live and RUN_DIR/hangs; what cannot be used is said in `skipped`."""
+    run = RunDir(run_dir)
+    out = WatchFiles()
+    beats = run.heartbeats()
+    hangs = run.hangs()
+    out.listed = len(beats) + len(hangs)
+    for found in _unclaimed(beats, out.skipped):
+        beat = _read(found, _HEARTBEAT_MAX, _heartbeat, out.skipped)
+        if beat is not None:
+            out.heartbeats[found.rank] = beat
+    for found in _unclaimed(hangs, out.skipped):
+        hang = _read(found, _HANG_MAX, _hang, out.skipped)
+        if hang is not None:
+            out.hangs.append(hang)
+    out.skipped.extend(run.left_out)  # a FIFO or a folder under a heartbeat's name
+    out.listed += len(run.left_out)
+    return out
+
+
+def _unclaimed(files: list[RankFile], skipped: list[str]) -> Iterable[RankFile]:
+    """`files` less those whose rank (in one folder) another file claims too."""
+    claims: dict[tuple[str | None, int], list[RankFile]] = {}
+    for found in files:
+        claims.setdefault((found.folder, found.rank), []).append(found)
+    for (_, rank), group in claims.items():
+        if len(group) == 1:
+            yield group[0]
+        else:
+            names = ", ".join(str(f.path) for f in group)
+            skipped.append(f"{names}: rank {rank} is claimed by {len(group)} files; none is used")
+
+
+class _Bad(ValueError):
+    """A field that is not what the schema says."""
+
+
+def _read(found: RankFile, limit: int, check: Any, skipped: list[str]) -> Any:
+    path = found.path
+    what = "heartbeat" if check is _heartbeat else "hang file"
+    try:
+        with open_regular(path) as fh:
+            raw = fh.read(limit + 1)
+        if len(raw) > limit:
+            raise _Bad(f"over {limit} bytes, larger than any {what} rankscope writes")
+        data = json.loads(raw, parse_constant=_no_constant)
+    except TraceError as exc:  # not a regular file after all (replaced since listed)
+        skipped.append(str(exc))
+        return None
+    except _Bad as exc:
+        skipped.append(f"{path}: not a {what} ({exc})")
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        skipped.append(f"{path}: not a readable {what} ({type(exc).__name__}: {exc})")
+        return None
+    try:
+        if not isinstance(data, dict):
+            raise _Bad(f"a JSON {type(data).__name__}, not an object")
+        version = data.get("v")
+        if version not in _VERSIONS:
+            if isinstance(version, int) and not isinstance(version, bool):
+                skipped.append(
+                    f"{path}: {what} schema version {shown(version)} left out (this rankscope "
+                    f"reads version {', '.join(map(str, _VERSIONS))}; a newer rankscope wrote it?)"
+                )
+                return None
+            raise _Bad(f"v is {shown(version)}, expected a schema version")
+        if _int(data, "rank", hi=_MAX_STEP) != found.rank:
+            raise _Bad(f"rank is {shown(data.get('rank'))} in a file named for rank {found.rank}")
+        return check(data, found)
+    except _Bad as exc:
+        skipped.append(f"{path}: not a {what} ({exc})")
+        return None
+
+
+def _no_constant(name: str) -> float:
+    raise _Bad(f"{name} is not a JSON number")
+
+
+def _heartbeat(data: dict[str, Any], found: RankFile) -> Heartbeat:
+    state = data.get("state")
+    if state not in ("running", "stopped"):
+        raise _Bad(f'state is {shown(state)}, expected "running" or "stopped"')
+    return Heartbeat(
+        path=found.path,
+        rank=found.rank,
+        host=_text(data, "host", null=True),
+        pid=_int(data, "pid", hi=_MAX_NS, null=True, optional=True),
+        attempt=_name(data, "attempt"),
+        written_ns=_must(_ns(data, "written_ns")),
+        moved_ns=_must(_ns(data, "moved_ns")),
+        step=_must(_step(data, "step")),
+        step_started_ns=_ns(data, "step_started_ns", null=True),
+        median_step_s=_seconds(data, "median_step_s", null=True),
+        open=_open(data),
+        stopped=state == "stopped",
+        stopped_ns=_ns(data, "stopped_ns", null=True, optional=True),
+        hang=_text(data, "hang", null=True, optional=True),
+        threshold_s=_seconds(data, "threshold_s", null=True, optional=True, positive=True),
+        started_ns=_ns(data, "started_ns", null=True, optional=True),
+    )
+
+
+def _hang(data: dict[str, Any], found: RankFile) -> HangFile:
+    thread, frames, count = _training_thread(data)
+    recorder, recorder_skipped = _flight_recorder(data, found.path)
+    return HangFile(
+        path=found.path,
+        stall=found.folder or "",
+        rank=found.rank,
+        host=_text(data, "host", null=True, optional=True),
+        pid=_int(data, "pid", hi=_MAX_NS, null=True, optional=True),
+        attempt=_name(data, "attempt"),
+        step=_must(_step(data, "step")),
+        last_completed_step=_step(data, "last_completed_step", null=True, optional=True),
+        step_started_ns=_ns(data, "step_started_ns", null=True, optional=True),
+        detected_ns=_must(_ns(data, "detected_ns")),
+        threshold_s=_must(_seconds(data, "threshold_s", positive=True)),
+        median_step_s=_seconds(data, "median_step_s", null=True, optional=True),
+        open=_open(data),
+        thread=thread,
+        frames=frames,
+        threads=count,
+        flight_recorder=recorder,
+        flight_recorder_skipped=recorder_skipped,
+        ended_ns=_ns(data, "ended_ns", null=True, optional=True),
+        stalled_s=_seconds(data, "stalled_s", null=True, optional=True),
+    )
+
+
+# -- fields ------------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+def _get(data: dict[str, Any], key: str, null: bool, optional: bool) -> Any:
+    value = data.get(key, _MISSING)
+    if value is _MISSING:
+        if optional:
+            return None
+        raise _Bad(f"no {key}")
+    if value is None and not null:
+        raise _Bad(f"{key} is null")
+    return value
+
+
+def _int(
+    data: dict[str, Any],
+    key: str,
+    *,
+    lo: int = 0,
+    hi: int = _MAX_NS,
+    null: bool = False,
+    optional: bool = False,
+) -> int | None:
+    value = _get(data, key, null, optional)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        nullable = " or null" if null else ""
+        raise _Bad(f"{key} is {shown(value)}, expected an integer from {lo} to {hi}{nullable}")
+    return value
+
+
+def _ns(data: dict[str, Any], key: str, null: bool = False, optional: bool = False) -> int | None:
+    """An epoch time in nanoseconds: an integer from 0 to 2^63 - 1."""
+    return _int(data, key, hi=_MAX_NS, null=null, optional=optional)
+
+
+def _step(data: dict[str, Any], key: str, null: bool = False, optional: bool = False) -> int | None:
+    return _int(data, key, hi=_MAX_STEP, null=null, optional=optional)
+
+
+def _must(value: _T | None) -> _T:
+    """A field read as required: never None (the reader raised for a null already)."""
+    if value is None:
+        raise _Bad("a required field is null")
+    return value
+
+
+def _seconds(
+    data: dict[str, Any],
+    key: str,
+    null: bool = False,
+    optional: bool = False,
+    positive: bool = False,
+) -> float | None:
+    value = _get(data, key, null, optional)
+    if value is None:
+        return None
+    number = (
+        float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    )
+    low_ok = number is not None and (number > 0 if positive else number >= 0)
+    if number is None or not low_ok or not number <= _MAX_SECONDS:  # NaN fails <=
+        low = "above 0" if positive else "from 0"
+        nullable = " or null" if null else ""
+        raise _Bad(f"{key} is {shown(value)}, expected seconds {low} to {_MAX_SECONDS:g}{nullable}")
+    return number
+
+
+def _text(
+    data: dict[str, Any],
+    key: str,
+    null: bool = False,
+    optional: bool = False,
+    limit: int = _MAX_TEXT,
+) -> str | None:
+    value = _get(data, key, null, optional)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _Bad(f"{key} is {shown(value)}, expected a string")
+    if len(value) > limit:
+        raise _Bad(f"{key} is a string of {len(value)} characters, expected at most {limit}")
+    return value
+
+
+def _name(data: dict[str, Any], key: str) -> str:
+    value = _text(data, key)
+    if not value:
+        raise _Bad(f"{key} is empty")
+    return value
+
+
+def _list(data: dict[str, Any], key: str, limit: int, optional: bool = False) -> list[Any]:
+    value = _get(data, key, null=False, optional=optional)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _Bad(f"{key} is {shown(value)}, expected a list")
+    if len(value) > limit:
+        raise _Bad(f"{key} holds {len(value)} entries, expected at most {limit}")
+    return value
+
+
+def _entry(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Bad(f"{where} is {shown(value)}, expected an object")
+    return value
+
+
+def _open(data: dict[str, Any]) -> tuple[OpenPhase, ...]:
+    out = []
+    for i, item in enumerate(_list(data, "open", _MAX_OPEN)):
+        entry = _entry(item, f"open[{i}]")
+        try:
+            out.append(
+                OpenPhase(
+                    phase=_name(entry, "phase"),
+                    kind=_name(entry, "kind"),
+                    since_ns=_must(_ns(entry, "since_ns")),
+                    depth=_int(entry, "depth", hi=_MAX_OPEN, optional=True) or 0,
+                )
+            )
+            _seconds(entry, "open_s", null=True, optional=True)
+        except _Bad as exc:
+            raise _Bad(f"open[{i}]: {exc}") from None
+    return tuple(out)
+
+
+def _training_thread(data: dict[str, Any]) -> tuple[str | None, tuple[Frame, ...], int]:
+    """(name, innermost frames, thread count) of the thread that runs the training loop:
+    the one marked `training`, else MainThread, else the first.
+
+    Every thread's name, flags and stack are checked to be what they say; the frames
+    are checked where they are used, the kept ones of the chosen thread. The others are
+    never shown, and checking each frame of each thread of 4096 ranks would cost seconds.
+    """
+    threads = _list(data, "threads", 1 << 20)
+    checked: list[tuple[str, bool, list[Any]]] = []
+    for i, item in enumerate(threads):
+        entry = _entry(item, f"threads[{i}]")
+        try:
+            name = _text(entry, "name", null=True, optional=True) or ""
+            _int(entry, "ident", hi=(1 << 64) - 1, null=True, optional=True)
+            training = _bool(entry, "training") is True
+            _bool(entry, "daemon", null=True)  # null: a thread threading does not know
+            stack = _list(entry, "stack", 1 << 20)
+        except _Bad as exc:
+            raise _Bad(f"threads[{i}]: {exc}") from None
+        checked.append((name, training, stack))
+    if not checked:
+        return None, (), 0
+    chosen = next(
+        (i for i, t in enumerate(checked) if t[1]),
+        next((i for i, t in enumerate(checked) if t[0] == "MainThread"), 0),
+    )
+    name, _, stack = checked[chosen]
+    first = max(0, len(stack) - FRAMES_KEPT)
+    try:
+        frames = tuple(
+            _frame(_entry(frame, f"stack[{first + j}]"), first + j)
+            for j, frame in enumerate(stack[first:])
+        )
+    except _Bad as exc:
+        raise _Bad(f"threads[{chosen}]: {exc}") from None
+    return name or None, frames, len(checked)
+
+
+def _bool(data: dict[str, Any], key: str, null: bool = False) -> bool | None:
+    value = data.get(key, False)
+    if not isinstance(value, bool) and not (null and value is None):
+        raise _Bad(f"{key} is {shown(value)}, expected true or false{' or null' if null else ''}")
+    return value
+
+
+def _frame(entry: dict[str, Any], index: int) -> Frame:
+    try:
+        return Frame(
+            file=_text(entry, "file") or "",
+            line=_int(entry, "line", hi=1 << 31, null=True, optional=True),
+            function=_text(entry, "function") or "",
+            code=_text(entry, "code", null=True, optional=True, limit=_MAX_CODE),
+        )
+    except _Bad as exc:
+        raise _Bad(f"stack[{index}]: {exc}") from None
+
+
+def _flight_recorder(data: dict[str, Any], path: Path) -> tuple[str | None, str | None]:
+    """(the dump's path, why there is none)."""
+    value = data.get("flight_recorder")
+    if value is None:
+        return None, None
+    entry = _entry(value, "flight_recorder")
+    if "path" in entry:
+        name = _text(entry, "path")
+        # A name beside the hang file, never a path that leads elsewhere.
+        if name is None or not is_plain_name(name):
+            raise _Bad(f"flight_recorder.path is {shown(name)}, expected a file name beside it")
+        return str(path.with_name(name)), None
+    return None, _text(entry, "skipped", null=True, optional=True)

@@ -1,0 +1,177 @@
+"""The report page's "Hangs" section: who is stuck where, who waits, the stuck rank's stack.
+
+Drawn from `report["hangs"]` (the data of `rankscope hang --json`), which may come from
+anywhere: every part may be absent or of the wrong type, and every string is escaped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..._text import number_ranges
+from .._hangs import duration
+from ._values import as_float, as_int, as_ints, as_list, as_map, as_text, esc, plural
+
+__all__ = ["hangs_section"]
+
+_STACKS = 8  # stuck ranks whose stacks are shown; `rankscope hang --json` has them all
+_ROWS = 200  # groups of stalled ranks listed
+
+
+def hangs_section(report: Mapping[str, Any]) -> str:
+    """The section, or "" when the report has no hangs part (the run had no watch)."""
+    if "hangs" not in report:
+        return ""
+    hangs = as_map(report.get("hangs"))
+    state = as_text(hangs.get("state")) or "not given"
+    summary = esc(as_text(hangs.get("summary")) or "no summary")
+    verdict = (
+        f'<ul class="findings"><li><b>hung</b>: {summary}</li></ul>'
+        if state == "hung"
+        else f'<p class="clean">{esc(state)}: {summary}</p>'
+    )
+    parts = [
+        '<section id="hangs">\n<h2>Hangs</h2>',
+        f'<p class="meta">{_as_of(hangs)}</p>',
+        verdict,
+        _groups(as_list(hangs.get("groups"))),
+        _stacks(as_list(hangs.get("findings"))),
+        _others(hangs),
+        _rule(as_map(hangs.get("rules"))),
+        "</section>",
+    ]
+    return "\n".join(part for part in parts if part)
+
+
+def _utc(epoch_s: float | None) -> str:
+    if epoch_s is None or not 0 <= epoch_s < 1e11:
+        return "not given"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_s))
+
+
+def _for(seconds: float | None) -> str:
+    return "not given" if seconds is None else duration(max(seconds, 0.0))
+
+
+def _as_of(hangs: Mapping[str, Any]) -> str:
+    age = as_float(hangs.get("newest_heartbeat_age_s"))
+    newest = "" if age is None else f"; the newest heartbeat of a running rank is {_for(age)} old"
+    return f"as of {esc(_utc(as_float(hangs.get('as_of'))))}{esc(newest)}"
+
+
+def _groups(groups: list[Any]) -> str:
+    if not groups:
+        return ""
+    rows = []
+    for g in (as_map(g) for g in groups[:_ROWS]):
+        role = as_text(g.get("role"))
+        ranks = as_ints(g.get("ranks"))
+        phase = as_text(g.get("phase"))
+        rows.append(
+            f'<tr class="{"slow" if role == "stuck" else ""}"><td>{esc(role) or "none"}</td>'
+            f"<td>{esc(number_ranges(ranks)) or 'none'}</td>"
+            f'<td class="num">{len(ranks)}</td>'
+            f"<td>{esc(phase) if phase else '<i>outside any phase</i>'}</td>"
+            f"<td>{esc(as_text(g.get('kind'))) or 'none'}</td>"
+            f'<td class="num">{esc(as_text(as_int(g.get("step")))) or "none"}</td>'
+            f'<td class="num">{esc(_for(as_float(g.get("for_s"))))}</td>'
+            f"<td>{esc(_utc(as_float(g.get('since'))))}</td></tr>"
+        )
+    more = (
+        f'<p class="note">The first {_ROWS} of {len(groups)} groups; '
+        "`rankscope hang --json` has them all.</p>"
+        if len(groups) > _ROWS
+        else ""
+    )
+    return (
+        "<h3>Stalled ranks</h3>\n"
+        '<table class="data hang-groups">\n<tr><th>role</th><th>ranks</th><th>count</th>'
+        "<th>phase</th><th>kind</th><th>step</th><th>for</th><th>since</th></tr>\n"
+        + "\n".join(rows)
+        + f"\n</table>{more}"
+    )
+
+
+def _stacks(findings: list[Any]) -> str:
+    stuck = [f for f in (as_map(f) for f in findings) if f.get("role") == "stuck"]
+    if not stuck:
+        return ""
+    parts = ["<h3>Where the stuck rank is</h3>"]
+    for i, f in enumerate(stuck[:_STACKS]):
+        rank = esc(as_text(as_int(f.get("rank")))) or "?"
+        host = as_text(f.get("host"))
+        phases = " &gt; ".join(esc(as_text(as_map(p).get("phase"))) for p in as_list(f.get("open")))
+        title = (
+            f"rank {rank}{' on ' + esc(host) if host else ''} · step "
+            f"{esc(as_text(as_int(f.get('step'))))} · {phases or 'no open phase'}"
+        )
+        frames = [as_map(frame) for frame in as_list(f.get("frames"))]
+        if frames:
+            thread = esc(as_text(f.get("thread")) or "the training thread")
+            lines = []
+            for frame in frames:
+                lines.append(
+                    f"{esc(as_text(frame.get('file')))}:{esc(as_text(frame.get('line')))} "
+                    f"in {esc(as_text(frame.get('function')))}"
+                )
+                code = as_text(frame.get("code"))
+                if code:
+                    lines.append(f"    {esc(code)}")
+            body = (
+                f'<p class="note">The innermost frames of {thread}, outermost first; '
+                "a rank stuck inside C code shows the Python line that called it.</p>"
+                f'<pre class="stack">{chr(10).join(lines)}</pre>'
+            )
+        else:
+            body = (
+                '<p class="none">No stack: no hang file for this stall yet (the rank\'s '
+                "watchdog writes one once its threshold has passed).</p>"
+            )
+        recorder = as_text(f.get("flight_recorder"))
+        recorder_skipped = as_text(f.get("flight_recorder_skipped"))
+        if recorder:
+            body += f'<p class="note">Flight Recorder dump: <code>{esc(recorder)}</code></p>'
+        elif recorder_skipped:
+            body += f'<p class="note">No Flight Recorder dump: {esc(recorder_skipped)}</p>'
+        hang_file = as_text(f.get("hang_file"))
+        if hang_file:
+            body += f'<p class="note">Hang file: <code>{esc(hang_file)}</code></p>'
+        parts.append(
+            f"<details{' open' if i == 0 else ''}><summary>{title}</summary>\n{body}</details>"
+        )
+    if len(stuck) > _STACKS:
+        parts.append(
+            f'<p class="note">{len(stuck) - _STACKS} more stuck ranks; '
+            "`rankscope hang --json` has their stacks.</p>"
+        )
+    return "\n".join(parts)
+
+
+def _others(hangs: Mapping[str, Any]) -> str:
+    ranks = as_map(hangs.get("ranks"))
+    lines = []
+    missing = as_ints(ranks.get("missing"))
+    if missing:
+        lines.append(
+            f"<li>no heartbeat: rank{plural(len(missing))} {esc(number_ranges(missing))}</li>"
+        )
+    lines.extend(f"<li>{esc(as_text(note))}</li>" for note in as_list(hangs.get("notes")))
+    if not lines:
+        return ""
+    return '<ul class="hang-notes">\n' + "\n".join(lines) + "\n</ul>"
+
+
+def _rule(rules: Mapping[str, Any]) -> str:
+    factor = as_float(rules.get("stall_factor"))
+    floor = as_float(rules.get("stall_floor_s"))
+    if factor is None or floor is None:
+        return ""
+    return (
+        '<p class="rule">Rule: a running rank is stalled when its watchdog wrote a hang file for '
+        "its step, or it has not moved (no step(), no phase entered or left) for longer than "
+        f"its threshold (the watchdog's; else {factor:g} x its median step time, at least "
+        f"{floor:g} s). The stalled ranks outside a comm phase at the lowest step are stuck; "
+        "the others wait.</p>"
+    )
