@@ -556,3 +556,40 @@ def test_a_finished_run_exits_0_and_says_so(
     code, out, err = _cli(["hang", str(tmp_path)], capsys)
     assert code == 0, err
     assert "finished: the run finished" in out
+
+
+# -- rankscope top ------------------------------------------------------------------------
+
+
+def test_top_lists_the_stuck_rank_first_then_those_waiting_then_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rankscope.analysis._top import top_rows
+
+    run = data_stuck_run(tmp_path, world=6, stuck=4)
+    (tmp_path / "live" / "rank-00005.json").unlink()  # rank 5 never wrote one: missing
+    _, rows = top_rows(run, now_ns=NOW)
+    assert [(r["rank"], r["role"]) for r in rows] == [
+        (4, "stuck"),
+        (0, "waits"),
+        (1, "waits"),
+        (2, "waits"),
+        (3, "waits"),
+        (5, "missing"),
+    ]
+    assert (rows[0]["phase"], rows[0]["kind"], rows[0]["for_s"]) == ("data_loading", "data", 230.0)
+    assert main(["top", str(run), "--json"]) == 0
+    shown = strict(capsys.readouterr().out)
+    assert shown["ranks"][0]["rank"] == 4 and shown["state"] == "hung"
+    assert main(["top", str(run), "--once", "--rows", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "data_loading" in out and "... and 3 more ranks" in out
+
+
+def test_top_on_a_run_without_heartbeats_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "meta").mkdir()
+    assert main(["top", str(tmp_path), "--once"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no heartbeats" in err

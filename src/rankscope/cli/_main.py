@@ -208,6 +208,26 @@ def _hang_command(commands: Any) -> None:
     hang.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     _json_option(hang)
     hang.set_defaults(run=_hang)
+    top = commands.add_parser(
+        "top",
+        help="every rank by step and open phase, live: the stuck and the slowest first",
+        description=(
+            f"Show the ranks' heartbeats (RUN_DIR/{LIVE}) as a table refreshed every second "
+            "until Ctrl-C: each rank's step, innermost open phase, how long it has been "
+            "there and how old its heartbeat is, the stuck ranks first, then the ranks that "
+            "wait for them, then the slowest."
+        ),
+    )
+    top.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    top.add_argument("--once", action="store_true", help="print the table once and exit")
+    top.add_argument(
+        "--rows", type=_positive, default=40, help="ranks shown (default: 40; the rest counted)"
+    )
+    top.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between refreshes (default: 1)"
+    )
+    _json_option(top)
+    top.set_defaults(run=_top)
 
 
 def _straggler_options(parser: argparse.ArgumentParser) -> None:
@@ -496,6 +516,29 @@ def _hang(args: argparse.Namespace) -> int:
     else:
         render.hang(found.to_dict())
     return 0
+
+
+def _top(args: argparse.Namespace) -> int:
+    from ..analysis._top import top_rows
+
+    report, rows = top_rows(args.run_dir)
+    if report.files_read == 0:
+        raise TraceError(f"{report.run_dir}: no heartbeats ({LIVE}/) to show: the watch was off")
+    if args.json:  # one frame
+        _print_json({"state": report.state, "summary": report.summary, "ranks": rows})
+        return 0
+    render = _terminal("top")
+    if args.once:
+        render.top(report.to_dict(), rows, args.rows, live=None)
+        return 0
+    with render.live_view() as live:
+        try:
+            while True:
+                render.top(report.to_dict(), rows, args.rows, live=live)
+                time.sleep(max(0.1, args.interval))
+                report, rows = top_rows(args.run_dir)
+        except KeyboardInterrupt:
+            return 0
 
 
 def _trigger(args: argparse.Namespace) -> int:

@@ -290,6 +290,43 @@ def _for(seconds: float) -> str:
     return duration(seconds)
 
 
+def live_view() -> Any:
+    """A region of the terminal that `top` redraws in place."""
+    from rich.live import Live
+
+    return Live(console=_console, auto_refresh=False, screen=False)
+
+
+def top(data: dict[str, Any], rows: list[dict[str, Any]], limit: int, live: Any) -> None:
+    """`rankscope top`: a table per refresh, the stuck and the slowest first."""
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        title=f"rankscope top: {data['run_dir']} ({data['state']}): {data['summary']}",
+        title_justify="left",
+    )
+    for column in ("rank", "host", "role", "step", "phase", "kind", "for", "heartbeat"):
+        table.add_column(column, justify="right" if column in ("rank", "step") else "left")
+    style = {"stuck": "bold red", "waits": "yellow", "missing": "dim"}
+    for row in rows[:limit]:
+        table.add_row(
+            str(row["rank"]),
+            row["host"] or "-",
+            row["role"],
+            "-" if row["step"] is None else str(row["step"]),
+            _name(row["phase"] or "-", 30),
+            row["kind"] or "-",
+            "-" if row["for_s"] is None else _for(row["for_s"]),
+            "-" if row["heartbeat_age_s"] is None else f"{_for(row['heartbeat_age_s'])} ago",
+            style=style.get(row["role"]),
+        )
+    if len(rows) > limit:
+        table.caption = f"... and {len(rows) - limit} more ranks (--rows N)"
+    if live is None:
+        _console.print(table)
+    else:
+        live.update(table, refresh=True)
+
+
 def hang(data: dict[str, Any], title: bool = True) -> None:
     """`rankscope hang`, or the hangs part of `rankscope report` (title=False)."""
     if title:
