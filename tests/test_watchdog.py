@@ -47,7 +47,8 @@ def _json(path: Path) -> Any:
 def test_a_stall_writes_one_hang_file_with_phases_and_stacks_then_its_end(tmp_path: Path) -> None:
     _run(tmp_path, lambda i: 2.5 if i == 4 else 0.0)
     (hang,) = sorted((tmp_path / "hangs").rglob("*.json"))
-    assert hang.relative_to(tmp_path).as_posix() == "hangs/step-000004/rank-00000.json"
+    token = _json(tmp_path / "meta" / "rank-00000.json")["attempt"]["attempt"]
+    assert hang.relative_to(tmp_path).as_posix() == f"hangs/step-000004-{token}/rank-00000.json"
     data = _json(hang)
     assert (data["step"], data["last_completed_step"], data["threshold_s"]) == (4, 3, 1.0)
     assert [(p["phase"], p["kind"], p["depth"]) for p in data["open"]] == [
@@ -161,7 +162,7 @@ def test_the_watchdog_calls_no_collective(tmp_path: Path, monkeypatch: pytest.Mo
         dist.destroy_process_group()
     assert called == []
     tmp_path = tmp_path / "run"
-    hang = _json(tmp_path / "hangs" / "step-000002" / "rank-00000.json")
+    hang = _json(next((tmp_path / "hangs").glob("step-000002-*/rank-00000.json")))
     assert hang["flight_recorder"] == {"skipped": "no NCCL process group (backend gloo)"}
     assert os.path.exists(tmp_path / "live" / "rank-00000.json")
 
@@ -238,8 +239,8 @@ def test_one_rank_stuck_in_data_loading_is_named_and_the_others_wait(
             if len(hangs) == world:
                 break
             time.sleep(0.5)
-        assert [h.relative_to(run).as_posix() for h in hangs] == [
-            f"hangs/step-000003/rank-{r:05d}.json" for r in range(world)
+        assert sorted((h.parent.name[:11], h.name) for h in hangs) == [
+            ("step-000003", f"rank-{r:05d}.json") for r in range(world)
         ]
         time.sleep(1.0)  # the heartbeats that say the stall
         assert main(["hang", str(run), "--json"]) == 0
@@ -257,5 +258,29 @@ def test_one_rank_stuck_in_data_loading_is_named_and_the_others_wait(
     )
     for rank in set(range(world)) - {stuck}:
         assert (by_rank[rank]["role"], by_rank[rank]["phase"]) == ("waits", "all_reduce"), rank
-    stack = json.loads((run / "hangs" / "step-000003" / f"rank-{stuck:05d}.json").read_text())
+    stack = json.loads(
+        next((run / "hangs").glob(f"step-000003-*/rank-{stuck:05d}.json")).read_text()
+    )
     assert stack["threads"][0]["stack"][-1]["function"] == "wait"  # Event.wait, where it sits
+
+
+def test_a_run_that_ends_inside_a_stall_ends_the_stall(tmp_path: Path) -> None:
+    with rankscope.Profiler(_config(tmp_path, factor=1.0), rank=0, world_size=1) as prof:
+        prof.step()
+        with prof.phase("evaluate"):
+            time.sleep(2.5)  # after the last step(): an eval, a checkpoint
+    (hang,) = (tmp_path / "hangs").rglob("rank-00000.json")
+    assert _json(hang)["ended_ns"] is not None
+    assert _json(tmp_path / "live" / "rank-00000.json")["hang"] is None
+
+
+def test_a_restart_that_stalls_at_the_same_step_keeps_the_earlier_hang_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rankscope import _attempt
+
+    for _ in range(2):
+        monkeypatch.setattr(_attempt, "_current", None)  # as a new process would be
+        _run(tmp_path, lambda i: 2.5 if i == 2 else 0.0, steps=3)
+    tokens = {_json(h)["attempt"] for h in (tmp_path / "hangs").rglob("rank-00000.json")}
+    assert len(tokens) == 2

@@ -386,7 +386,7 @@ class MemoryConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HangConfig:
     """The heartbeat (RUN_DIR/live/rank-NNNNN.json: the step and the open phases) and the
-    hang watchdog (RUN_DIR/hangs/step-NNNNNN/rank-NNNNN.json, once per stall), on every rank
+    hang watchdog (RUN_DIR/hangs/step-NNNNNN-<attempt>/rank-NNNNN.json, once per stall), on every rank
     that times or traces. See docs/hangs.md.
     """
 
@@ -402,15 +402,16 @@ class HangConfig:
 
     def __post_init__(self) -> None:
         _check_bool("hang.enable", self.enable)
-        for name in ("after_s", "factor", "heartbeat_s"):
+        # Floors: the watchdog polls every min(1 s, after_s / 4, heartbeat_s).
+        for name, least in (("after_s", 0.5), ("factor", 1.0), ("heartbeat_s", 0.1)):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
                 or not math.isfinite(value)
-                or value <= 0
+                or value < least
             ):
-                raise ConfigError(f"hang.{name}", value, "a number > 0")
+                raise ConfigError(f"hang.{name}", value, f"a number >= {least}")
             object.__setattr__(self, name, float(value))
 
 

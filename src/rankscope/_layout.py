@@ -16,7 +16,7 @@ spells a name of the run directory.
     RUN_DIR/nsys/<window>/rank-00003.json
     RUN_DIR/memory/<window>/rank-00003.pickle
     RUN_DIR/live/rank-00003.json
-    RUN_DIR/hangs/step-012034/rank-00003.json
+    RUN_DIR/hangs/step-012034-<attempt>/rank-00003.json
     RUN_DIR/report.html
 """
 
@@ -268,19 +268,26 @@ def live_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / LIVE / f"{rank_name(rank)}{_LIVE_SUFFIX}"
 
 
-def stall_name(step: int) -> str:
-    """The folder of a stall's hang files: the step every rank was in, `step-012034`."""
-    return f"step-{step:06d}"
+def stall_name(step: int, attempt: str | None = None) -> str:
+    """The folder of a stall's hang files: the step the rank was in and its attempt's
+    token, `step-012034-4f0c2a9e1b7d` (a restart that stalls at that step again keeps the
+    earlier attempt's files)."""
+    return f"step-{step:06d}" if attempt is None else f"step-{step:06d}-{attempt}"
 
 
-def hang_path(run_dir: str | os.PathLike[str], step: int, rank: int) -> Path:
-    """RUN_DIR/hangs/step-NNNNNN/rank-NNNNN.json: what the rank's watchdog saw in that step."""
-    return Path(run_dir) / HANGS / stall_name(step) / f"{rank_name(rank)}{_HANG_SUFFIX}"
+def hang_path(
+    run_dir: str | os.PathLike[str], step: int, rank: int, attempt: str | None = None
+) -> Path:
+    """RUN_DIR/hangs/step-NNNNNN-<attempt>/rank-NNNNN.json: what the rank's watchdog saw."""
+    return Path(run_dir) / HANGS / stall_name(step, attempt) / f"{rank_name(rank)}{_HANG_SUFFIX}"
 
 
-def flight_recorder_path(run_dir: str | os.PathLike[str], step: int, rank: int) -> Path:
+def flight_recorder_path(
+    run_dir: str | os.PathLike[str], step: int, rank: int, attempt: str | None = None
+) -> Path:
     """Beside a hang file: torch's Flight Recorder dump (NCCL only), as torch pickled it."""
-    return Path(run_dir) / HANGS / stall_name(step) / f"{rank_name(rank)}.flight-recorder.pickle"
+    folder = Path(run_dir) / HANGS / stall_name(step, attempt)
+    return folder / f"{rank_name(rank)}.flight-recorder.pickle"
 
 
 def memory_path(run_dir: str | os.PathLike[str], window: str, rank: int) -> Path:

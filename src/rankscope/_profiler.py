@@ -118,6 +118,7 @@ class Profiler:
         self._sampling = False  # the current step is timed
         self._pulse: Pulse | None = None  # what the watchdog reads, between start() and stop()
         self._watchdog: Watchdog | None = None
+        self._before: Pulse | None = None  # the thread's pulse before this one's
         self._state = "new"
         self._at_exit: Callable[[], None] | None = None
 
@@ -185,7 +186,9 @@ class Profiler:
             logger.warning("rankscope: no hang watchdog on rank %d (%s)", self.rank, exc)
             return
         self._pulse, self._watchdog = pulse, watchdog
-        _TRAINING.open = pulse.open  # this thread's phases, and no other's, are pushed
+        # This thread's phases, and no other's, are pushed (another Profiler started on
+        # this thread before gets it back at this one's stop()).
+        self._before, _TRAINING.pulse = _TRAINING.pulse, pulse
 
     def step(self) -> None:
         """Mark the end of a training step (call once per iteration). A no-op before start()."""
@@ -229,8 +232,8 @@ class Profiler:
         timer, self._timing = self._timing, None
         self._sampling = False
         pulse, self._pulse, self._watchdog = self._pulse, None, None
-        if pulse is not None and getattr(_TRAINING, "open", None) is pulse.open:
-            _TRAINING.open = None
+        if pulse is not None and _TRAINING.pulse is pulse:
+            _TRAINING.pulse = self._before
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
             self._at_exit = None
@@ -336,9 +339,9 @@ class Phase:
                 self._open = [opened]
             else:
                 self._open.append(opened)
-        phases = getattr(_TRAINING, "open", None)
-        if phases is not None:  # the training thread: the watchdog reads it; no clock here
-            phases.append(self)
+        pulse = profiler._pulse
+        if pulse is not None and _TRAINING.pulse is pulse:  # the watchdog reads it; no clock
+            pulse.open.append(self)
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
@@ -348,11 +351,12 @@ class Phase:
             if not stack:
                 self._open = None
             _finish(opened, exc_type is not None)
-        phases = getattr(_TRAINING, "open", None)
-        if phases:
-            if phases[-1] is self:
+        pulse = self._profiler._pulse
+        if pulse is not None:
+            phases = pulse.open
+            if phases and phases[-1] is self:
                 phases.pop()
-            elif self in phases:  # left out of order
+            elif self in phases:  # left out of order (never pushed, on another thread)
                 phases.remove(self)
 
     def _start(self, profiler: Profiler, capture: TraceCapture | None) -> _Opened:
@@ -399,10 +403,17 @@ class _NoPhase:
 
 _STARTED: weakref.WeakSet[Profiler] = weakref.WeakSet()  # started and not stopped
 
-# On the thread that started a Profiler with a watchdog: `open`, the list of its open
-# phases (Pulse.open). Other threads see no `open` and push nothing. A thread-local,
-# not a thread id: torch.compile traces through it, and cannot through get_ident().
-_TRAINING = threading.local()
+
+class _Training(threading.local):
+    """On the thread that started a Profiler with a watchdog: its Pulse, whose `open` that
+    thread's phases push onto; elsewhere None (a class default: a missing attribute of a
+    thread-local costs ten times a present one). A thread-local, not a thread id:
+    torch.compile traces through it, and cannot through get_ident()."""
+
+    pulse: Pulse | None = None
+
+
+_TRAINING = _Training()
 
 
 def _after_fork_in_child() -> None:

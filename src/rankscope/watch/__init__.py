@@ -2,7 +2,7 @@
 
 The training thread only updates a `Pulse` in memory (the step, the open phases); a
 `Watchdog` thread reads it, rewrites RUN_DIR/live/rank-NNNNN.json when something
-changed, and writes RUN_DIR/hangs/step-NNNNNN/rank-NNNNN.json once per stall. Nothing
+changed, and writes RUN_DIR/hangs/step-NNNNNN-<attempt>/rank-NNNNN.json once per stall. Nothing
 here calls a collective, and nothing raises into the job.
 """
 

@@ -8,7 +8,7 @@ watchdog first saw its number, a phase's start when it first saw the phase open
 - RUN_DIR/live/rank-NNNNN.json: at most every `heartbeat_s` when something changed,
   once a minute when nothing did (a stuck rank is alive; a killed one is not), and once
   more at stop() with state "stopped";
-- RUN_DIR/hangs/step-NNNNNN/rank-NNNNN.json: when a step has not ended after
+- RUN_DIR/hangs/step-NNNNNN-<attempt>/rank-NNNNN.json: when a step has not ended after
   max(after_s, factor x the median step), with the open phases, the last completed
   step, the Python stack of every thread and, where NCCL is in use, torch's Flight
   Recorder dump beside it; rewritten with `ended_ns` when the rank moves again.
@@ -68,7 +68,9 @@ class Watchdog:
         self._step_seen = time.time_ns()
         self._moved = self._step_seen
         self._steps: deque[float] = deque(maxlen=_STEPS_KEPT)  # seconds per step
-        self._since: dict[int, int] = {}  # id(phase) -> when it was first seen open
+        # The Phase objects seen open, with when each was first seen: held, so that a new
+        # phase cannot take a freed one's address and pass for it.
+        self._seen: list[tuple[Any, int]] = []
         self._open: list[tuple[str, str, int]] = []  # (name, kind, since_ns), outermost first
         self._stall: dict[str, Any] | None = None  # the hang file of the stall under way
         self._written = 0  # when the heartbeat was last written
@@ -89,11 +91,17 @@ class Watchdog:
             return
         self._stopping.set()
         thread.join(timeout=5.0)
+        if thread.is_alive():
+            return  # stuck in a write: it would race ours; its last heartbeat stands
         try:
-            self._look(time.time_ns())
-            self._write_heartbeat(time.time_ns(), stopped=True)
+            now = time.time_ns()
+            self._look(now)
+            if self._stall is not None:  # the run ended inside a stall: that ends it too
+                self._end_stall(now)
+            self._write_heartbeat(now, stopped=True)
         except Exception as exc:
             self._warn("the last heartbeat", exc)
+        self._seen = []
 
     def forget_after_fork(self) -> None:
         """In a forked child: the thread is not there; write nothing for the parent."""
@@ -119,18 +127,26 @@ class Watchdog:
         """Take in what the training thread did since the last poll."""
         pulse = self._pulse
         step = pulse.step
-        if step != self._step:
+        stepped = step != self._step
+        if stepped:
             if step > self._step:
                 self._steps.append((now - self._step_seen) / 1e9 / (step - self._step))
             self._step, self._step_seen, self._moved, self._changed = step, now, now, True
             if self._stall is not None:
                 self._end_stall(now)
         phases = list(pulse.open)
-        since = {id(p): self._since.get(id(p), now) for p in phases}
-        if since.keys() != self._since.keys():
+        earlier = self._seen
+        # A phase open across step() counts from the step's start: a Phase object that
+        # a loop enters anew each step is the same object.
+        seen = [
+            (p, now if stepped else next((t for q, t in earlier if q is p), now)) for p in phases
+        ]
+        if len(seen) != len(earlier) or any(
+            p is not q for (p, _), (q, _) in zip(seen, earlier, strict=True)
+        ):
             self._moved, self._changed = now, True
-        self._since = since
-        self._open = [(str(p._name), str(p._kind), since[id(p)]) for p in phases]
+        self._seen = seen
+        self._open = [(str(p._name), str(p._kind), since) for p, since in seen]
 
     def _threshold(self) -> float:
         median = self.median_step_s
@@ -146,6 +162,10 @@ class Watchdog:
             self._begin_stall(now)
 
     # -- the files --------------------------------------------------------------------
+
+    @property
+    def _token(self) -> str:
+        return current_attempt().token
 
     def _identity(self) -> dict[str, Any]:
         return {
@@ -179,7 +199,7 @@ class Watchdog:
             "open": self._open_phases(),
             "state": "stopped" if stopped else "running",
             "stopped_ns": now if stopped else None,
-            "hang": None if self._stall is None else stall_name(self._step),
+            "hang": None if self._stall is None else stall_name(self._step, self._token),
         }
         self._write(live_path(self._run_dir, self._rank), data, "the heartbeat")
         self._written, self._changed = now, False
@@ -197,11 +217,15 @@ class Watchdog:
             "median_step_s": None if median is None else round(median, 6),
             "open": self._open_phases(now),
             "threads": _stacks(self._pulse.owner),
-            "flight_recorder": self._flight_recorder(step),
+            "flight_recorder": {"skipped": "not asked yet"},
             "ended_ns": None,
             "stalled_s": None,
         }
-        self._write(hang_path(self._run_dir, step, self._rank), self._stall, "a hang file")
+        path = hang_path(self._run_dir, step, self._rank, self._token)
+        self._write(path, self._stall, "a hang file")  # first: the dump below may be slow
+        self._stall["flight_recorder"] = self._flight_recorder(step)
+        if "path" in self._stall["flight_recorder"]:
+            self._write(path, self._stall, "a hang file")
         self._changed = True
         self._write_heartbeat(now, stopped=False)  # says the stall at once
         logger.warning(
@@ -210,7 +234,7 @@ class Watchdog:
             step,
             (now - self._step_seen) / 1e9,
             " > ".join(name for name, _, _ in self._open) or "no phase",
-            hang_path(self._run_dir, step, self._rank),
+            path,
         )
 
     def _end_stall(self, now: int) -> None:
@@ -219,7 +243,8 @@ class Watchdog:
             return
         stall["ended_ns"] = now
         stall["stalled_s"] = round((now - stall["step_started_ns"]) / 1e9, 3)
-        self._write(hang_path(self._run_dir, stall["step"], self._rank), stall, "a hang file")
+        path = hang_path(self._run_dir, stall["step"], self._rank, self._token)
+        self._write(path, stall, "a hang file")
 
     def _flight_recorder(self, step: int) -> dict[str, str]:
         """torch's Flight Recorder dump, beside the hang file, where NCCL is in use."""
@@ -233,8 +258,12 @@ class Watchdog:
             dump = getattr(sys.modules["torch"]._C._distributed_c10d, "_dump_nccl_trace", None)
             if dump is None:
                 return {"skipped": "this torch has no Flight Recorder dump"}
-            path = flight_recorder_path(self._run_dir, step, self._rank)
-            write_atomic(self._run_dir, path, bytes(dump()), str(os.getpid()))
+            path = flight_recorder_path(self._run_dir, step, self._rank, self._token)
+            try:  # the entries only: their stack traces make the dump slow
+                raw = dump(includeStackTraces=False, onlyActive=True)
+            except TypeError:  # a torch whose dump takes no options
+                raw = dump()
+            write_atomic(self._run_dir, path, bytes(raw), str(os.getpid()))
             return {"path": path.name}
         except Exception as exc:
             return {"skipped": f"the dump failed ({type(exc).__name__}: {exc})"}
