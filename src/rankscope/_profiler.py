@@ -494,22 +494,21 @@ class _SettleAtExit:
     refused, and aborts the process: SIGABRT, "terminate called without an active
     exception" (torch 2.13, CPU; 5 of 50 two-rank jobs, and as often without a
     profiler). Collected from an exit handler instead, with a moment for those threads,
-    none of 100 aborted. Registered once per process, by the first Profiler that
-    starts; it costs a collection and 0.2 s at exit, only where torch.distributed is in.
+    none of 100 aborted. Registered once per process, by the first Profiler that starts
+    in a process group (torch.distributed initialized); it costs a collection and 0.2 s
+    at exit there, and nothing in a process that never joined one.
     """
 
     registered_in: int | None = None
 
     @classmethod
     def register(cls) -> None:
-        if cls.registered_in != os.getpid():
+        if cls.registered_in != os.getpid() and _in_process_group():
             cls.registered_in = os.getpid()
             atexit.register(cls.run)
 
     @staticmethod
     def run() -> None:
-        if "torch.distributed" not in sys.modules:
-            return
         try:
             gc.collect()
             time.sleep(_SETTLE_S)  # the worker threads drop what the collection released
@@ -518,6 +517,14 @@ class _SettleAtExit:
 
 
 _SETTLE_S = 0.2  # 0.05 s still let 1 exit in 50 abort; 0.2 s none of 100
+
+
+def _in_process_group() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist is not None and bool(dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
 
 
 def _warn_unused(config: ProfileConfig) -> None:
