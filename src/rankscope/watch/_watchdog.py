@@ -65,7 +65,8 @@ class Watchdog:
         self._warned = False
         # What the watchdog has seen (its own clock, epoch ns).
         self._step = pulse.step
-        self._step_seen = time.time_ns()
+        self._step_seen = time.time_ns()  # epoch, for the files
+        self._step_seen_at = time.monotonic_ns()  # for intervals: a clock step moves no stall
         self._moved = self._step_seen
         self._steps: deque[float] = deque(maxlen=_STEPS_KEPT)  # seconds per step
         # The Phase objects seen open, with when each was first seen: held, so that a new
@@ -73,7 +74,7 @@ class Watchdog:
         self._seen: list[tuple[Any, int]] = []
         self._open: list[tuple[str, str, int]] = []  # (name, kind, since_ns), outermost first
         self._stall: dict[str, Any] | None = None  # the hang file of the stall under way
-        self._written = 0  # when the heartbeat was last written
+        self._written_at = -(10**18)  # monotonic ns of the last heartbeat written: long ago
         self._changed = True
 
     # -- lifecycle (training thread) ------------------------------------------------
@@ -115,7 +116,7 @@ class Watchdog:
                 now = time.time_ns()
                 self._look(now)
                 self._watch(now)
-                since = now - self._written
+                since = time.monotonic_ns() - self._written_at
                 if (
                     self._changed and since >= self._config.heartbeat_s * 1e9
                 ) or since >= _KEEPALIVE_NS:
@@ -129,9 +130,11 @@ class Watchdog:
         step = pulse.step
         stepped = step != self._step
         if stepped:
+            at = time.monotonic_ns()
             if step > self._step:
-                self._steps.append((now - self._step_seen) / 1e9 / (step - self._step))
+                self._steps.append((at - self._step_seen_at) / 1e9 / (step - self._step))
             self._step, self._step_seen, self._moved, self._changed = step, now, now, True
+            self._step_seen_at = at
             if self._stall is not None:
                 self._end_stall(now)
         phases = list(pulse.open)
@@ -158,7 +161,8 @@ class Watchdog:
         return statistics.median(self._steps) if self._steps else None
 
     def _watch(self, now: int) -> None:
-        if self._stall is None and (now - self._step_seen) / 1e9 > self._threshold():
+        waited = (time.monotonic_ns() - self._step_seen_at) / 1e9
+        if self._stall is None and waited > self._threshold():
             self._begin_stall(now)
 
     # -- the files --------------------------------------------------------------------
@@ -202,7 +206,7 @@ class Watchdog:
             "hang": None if self._stall is None else stall_name(self._step, self._token),
         }
         self._write(live_path(self._run_dir, self._rank), data, "the heartbeat")
-        self._written, self._changed = now, False
+        self._written_at, self._changed = time.monotonic_ns(), False
 
     def _begin_stall(self, now: int) -> None:
         step = self._step
