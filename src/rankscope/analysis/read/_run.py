@@ -60,13 +60,19 @@ def _enclosing_run_dir(path: Path) -> Path | None:
     return None
 
 
-def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
-    """Read the ranks' meta files (RUN_DIR/meta); unreadable files are skipped and said."""
+def run_root(run_dir: str | os.PathLike[str]) -> Path:
+    """`run_dir` as a Path, or a TraceError when it is no directory at all."""
     root = Path(run_dir)
     if not root.exists():
         raise TraceError(f"{root}: no such directory")
     if not root.is_dir():
         raise TraceError(f"{root}: not a directory (expected a run directory)")
+    return root
+
+
+def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
+    """Read the ranks' meta files (RUN_DIR/meta); unreadable files are skipped and said."""
+    root = run_root(run_dir)
     enclosing = _enclosing_run_dir(root)
     if enclosing is not None:
         raise TraceError(

@@ -37,6 +37,7 @@ from ..._layout import (
 )
 from .._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
+from ._run import run_root
 
 __all__ = ["RankTimings", "RunTimings", "read_rank_timings", "read_timings"]
 
@@ -136,11 +137,7 @@ def read_timings(
     """
     if attempt is not None and (isinstance(attempt, bool) or attempt < 1):
         raise ConfigError("attempt", attempt, "an attempt number >= 1")
-    root = Path(run_dir)
-    if not root.exists():
-        raise TraceError(f"{root}: no such directory")
-    if not root.is_dir():
-        raise TraceError(f"{root}: not a directory (expected a run directory)")
+    root = run_root(run_dir)
     run = RunDir(root)
     files = sorted([found.path for found in run.timings()] + run.misnamed_timings())
     if not files:
