@@ -33,7 +33,7 @@ what, paths = sys.argv[1], sys.argv[2:]
 t0 = time.perf_counter()
 if what == "floor":
     for path in paths:
-        scan_trace(path, lambda event: None, whole=False)
+        scan_trace(path, lambda event: None)
     json_bytes = None
 else:
     json_bytes = merge_traces(paths, what).json_bytes

@@ -61,6 +61,29 @@ for path in sorted(pathlib.Path({dir!r}).glob("*.json*")):
     result += len(json.loads(data)["traceEvents"])
 """
 
+# What a typed decode of the whole file costs: fast, but it holds the file in memory.
+_FLOOR_TYPED = """
+import gzip, pathlib
+from typing import Any
+import msgspec
+class Event(msgspec.Struct, gc=False):
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    dur: Any = None
+    ts: Any = None
+    pid: Any = None
+    tid: Any = None
+class Trace(msgspec.Struct):
+    traceEvents: list[Event]
+result = 0
+for path in sorted(pathlib.Path({dir!r}).glob("*.json*")):
+    data = path.read_bytes()
+    if data[:2] == b"\\x1f\\x8b":
+        data = gzip.decompress(data)
+    result += len(msgspec.json.decode(data, type=Trace).traceEvents)
+"""
+
 _RANKSCOPE = """
 from rankscope.analysis import kernel_report
 tables = kernel_report([{dir!r}]).tables
@@ -175,11 +198,17 @@ def kernels(sizes: list[int], hta: bool) -> None:
         sets.append((f"generated {size_mb} MB", _generated(size_mb)))
     hta_python = _hta_python() if hta else None
     for label, folder in sets:
-        print(f"-- {label}: {_raw_mb(folder):.0f} MB of JSON in {folder}")
+        raw_mb = _raw_mb(folder)
+        print(f"-- {label}: {raw_mb:.0f} MB of JSON in {folder}")
         floor = _measure(sys.executable, _FLOOR.format(dir=str(folder)))
+        typed = _measure(sys.executable, _FLOOR_TYPED.format(dir=str(folder)))
         ours = _measure(sys.executable, _RANKSCOPE.format(dir=str(folder)))
         theirs = _measure(hta_python, _HTA.format(dir=str(folder))) if hta_python else None
-        rows = [("floor (decompress + json)", floor), ("rankscope kernels", ours)]
+        rows = [
+            ("floor (decompress + json)", floor),
+            ("typed msgspec, whole file", typed),
+            ("rankscope kernels", ours),
+        ]
         if hta_python:
             rows.append((f"HTA {HTA_VERSION}", theirs))
         for name, m in rows:
@@ -189,6 +218,15 @@ def kernels(sizes: list[int], hta: bool) -> None:
             continue
         if floor is not None:
             print(f"    rankscope vs floor: {ours['wall'] / floor['wall']:.2f}x time (goal <= 2x)")
+        if typed is not None:
+            print(
+                f"    rankscope vs a whole-file typed decode: {ours['wall'] / typed['wall']:.2f}x "
+                f"time, {ours['rss_mb'] / typed['rss_mb']:.2f}x peak RSS"
+            )
+        if label.startswith("generated") and raw_mb > 1000:
+            print(
+                f"    rankscope peak RSS {ours['rss_mb']:.0f} MB (goal: within 300 MB, by a chunk)"
+            )
         if theirs is not None and theirs.get("timed_out"):
             print(f"    HTA vs rankscope: HTA did not finish; rankscope took {ours['wall']:.1f} s")
         elif theirs is not None:

@@ -97,7 +97,8 @@ def _finish(
     raw, trace, summary = Path(job.raw).name, Path(job.trace).name, Path(job.summary).name
     if not stat.S_ISREG(work.lstat(raw).st_mode):
         raise OSError(f"{work.join(raw)} is not a regular file")
-    data = summarize_trace(work.path_of(raw), window=job.window)
+    # The stdlib's json, even where msgspec is installed: a job imports no analysis engine.
+    data = summarize_trace(work.path_of(raw), use_msgspec=False, window=job.window)
     data["trace"] = trace
     data["rank"] = job.rank
     if job.why is not None:

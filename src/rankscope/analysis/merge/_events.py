@@ -316,5 +316,5 @@ def _hashable(value: Any) -> Any:
 def _read_input(job: _Job, send: Callable[[tuple[Any, ...]], None]) -> None:
     """Read one input and send its chunks, then its end; what a worker runs per job."""
     events = _RankEvents(job, send)
-    meta = scan_trace(job.source, events.visit, whole=False)
+    meta = scan_trace(job.source, events.visit)
     events.finish(meta)

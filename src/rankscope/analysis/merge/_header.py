@@ -79,7 +79,7 @@ def _read_header(source: str) -> _Header:
         nonlocal events
         events += 1
 
-    meta = scan_trace(source, count, whole=False)
+    meta = scan_trace(source, count)
     base, info_rank = _essentials(meta)
     if header is None:  # the cheap read failed where the full one did not: sizes as stored
         size = os.path.getsize(source)

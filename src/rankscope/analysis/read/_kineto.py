@@ -1,6 +1,9 @@
 """Reading Kineto (torch.profiler) traces and summarising their kernels, or their CPU ops.
 
-Imports no torch: analysis runs anywhere.
+Imports no torch: analysis runs anywhere. A summary decodes only the seven fields it
+reads, batch by batch: with a typed msgspec decoder where msgspec can be imported (the
+analysis extra), else with the stdlib's json; the two give the same summary. The
+capture side summarises with the stdlib alone: a training job imports no msgspec.
 """
 
 from __future__ import annotations
@@ -8,11 +11,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from ..._text import shown
-from ._stream import scan_trace
+from ._stream import BatchDecoder, plain_events, scan_batches, scan_trace
 
 __all__ = [
     "MAX_DUR_US",
@@ -30,6 +34,7 @@ SUMMARY_VERSION = 2
 _NUMBER = (int, float)
 # The events a summary counts, by "cat"; a tuple, not a set: a list as cat must not raise.
 _COUNTED = ("kernel", "cpu_op", "gpu_memcpy", "gpu_memset")
+_EVENTS_PER_BATCH = 4096  # summarize_events' batches: a few MB of events at a time
 MAX_DUR_US = 1e15
 """A dur at or past this (31 years) is not a time: the event is left out and counted."""
 _MAX_TS_US = 1e18
@@ -50,10 +55,16 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     return {**meta, "traceEvents": events}
 
 
-def summarize_trace(path: str | os.PathLike[str], **labels: Any) -> dict[str, Any]:
-    """Summary of one trace file, read in one streaming pass; `labels` (window) are stored alongside."""
+def summarize_trace(
+    path: str | os.PathLike[str], *, use_msgspec: bool = True, **labels: Any
+) -> dict[str, Any]:
+    """Summary of one trace file, read in one streaming pass; `labels` (window) are stored alongside.
+
+    `use_msgspec=False` decodes with the stdlib's json even where msgspec is installed
+    (the capture side's choice); the summary is the same either way.
+    """
     table = _SummaryTable()
-    meta = scan_trace(path, table.add)
+    meta = scan_batches(path, table.add_batch, _decoder(use_msgspec))
     info = meta.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, Mapping) else None
     return {
@@ -73,12 +84,82 @@ def summarize_events(events: Iterable[object]) -> dict[str, Any]:
     summarised per CPU op by self time instead: an op's own time, the ops nested inside
     it on the same thread taken out, so nothing is counted twice. Events that would
     count but cannot (a dur that is not a time, a name that is not a string) are left
-    out and counted per field under `left_out` (absent when none are).
+    out and counted per field under `left_out` (absent when none are). What is not a
+    dict is no event and is passed over.
     """
     table = _SummaryTable()
-    for event in events:
-        table.add(event)
+    dicts = (event for event in events if type(event) is dict)
+    while batch := list(islice(dicts, _EVENTS_PER_BATCH)):
+        table.add_batch(_fields(batch))
     return table.result()
+
+
+class _Fields:
+    """The fields of an event a summary reads; what the stdlib decoder makes of an event."""
+
+    __slots__ = ("cat", "dur", "name", "ph", "pid", "tid", "ts")
+
+    def __init__(self, event: dict[str, Any]) -> None:
+        get = event.get
+        self.ph = get("ph")
+        self.cat = get("cat")
+        self.name = get("name")
+        self.dur = get("dur")
+        self.ts = get("ts")
+        self.pid = get("pid")
+        self.tid = get("tid")
+
+
+def _fields(events: list[dict[str, Any]]) -> list[Any]:
+    return [_Fields(event) for event in events]
+
+
+def _plain_fields(text: str) -> list[Any] | None:
+    events = plain_events(text)
+    return None if events is None else _fields(events)
+
+
+_PLAIN = BatchDecoder(_plain_fields, _fields)
+_TYPED: list[BatchDecoder] = []  # built on first use: importing msgspec is not free
+
+
+def _decoder(use_msgspec: bool) -> BatchDecoder:
+    """The typed msgspec decoder where asked for and importable, else the stdlib's."""
+    if not use_msgspec:
+        return _PLAIN
+    if not _TYPED:
+        _TYPED.append(_typed_decoder() or _PLAIN)
+    return _TYPED[0]
+
+
+def _typed_decoder() -> BatchDecoder | None:
+    try:
+        import msgspec  # the analysis extra's, imported on first use: it costs a few ms
+    except ImportError:
+        return None
+
+    # Every field is Any, not its JSON type: a dur that is a string is an event to count
+    # under left_out, not a batch the decoder refuses. The other fields are skipped
+    # (validated, never built), which is where the time goes. No gc: nothing to cycle.
+    class _Event(msgspec.Struct, gc=False):
+        ph: Any = None
+        cat: Any = None
+        name: Any = None
+        dur: Any = None
+        ts: Any = None
+        pid: Any = None
+        tid: Any = None
+
+    typed = msgspec.json.Decoder(list[_Event]).decode
+    failed = (msgspec.DecodeError, RecursionError)
+
+    def decode(text: str) -> list[Any] | None:
+        try:
+            return typed(text)
+        except failed:  # not an object, NaN, 1e400, a lone surrogate: as the stdlib reads it
+            return _plain_fields(text)
+
+    return BatchDecoder(decode, _fields)
 
 
 def kernel_category(name: str) -> str:
@@ -102,39 +183,44 @@ class _SummaryTable:
         self.bad: dict[tuple[str, str], int] = {}
         """Events left out, per (cat, field at fault)."""
 
-    def add(self, ev: object) -> None:
-        # Called once per event of traces with millions: checks are ordered by how
-        # often they end the work, and `type(x) in _NUMBER` also rejects bools. A
-        # comparison chain is false for NaN and too-large ints alike, and never raises.
-        if type(ev) is not dict or ev.get("ph") != "X":
+    def add_batch(self, events: list[Any]) -> None:
+        """Count a batch of events (with the attributes of `_Fields`)."""
+        # Called per event of traces with millions: checks are ordered by how often
+        # they end the work, and `type(x) in _NUMBER` also rejects bools. A comparison
+        # chain is false for NaN and too-large ints alike, and never raises.
+        kernels, memory, bad = self.kernels, self.memory, self._bad
+        for ev in events:
+            if ev.ph != "X":
+                continue
+            cat = ev.cat
+            if cat not in _COUNTED:
+                continue
+            dur = ev.dur
+            if type(dur) not in _NUMBER or not 0 <= dur < MAX_DUR_US:
+                bad(cat, "dur")
+                continue
+            name = ev.name
+            if type(name) is not str:
+                bad(cat, "name")
+                continue
+            if cat == "kernel":
+                _add_stat(kernels, name, float(dur))
+            elif cat == "cpu_op":
+                if not kernels:
+                    self._add_op(ev, name, dur)
+            else:
+                _add_stat(memory, "memcpy" if cat == "gpu_memcpy" else "memset", float(dur))
+
+    def _add_op(self, ev: Any, name: str, dur: float) -> None:
+        ts = ev.ts
+        if type(ts) not in _NUMBER or not -_MAX_TS_US < ts < _MAX_TS_US:
+            self._bad("cpu_op", "ts")
             return
-        cat = ev.get("cat")
-        if cat not in _COUNTED:
-            return
-        dur: Any = ev.get("dur")
-        if type(dur) not in _NUMBER or not 0 <= dur < MAX_DUR_US:
-            self._bad(cat, "dur")
-            return
-        name = ev.get("name")
-        if type(name) is not str:
-            self._bad(cat, "name")
-            return
-        if cat == "kernel":
-            _add_stat(self.kernels, name, float(dur))
-        elif cat == "cpu_op":
-            if self.kernels:
-                return
-            ts: Any = ev.get("ts")
-            if type(ts) not in _NUMBER or not -_MAX_TS_US < ts < _MAX_TS_US:
-                self._bad(cat, "ts")
-                return
-            thread = (str(ev.get("pid")), str(ev.get("tid")))
-            self.op_thread.append(self._threads.setdefault(thread, len(self._threads)))
-            self.op_ts.append(float(ts))
-            self.op_dur.append(float(dur))
-            self.op_name.append(self._names.setdefault(name, len(self._names)))
-        else:
-            _add_stat(self.memory, "memcpy" if cat == "gpu_memcpy" else "memset", float(dur))
+        thread = (str(ev.pid), str(ev.tid))
+        self.op_thread.append(self._threads.setdefault(thread, len(self._threads)))
+        self.op_ts.append(float(ts))
+        self.op_dur.append(float(dur))
+        self.op_name.append(self._names.setdefault(name, len(self._names)))
 
     def _bad(self, cat: str, field: str) -> None:
         self.bad[cat, field] = self.bad.get((cat, field), 0) + 1

@@ -1,10 +1,13 @@
-"""Streaming a Kineto trace event by event, in bounded memory.
+"""Streaming a Kineto trace in batches of events, in bounded memory.
 
-A multi-GB trace parsed whole takes several times its size in memory; this reads it in
-chunks and hands each event to a callback, keeping only one chunk and one event alive.
-A trace of a few MB is parsed whole instead, by one C call, which is about twice as
-fast and costs a few tens of MB at most; should that parse fail, the streaming reader
-reads the same bytes again to say exactly what is wrong.
+A multi-GB trace parsed whole takes several times its size in memory; this reads it a
+chunk at a time. Within the traceEvents list it cuts the text after the last event that
+looks complete and decodes that batch with one C call: a typed msgspec decoder where the
+caller has one (msgspec is the analysis side's, never the job's), else the stdlib's json.
+A cut is a guess, and decoding checks it: "[" + batch + "]" is valid JSON only where the
+batch ends at the end of an event of the list. Where it is not (a "}" inside a string,
+or a fault in the file), the events up to that cut are read one by one by the same
+scanner, which says exactly what is wrong with a bad file.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ from typing import Any
 from ..._errors import TraceError
 from ..._layout import open_regular
 
-__all__ = ["scan_trace"]
+__all__ = ["DICTS", "BatchDecoder", "plain_events", "scan_batches", "scan_trace"]
 
 _CHUNK = 1 << 20
-# Traces with at most this much JSON are parsed whole.
-_WHOLE = 8 << 20
+# Text of at least this much is decoded per batch (a whole batch's objects live at once).
+_BATCH = 1 << 19
 # One event (or top-level field) larger than this is not something a trace holds.
 _MAX_VALUE = 256 << 20
+# How many "}" from the end of the buffer are tried as the end of a batch.
+_CUT_TRIES = 8
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
+_AFTER_EVENT = re.compile(r"[ \t\n\r]*[,\]]")
 _NUMBER_CHARS = re.compile(r"[0-9eE.+-]*")
 _DECODER = json.JSONDecoder()
 _JSON_KIND = {
@@ -41,16 +47,65 @@ _JSON_KIND = {
 }
 
 
-def scan_trace(
-    path: str | os.PathLike[str], visit: Callable[[Any], None], *, whole: bool = True
-) -> dict[str, Any]:
+def plain_events(text: str) -> list[dict[str, Any]] | None:
+    """The events of `text`, a JSON list of objects, by the stdlib; None for anything else."""
+    try:
+        events = json.loads(text)
+    except (ValueError, RecursionError):  # JSONDecodeError, too many digits, too deep
+        return None
+    if all(type(event) is dict for event in events):
+        return events  # type: ignore[no-any-return]
+    return None
+
+
+class BatchDecoder:
+    """How a batch of events is decoded, and what a caller gets per event.
+
+    `decode` takes the text of a JSON list of objects and returns the caller's events,
+    or None where it cannot (the scanner then reads those events one by one); `shape`
+    makes the same kind of events from events already parsed as dicts.
+    """
+
+    __slots__ = ("decode", "shape")
+
+    def __init__(
+        self,
+        decode: Callable[[str], list[Any] | None],
+        shape: Callable[[list[dict[str, Any]]], list[Any]],
+    ) -> None:
+        self.decode = decode
+        self.shape = shape
+
+
+DICTS = BatchDecoder(plain_events, lambda events: events)
+"""Every event as the dict the stdlib's json makes of it."""
+
+
+def scan_trace(path: str | os.PathLike[str], visit: Callable[[Any], None]) -> dict[str, Any]:
     """Call `visit` on every event (a dict) of the trace's traceEvents, in file order.
 
     Returns the other top-level fields (distributedInfo, baseTimeNanoseconds, ...).
     Reads `.json` and `.json.gz` (detected by content); only a regular file is opened.
     Any fault in the file is a TraceError naming it; exceptions raised by `visit` pass
-    through. `whole=False` streams even small traces, for callers that read many files
-    side by side in a few MB each (the first 8 MB read at once would hold up the others).
+    through.
+    """
+
+    def visit_batch(events: list[Any]) -> None:
+        for event in events:
+            visit(event)
+
+    return scan_batches(path, visit_batch, DICTS)
+
+
+def scan_batches(
+    path: str | os.PathLike[str],
+    visit: Callable[[list[Any]], None],
+    decoder: BatchDecoder = DICTS,
+) -> dict[str, Any]:
+    """Call `visit` on each batch of the trace's events, in file order, as `decoder` makes them.
+
+    Otherwise as `scan_trace`: the other top-level fields are returned, a fault in the
+    file is a TraceError naming it. A batch holds about half a MB of the file's text.
     """
     name = os.fspath(path)
     try:
@@ -58,15 +113,7 @@ def scan_trace(
             compressed = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             read = gzip.GzipFile(fileobj=raw).read if compressed else raw.read
-            head = read(_WHOLE + 1) if whole else b""
-            if whole and len(head) <= _WHOLE:
-                parsed = _parse_whole(head)
-                if parsed is not None:
-                    events, meta = parsed
-                    for event in events:
-                        visit(event)
-                    return meta
-            return _Scanner(_after(head, read), name).trace(visit)
+            return _Scanner(read, name, decoder).trace(visit)
     except FileNotFoundError:
         raise TraceError(f"{name}: no such file") from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
@@ -77,46 +124,21 @@ def scan_trace(
         raise TraceError(f"{name}: cannot read ({exc.strerror or exc})") from None
 
 
-def _parse_whole(data: bytes) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-    """The events and other fields of a well-formed trace; None for anything else."""
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, too deep
-        return None
-    if isinstance(doc, list):
-        events, meta = doc, {}
-    elif isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list):
-        meta = dict(doc)
-        events = meta.pop("traceEvents")
-    else:
-        return None
-    if not all(isinstance(event, dict) for event in events):
-        return None
-    return events, meta
-
-
-def _after(head: bytes, read: Callable[[int], bytes]) -> Callable[[int], bytes]:
-    """`read`, with `head` (already read from it) handed out first."""
-    pending = [head] if head else []
-
-    def read_on(size: int) -> bytes:
-        return pending.pop() if pending else read(size)
-
-    return read_on
-
-
 class _Scanner:
     """A cursor over the decoded text of a file, refilled a chunk at a time."""
 
-    def __init__(self, read: Callable[[int], bytes], name: str) -> None:
+    def __init__(self, read: Callable[[int], bytes], name: str, decoder: BatchDecoder) -> None:
         self._read = read
         self._name = name
+        self._decoder = decoder
         self._utf8 = codecs.getincrementaldecoder("utf-8")()
         self._buf = ""
         self._pos = 0
         self._eof = False
+        # A cut that did not decode: events up to it are read one by one.
+        self._distrust = -1
 
-    def trace(self, visit: Callable[[Any], None]) -> dict[str, Any]:
+    def trace(self, visit: Callable[[list[Any]], None]) -> dict[str, Any]:
         first = self._peek()
         if first is None:
             raise self._error("not valid JSON (the file is empty)")
@@ -151,20 +173,47 @@ class _Scanner:
             raise self._error("not a trace (no traceEvents list)")
         return meta
 
-    def _events(self, visit: Callable[[Any], None]) -> None:
+    def _events(self, visit: Callable[[list[Any]], None]) -> None:
         if self._peek() == "]":
             self._pos += 1
             return
         number = 0
         while True:
-            event = self._value()
-            number += 1
-            if not isinstance(event, dict):
-                kind = _JSON_KIND.get(type(event), "a value")
-                raise self._error(f"not a trace (event {number} is {kind}, not an object)")
-            visit(event)
+            events = self._batch() if self._pos > self._distrust else None
+            if events is None:
+                event = self._value()
+                number += 1
+                if not isinstance(event, dict):
+                    kind = _JSON_KIND.get(type(event), "a value")
+                    raise self._error(f"not a trace (event {number} is {kind}, not an object)")
+                events = self._decoder.shape([event])
+            else:
+                number += len(events)
+            visit(events)
             if self._expect(",]") == "]":
                 return
+
+    def _batch(self) -> list[Any] | None:
+        """The events from here to the last one that looks complete in the buffer, decoded
+        at once; None where there is none, or the cut was wrong."""
+        while len(self._buf) - self._pos < _BATCH and self._fill():
+            pass
+        buf, start, end = self._buf, self._pos, len(self._buf)
+        for _ in range(_CUT_TRIES):
+            cut = buf.rfind("}", start, end)
+            if cut < 0:
+                return None  # one event larger than the buffer: read on, one by one
+            if _AFTER_EVENT.match(buf, cut + 1):
+                break
+            end = cut
+        else:
+            return None
+        events = self._decoder.decode(f"[{buf[start : cut + 1]}]")
+        if events is None:
+            self._distrust = cut
+            return None
+        self._pos = cut + 1
+        return events
 
     def _end(self) -> None:
         if self._peek() is not None:
@@ -176,6 +225,7 @@ class _Scanner:
         data = self._read(_CHUNK)
         if self._pos:
             self._buf = self._buf[self._pos :]
+            self._distrust -= self._pos
             self._pos = 0
         if not data:
             self._eof = True
