@@ -78,14 +78,31 @@ def test_an_empty_directory_has_nothing_to_report(tmp_path: Path) -> None:
     assert "no timings" in str(info.value) and "no trace files" in str(info.value)
 
 
-def test_long_runs_are_binned_into_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(report_module, "_MAX_CELLS", 100)
-    monkeypatch.setattr(report_module, "_MIN_COLUMNS", 5)
-    write_timings(tmp_path, ranks=4, steps=60, noise=0.0)
-    heat = build_report(tmp_path)["heatmaps"]
+def test_long_runs_and_many_ranks_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(report_module, "_MAX_COLUMNS", 20)
+    monkeypatch.setattr(report_module, "_MAX_ROWS", 4)
+    write_timings(tmp_path, ranks=8, steps=60, slowdowns=[Slowdown(5, "forward", 0.5, 30)])
+    report = build_report(tmp_path)
+    heat = report["heatmaps"]
     assert heat["steps_per_column"] == 3
     assert heat["steps"] == list(range(0, 60, 3))
+    # the slow rank on a row of its own, then groups of consecutive ranks (their slowest)
+    assert heat["row_is"] == "slowest"
+    assert heat["rows"] == [[5], [0, 1, 2], [3, 4, 5], [6, 7]]
     assert all(len(row) == 20 for m in heat["metrics"] for row in m["values"])
+    fwd = next(m for m in heat["metrics"] if m["name"] == "forward")["values"]
+    assert fwd[2] == [max(a, b) for a, b in zip(fwd[0], fwd[2], strict=True)]
+    over = {p["name"]: p for p in report["over_steps"]["phases"]}
+    assert report["over_steps"]["steps"] == heat["steps"]
+    (flagged,) = over["forward"]["flagged"]
+    assert flagged["rank"] == 5 and flagged["role"] == "slow" and flagged["since_step"] == 30
+    assert [line["rank"] for line in over["forward"]["lines"]] == [0, 1, 2, 3, 4, 6, 7]
+    # from the onset on the slow rank is 1.5x the others' median, before it with them
+    mid = over["forward"]["band"]["median"]
+    ratio = [v / m for v, m in zip(flagged["values"], mid, strict=True)]
+    assert all(r > 1.3 for r in ratio[10:]) and all(r < 1.2 for r in ratio[:10]), ratio
 
 
 def test_meta_files_that_disagree_or_lie_are_said(tmp_path: Path) -> None:

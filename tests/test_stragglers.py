@@ -18,6 +18,7 @@ from rankscope.analysis._stragglers import (
     _slow_at_its_best,
     find_stragglers,
     format_ranks,
+    ratio_text,
 )
 
 
@@ -369,3 +370,67 @@ def test_phases_come_in_the_order_a_step_runs_them(tmp_path: Path) -> None:
 )
 def test_rank_lists_read_well(ranks: list[int], text: str) -> None:
     assert format_ranks(ranks) == text
+
+
+@pytest.mark.parametrize(
+    ("ratio", "text"),
+    [
+        (1.41, "+41%"),
+        (0.92, "-8%"),
+        (1.999, "+100%"),
+        (2.0, "2.0x"),
+        (3.96, "4.0x"),
+        (526.0, "526x"),
+        (12345.6, "12,346x"),
+        (None, "none"),
+        (float("nan"), "none"),
+    ],
+)
+def test_ratios_read_as_people_say_them(ratio: float | None, text: str) -> None:
+    assert ratio_text(ratio) == text
+
+
+def test_a_huge_slowdown_reads_as_a_factor_and_the_slow_rank_comes_first(tmp_path: Path) -> None:
+    report = _analyse(tmp_path, ranks=3, steps=30, slowdowns=[Slowdown(1, "host_to_device", 525)])
+    assert re.fullmatch(
+        r"rank 1 is slow in host_to_device \(5\d\dx vs median at 100% of sampled steps\); "
+        r"ranks 0, 2 wait for it in backward",
+        report.summary[0],
+    ), report.summary
+    # the waiting ranks lose more time than the slow one, yet the cause is listed first
+    assert (report.findings[0].rank, report.findings[0].role) == (1, "slow")
+    assert max(f.lost_ms for f in report.findings) > report.findings[0].lost_ms
+    assert report.undecided == []
+
+
+def test_too_few_samples_are_said_not_dropped(tmp_path: Path) -> None:
+    # With 8 sampled steps, rank 1 arriving last at all of them could still be chance for
+    # the count test: the waiting is said, with how many steps would tell.
+    report = _analyse(tmp_path, ranks=3, steps=8, slowdowns=[Slowdown(1, "host_to_device", 525)])
+    assert [(f.rank, f.role) for f in report.findings] == [(1, "slow")]
+    assert {(u.rank, u.phase, u.role, u.waits_for) for u in report.undecided} == {
+        (0, "backward", "waits", (1,)),
+        (2, "backward", "waits", (1,)),
+    }
+    (sentence,) = report.summary
+    match = re.fullmatch(
+        r"rank 1 is slow in host_to_device \(5\d\dx vs median at 100% of sampled steps\); "
+        r"ranks 0, 2 seem to wait for it in backward, but 8 sampled steps are too few to tell "
+        r"that from chance \(needs more samples: about (\d+) at this rate\)",
+        sentence,
+    )
+    assert match, sentence
+    needed = int(match.group(1))
+    assert 8 < needed <= 32
+    assert report.to_dict()["undecided"][0]["needed_steps"] == needed
+    # and with that many, it is a finding
+    again = _analyse(
+        tmp_path / "more", ranks=3, steps=needed + 2, slowdowns=[Slowdown(1, "host_to_device", 525)]
+    )
+    assert {(f.rank, f.role) for f in again.findings} == {(1, "slow"), (0, "waits"), (2, "waits")}
+
+
+def test_two_sampled_steps_say_they_are_too_few(tmp_path: Path) -> None:
+    report = _analyse(tmp_path, ranks=3, steps=2, slowdowns=[Slowdown(1, "forward", 1.0)])
+    assert report.findings == []
+    assert report.summary == ["2 sampled steps are too few to find a straggler: it takes 3 or more"]

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,15 @@ from .read._timings import read_timings
 __all__ = ["REPORT_VERSION", "build_report"]
 
 REPORT_VERSION = 1
-# Heatmap cells per metric at most; longer runs are shown in bins of consecutive steps.
-_MAX_CELLS = 250_000
-_MIN_COLUMNS = 50
+# What the pictures hold at most, whatever the run's size. Columns (heatmap) and points
+# (charts): sampled steps, or the means of bins of consecutive steps beyond this many.
+_MAX_COLUMNS = 120
+# Heatmap rows: every rank up to this many; beyond, the flagged ranks on rows of their
+# own, then groups of consecutive ranks, each row the slowest of its group at each step.
+_MAX_ROWS = 64
+_MAX_FLAGGED = 8  # flagged ranks given their own heatmap row, or drawn bold in a chart
+_FAINT_LINES = 8  # other ranks drawn as faint lines in a chart (evenly spaced by rank)
+_BAND = (10, 90)  # the percentiles of all ranks a chart's band spans
 _TOP_KERNELS = 15
 
 Progress = Callable[[str, int, int], None]
@@ -90,11 +97,12 @@ def build_report(
         report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
         report["time"] = m.time
         report["phases"] = _phase_stats(m)
-        report["heatmaps"] = _heatmaps(m)
-        report["breakdown"] = _breakdown(m)
         strag = stragglers.to_dict(table=False)
         for finding in strag["findings"]:
             del finding["ratios"]  # per step, per finding: the heatmap shows them
+        report["heatmaps"] = _heatmaps(m, strag["findings"])
+        report["over_steps"] = _over_steps(m, strag["findings"])
+        report["breakdown"] = _breakdown(m)
         report["stragglers"] = strag
     kernels_error = None
     try:
@@ -155,17 +163,44 @@ def _phase_stats(m: PhaseMatrices) -> list[dict[str, Any]]:
     return out
 
 
-def _heatmaps(m: PhaseMatrices) -> dict[str, Any]:
-    n_r, n_s = len(m.ranks), len(m.steps)
-    width = n_s
-    if n_r * n_s > _MAX_CELLS:
-        width = max(_MIN_COLUMNS, _MAX_CELLS // max(n_r, 1))
-    bins = math.ceil(n_s / width) if width < n_s else 1
+def _flagged(
+    m: PhaseMatrices, findings: list[dict[str, Any]], phase: str | None = None
+) -> list[int]:
+    """Row indexes of the ranks the findings name (in `phase`, or slow in any), in their order."""
+    row_of = {rank: i for i, rank in enumerate(m.ranks)}
+    out: list[int] = []
+    for f in findings:
+        wanted = f["phase"] == phase if phase is not None else f["role"] == "slow"
+        if wanted and f["rank"] in row_of and row_of[f["rank"]] not in out:
+            out.append(row_of[f["rank"]])
+    return out[:_MAX_FLAGGED]
+
+
+def _heatmaps(m: PhaseMatrices, findings: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric (step time, then each phase) a rows x columns matrix of ms, bounded by
+    _MAX_ROWS and _MAX_COLUMNS: `rows` says which ranks each row holds."""
+    bins = _bins(len(m.steps))
+    n_r = len(m.ranks)
+    groups: list[list[int]]
+    if n_r <= _MAX_ROWS:
+        groups = [[i] for i in range(n_r)]
+        row_is = "rank"
+    else:
+        own = _flagged(m, findings)
+        size = math.ceil(n_r / (_MAX_ROWS - len(own)))
+        groups = [[i] for i in own] + [
+            list(range(i, min(i + size, n_r))) for i in range(0, n_r, size)
+        ]
+        row_is = "slowest"
     order = [m.index(STEP)] if STEP in m.phases else []
     order += [p for p, name in enumerate(m.phases) if name != STEP]
     metrics = []
     for p in order:
         values = m.ms[p]
+        if row_is == "slowest":
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a group with no record
+                values = np.stack([np.nanmax(values[g], axis=0) for g in groups])
         if bins > 1:
             values = _bin_columns(values, bins)
         label = "step time" if m.phases[p] == STEP else f"{m.phases[p]} ({m.kinds[p]})"
@@ -179,10 +214,68 @@ def _heatmaps(m: PhaseMatrices) -> dict[str, Any]:
         )
     return {
         "ranks": m.ranks,
+        "rows": [[m.ranks[i] for i in g] for g in groups],
+        "row_is": row_is,
         "steps": m.steps[::bins],
         "steps_per_column": bins,
         "metrics": metrics,
     }
+
+
+def _bins(n_steps: int) -> int:
+    """Steps per column or point, so that there are at most _MAX_COLUMNS."""
+    return math.ceil(n_steps / _MAX_COLUMNS) if n_steps > _MAX_COLUMNS else 1
+
+
+def _over_steps(m: PhaseMatrices, findings: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per phase, its time over the sampled steps: the ranks the findings name in it, a
+    band of the other ranks (the 10th to 90th percentile and the median), and a few of them."""
+    bins = _bins(len(m.steps))
+    n_r = len(m.ranks)
+    phases = []
+    for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True)):
+        values = _bin_columns(m.ms[p], bins) if bins > 1 else m.ms[p]
+        flagged = _flagged(m, findings, phase)
+        others = [i for i in range(n_r) if i not in flagged]
+        if len(others) > _FAINT_LINES:
+            picks = np.linspace(0, len(others) - 1, _FAINT_LINES).round().astype(int)
+            others = [others[k] for k in sorted(set(picks.tolist()))]
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a step no rank sampled
+            rest = np.delete(values, flagged, axis=0) if len(flagged) < n_r else values
+            lo, mid, hi = np.nanpercentile(rest, [_BAND[0], 50, _BAND[1]], axis=0)
+        said = [f for f in findings if f["phase"] == phase]
+        phases.append(
+            {
+                "name": phase,
+                "kind": kind,
+                "band": {"lo": _line(lo), "median": _line(mid), "hi": _line(hi)},
+                "lines": [{"rank": m.ranks[i], "values": _line(values[i])} for i in others],
+                "flagged": [
+                    {
+                        "rank": m.ranks[i],
+                        "role": next(f["role"] for f in said if f["rank"] == m.ranks[i]),
+                        "since_step": next(
+                            f["since_step"] for f in said if f["rank"] == m.ranks[i]
+                        ),
+                        "values": _line(values[i]),
+                    }
+                    for i in flagged
+                ],
+                "flagged_of": len({f["rank"] for f in said}),
+            }
+        )
+    return {
+        "steps": m.steps[::bins],
+        "steps_per_point": bins,
+        "ranks": n_r,
+        "band": list(_BAND),
+        "phases": phases,
+    }
+
+
+def _line(values: np.ndarray) -> list[float | None]:
+    return [_round(v) for v in values.tolist()]
 
 
 def _rows(values: np.ndarray) -> list[list[float | None]]:

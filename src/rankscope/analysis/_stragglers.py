@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ from .._text import format_ranks
 from ._matrix import STEP, PhaseMatrices, phase_matrices
 from .read._timings import RunTimings
 
-__all__ = ["StragglerFinding", "StragglerReport", "find_stragglers"]
+__all__ = ["StragglerFinding", "StragglerReport", "Undecided", "find_stragglers", "ratio_text"]
 
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
@@ -52,6 +52,22 @@ _CONCLUSIVE = 0.05
 _EXPLAINED = 0.5
 # A rank's fast steps: this percentile of its times (see _slow_at_its_best).
 _FAST = 10
+# A row that fails a count test only for want of steps is said ("needs more samples")
+# when it was above at this share of its steps at least, and this many times its steps
+# at the same rate would pass: a clean run's noise is neither.
+_UNDECIDED_SHARE = 0.8
+_UNDECIDED_REACH = 4
+# Fewer sampled steps than this and no row can hold a finding (see _Row.onset).
+_FEWEST_STEPS = 3
+
+
+def ratio_text(ratio: float | None) -> str:
+    """A time against its reference as people say it: "+41%" below twice, "2.5x", "526x"."""
+    if ratio is None or not math.isfinite(ratio):
+        return "none"
+    if ratio < 2:
+        return f"{(ratio - 1) * 100:+.0f}%"
+    return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:,.0f}x"
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,22 @@ class StragglerFinding:
 
 
 @dataclass(frozen=True)
+class Undecided:
+    """A (rank, phase) that looks like a finding but has too few sampled steps to tell
+    from chance: with about `needed_steps` at the same rate it would be one."""
+
+    rank: int
+    phase: str
+    role: str
+    """"slow" (above at `hits` of `steps`) or "waits" (`waits_for` arrived last at `hits`)."""
+    median_ratio: float
+    hits: int
+    steps: int
+    needed_steps: int
+    waits_for: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class RankPhase:
     """Every (rank, phase) over the whole run: the table behind the findings."""
 
@@ -110,7 +142,10 @@ class StragglerReport:
     sync_phases: list[str]
     """Phases found to end in a collective (or declared comm)."""
     findings: list[StragglerFinding] = field(default_factory=list)
+    """Slow ranks first (the cause), then the ranks that wait; by time lost within each."""
     table: list[RankPhase] = field(default_factory=list)
+    undecided: list[Undecided] = field(default_factory=list)
+    """What more sampled steps could turn into findings (said in `summary` too)."""
     summary: list[str] = field(default_factory=list)
     """The findings in words, one sentence per slow rank (or group of waiting ranks)."""
 
@@ -127,6 +162,7 @@ class StragglerReport:
             "sync_phases": self.sync_phases,
             "summary": self.summary,
             "findings": [f.to_dict() for f in self.findings],
+            "undecided": [{**asdict(u), "waits_for": list(u.waits_for)} for u in self.undecided],
         }
         if table:
             # Strict JSON: a ratio with no step to compare (a phase one rank alone has) is null.
@@ -141,7 +177,7 @@ def _not_finite(value: object) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-def find_stragglers(
+def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top to bottom
     timings: RunTimings | PhaseMatrices,
     *,
     threshold: float = 1.10,
@@ -206,24 +242,35 @@ def find_stragglers(
         shares = above / np.maximum(steps, 1)
         tests = len(m.ranks) * len(m.phases) * max(1, len(m.steps))
         for r in np.flatnonzero(above >= needed).tolist():
+            rank = m.ranks[r]
             row = _row(ratio[r], excess[r], threshold, floor)
             onset = row.onset(min_persistence)
             if onset is None or row.median_excess(onset) < floor:
                 continue
             chance = float(np.median(np.delete(shares, r)))
             if not sync and not row.beyond_chance(onset, chance, tests):
+                more = row.steps_needed(onset, chance, tests)
+                if more is not None and _slow_at_its_best(d, r, row.valid[onset:], threshold):
+                    hits, n = int(np.sum(row.above[onset:])), len(row.valid) - onset
+                    ratio_r = row.median_ratio(onset)
+                    report.undecided.append(Undecided(rank, phase, "slow", ratio_r, hits, n, more))
                 continue
-            waits_for = (
-                _waited_for(
+            waits_for: tuple[int, ...] = ()
+            if sync:
+                waits_for, short = _waited_for(
                     r, row.valid[onset:], last, late_ns, made_ns, ranks=len(m.ranks), tests=tests
                 )
-                if sync
-                else ()
-            )
-            if sync and not waits_for:
-                continue
+                if short is not None:
+                    hits, more, late = short
+                    n, ratio_r = len(row.valid) - onset, row.median_ratio(onset)
+                    late_rank = (m.ranks[late],)
+                    report.undecided.append(
+                        Undecided(rank, phase, "waits", ratio_r, hits, n, more, late_rank)
+                    )
+                if not waits_for:
+                    continue
             finding = StragglerFinding(
-                rank=m.ranks[r],
+                rank=rank,
                 phase=phase,
                 kind=kind,
                 role="waits" if sync else "slow",
@@ -243,7 +290,8 @@ def find_stragglers(
     # does: it stands only where the others are found waiting for this rank.
     waited_for = {f.waits_for[0] for f in report.findings if f.waits_for}
     report.findings.extend(f for f in unconfirmed if f.rank in waited_for)
-    report.findings.sort(key=lambda f: (-f.lost_ms, f.rank, f.phase))
+    # The cause before its consequence: a slow rank's waiters often lose more time than it.
+    report.findings.sort(key=lambda f: (f.role != "slow", -f.lost_ms, f.rank, f.phase))
     report.summary = _sentences(report)
     return report
 
@@ -376,6 +424,13 @@ class _Row:
         k = int(np.sum(self.above[onset:]))
         return _binomial_tail(k, n, max(chance, 1.0 / max(n, 1))) < 0.01 / tests
 
+    def steps_needed(self, onset: int, chance: float, tests: int) -> int | None:
+        """About how many steps at this rate would pass `beyond_chance`; None where the
+        rate is too low, or it would take far more steps, for that to be worth saying."""
+        n = len(self.valid) - onset
+        k = int(np.sum(self.above[onset:]))
+        return _steps_needed(k, n, lambda m: max(chance, 1.0 / m), lambda m: tests * m / n)
+
     def median_ratio(self, onset: int) -> float:
         return round(float(np.median(self.ratio[onset:])), 4)
 
@@ -387,9 +442,6 @@ class _Row:
 
     def median_excess(self, onset: int) -> float:
         return float(np.median(self.excess[onset:]))
-
-    def excess_at(self, onset: int) -> Matrix:
-        return self.excess[onset:]
 
 
 def _binomial_tail(k: int, n: int, q: float) -> float:
@@ -407,6 +459,23 @@ def _binomial_tail(k: int, n: int, q: float) -> float:
     )
     top = float(log_pmf.max())
     return float(math.exp(top) * np.sum(np.exp(log_pmf - top)))
+
+
+def _steps_needed(
+    k: int, n: int, q_at: Callable[[int], float], tests_at: Callable[[int], float]
+) -> int | None:
+    """The fewest steps (searched in 10% strides) at which `k` of `n` at the same rate
+    passes the binomial test at 1% over `tests_at(steps)` rows; None where the rate is
+    below _UNDECIDED_SHARE or that takes over _UNDECIDED_REACH times `n`."""
+    if n <= 0 or k < _UNDECIDED_SHARE * n:
+        return None
+    more = max(n + 1, _FEWEST_STEPS)
+    while more <= _UNDECIDED_REACH * max(n, _FEWEST_STEPS):
+        hits = math.ceil(k / n * more)
+        if _binomial_tail(hits, more, q_at(more)) < 0.01 / tests_at(more):
+            return more
+        more = max(more + 1, math.ceil(more * 1.1))
+    return None
 
 
 def _row(ratio: Matrix, excess: Matrix, threshold: float, floor: float) -> _Row:
@@ -507,8 +576,10 @@ def _waited_for(
     *,
     ranks: int,
     tests: int,
-) -> tuple[int, ...]:
-    """The ranks that row `r` waits for over the steps `cols`; () where it is not waiting.
+) -> tuple[tuple[int, ...], tuple[int, int, int] | None]:
+    """The ranks that row `r` waits for over the steps `cols` (() where it is not
+    waiting), and where only more sampled steps could tell: (times the same rank was
+    last, about how many steps would tell, that rank's index).
 
     Waiting for whoever is late this time is jitter, not a straggler: the same rank must
     arrive last far more often than one time in len(ranks) (a binomial test at 1% over
@@ -517,13 +588,15 @@ def _waited_for(
     window = last[cols]
     waits_for = _often(window, r)
     if not waits_for:
-        return ()
+        return (), None
     hits = window == waits_for[0]
-    if _binomial_tail(int(np.sum(hits)), len(window), 1 / ranks) >= 0.01 / tests:
-        return ()
     if not _late_by_own_work(late_ns[cols[hits]], made_ns[cols[hits]]):
-        return ()
-    return waits_for
+        return (), None
+    k, n = int(np.sum(hits)), len(window)
+    if _binomial_tail(k, n, 1 / ranks) >= 0.01 / tests:
+        needed = _steps_needed(k, n, lambda _: 1 / ranks, lambda m: tests * m / n)
+        return (), None if needed is None else (k, needed, waits_for[0])
+    return waits_for, None
 
 
 def _times_of(d: Matrix, who: npt.NDArray[np.int64]) -> Vector:
@@ -549,14 +622,22 @@ def _verb(ranks: list[int], singular: str, plural: str) -> str:
 def _sentences(report: StragglerReport) -> list[str]:
     versus = "vs median" if report.reference == "median" else "vs the faster rank"
     waiting = [f for f in report.findings if f.role == "waits"]
+    unsure = [u for u in report.undecided if u.role == "waits"]
     told: set[int] = set()
+    told_unsure: set[int] = set()
     out = []
+    if len(report.ranks) >= 2 and 0 < len(report.steps) < _FEWEST_STEPS:
+        n = len(report.steps)
+        out.append(
+            f"{n} sampled step{'' if n == 1 else 's'} are too few to find a straggler: "
+            f"it takes {_FEWEST_STEPS} or more"
+        )
     for f in report.findings:
         if f.role != "slow":
             continue
         since = "" if f.since_step == report.steps[0] else f" since step {f.since_step}"
         text = (
-            f"rank {f.rank} is slow in {f.phase} ({f.median_ratio - 1:+.0%} {versus} "
+            f"rank {f.rank} is slow in {f.phase} ({ratio_text(f.median_ratio)} {versus} "
             f"at {f.share_above:.0%} of sampled steps{since})"
         )
         waiters: dict[str, list[int]] = {}
@@ -566,6 +647,14 @@ def _sentences(report: StragglerReport) -> list[str]:
                 told.add(i)
         for phase, ranks in waiters.items():
             text += f"; {_verb(ranks, 'waits', 'wait')} for it in {phase}"
+        maybe: dict[str, list[Undecided]] = {}
+        for i, u in enumerate(unsure):
+            if u.waits_for[0] == f.rank and i not in told_unsure:
+                maybe.setdefault(u.phase, []).append(u)
+                told_unsure.add(i)
+        for phase, rows in maybe.items():
+            who = _verb([u.rank for u in rows], "seems", "seem")
+            text += f"; {who} to wait for it in {phase}, {_too_few(rows)}"
         out.append(text)
     # Waiting with no slow phase to blame: the late rank is slow across phases, or unsampled.
     rest: dict[tuple[str, tuple[int, ...]], list[int]] = {}
@@ -575,7 +664,30 @@ def _sentences(report: StragglerReport) -> list[str]:
     for (phase, late), ranks in rest.items():
         whom = f"rank {late[0]}, the last to arrive there" if late else "the last rank to arrive"
         out.append(f"{_verb(ranks, 'waits', 'wait')} in {phase} for {whom}")
+    for u in report.undecided:
+        if u.role == "slow":
+            out.append(
+                f"rank {u.rank} may be slow in {u.phase} ({ratio_text(u.median_ratio)} {versus} "
+                f"at {u.hits} of {u.steps} sampled steps), {_too_few([u])}"
+            )
+    left: dict[tuple[str, int], list[Undecided]] = {}
+    for i, u in enumerate(unsure):
+        if i not in told_unsure:
+            left.setdefault((u.phase, u.waits_for[0]), []).append(u)
+    for (phase, last), rows in left.items():
+        who = _verb([u.rank for u in rows], "seems", "seem")
+        out.append(f"{who} to wait in {phase} for rank {last}, {_too_few(rows)}")
     return out
+
+
+def _too_few(rows: list[Undecided]) -> str:
+    """Why an undecided row is not a finding, in words: it needs more samples."""
+    steps = min(u.steps for u in rows)
+    needed = max(u.needed_steps for u in rows)
+    return (
+        f"but {steps} sampled step{'' if steps == 1 else 's'} are too few to tell that from "
+        f"chance (needs more samples: about {needed} at this rate)"
+    )
 
 
 @contextlib.contextmanager

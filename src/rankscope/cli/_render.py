@@ -22,7 +22,7 @@ from .._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timi
 from .._text import format_ranks
 from ..analysis._hangs import duration
 from ..analysis._kernels import KernelReport
-from ..analysis._stragglers import StragglerReport
+from ..analysis._stragglers import StragglerReport, ratio_text
 
 __all__ = [
     "Progress",
@@ -89,14 +89,17 @@ def _skipped(lines: list[str], limit: int = 5) -> None:
 
 
 def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int | None) -> Table:
+    versus = "vs median rank" if reference == "median" else f"vs {reference}"
     table = Table(
-        box=box.SIMPLE_HEAD, title=f"Findings (ratio to the {reference})", title_justify="left"
+        box=box.SIMPLE_HEAD,
+        title="Findings (slow ranks first, then the ranks that wait for them)",
+        title_justify="left",
     )
     for column in (
         "rank",
         "phase",
         "role",
-        "median ratio",
+        versus,
         "steps above",
         "time lost ms",
         "since step",
@@ -110,7 +113,7 @@ def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int |
             str(f["rank"]),
             _name(f["phase"], 30),
             f["role"],
-            f"{f['median_ratio']:.2f}",
+            ratio_text(f["median_ratio"]),
             f"{f['share_above']:.0%}",
             f"{f['lost_ms']:.1f}",
             str(f["since_step"]),

@@ -26,7 +26,10 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from ..._text import number_ranges
+from ..._text import format_ranks, number_ranges
+from .._stragglers import ratio_text
+from ._breakdown import breakdown_section
+from ._charts import charts_section
 from ._hangs import hangs_section
 from ._values import (
     as_float,
@@ -47,22 +50,12 @@ from ._values import (
 __all__ = ["render_html"]
 
 _TOP_KERNELS = 15
-_TOP_RANKS = 32  # breakdown rows shown before stragglers, the median and the fastest rank
+_MAX_FINDINGS = 20  # rows of the findings table: a slow rank can have 1023 waiting for it
 _MAX_SKIPPED = 1000  # skipped-input lines listed; the count is always given in full
 # The heatmap's colours span these percentiles, so a warm-up step (3% of the cells at 30
 # sampled steps) cannot wash out the rest; values beyond take the end colours (a straggler
 # included: it stays the brightest) and the legend says so.
 _CLIP = (0.05, 0.95)
-
-# Stacked-bar colours by phase kind, so compute, communication and data read at a glance;
-# phases of the same kind take the next shade.
-_KIND_COLOURS = {
-    "compute": ("#2c5d92", "#5b8fc7", "#9cc0e6", "#1b3a5c"),
-    "comm": ("#d9661f", "#f2a154", "#a3470f"),
-    "data": ("#3a8a3e", "#7cc47f", "#25602a"),
-    "io": ("#7b4fa0", "#b48fd3"),
-}
-_OTHER_COLOURS = ("#8c6d31", "#bd9e39", "#6b6b6b", "#a6a6a6", "#c46fa0")
 
 
 def render_html(report: Mapping[str, Any]) -> str:
@@ -83,7 +76,8 @@ def render_html(report: Mapping[str, Any]) -> str:
             _summary(report, findings, hosts),
             *([hangs_section(report)] if "hangs" in report else []),
             heatmap_html,
-            _breakdown(report, findings),
+            charts_section(report, findings),
+            breakdown_section(report, findings),
             _kernels(report),
             _skipped(report),
         ]
@@ -117,7 +111,7 @@ def _header(report: Mapping[str, Any], run_dir: str) -> str:
         f'<p class="run"><code>{esc(run_dir)}</code></p>\n'
         f'<p class="meta">{" · ".join(meta)}</p>\n'
         f'<nav><a href="#summary">summary</a>{hangs}<a href="#heatmap">heatmap</a>'
-        '<a href="#breakdown">breakdown</a><a href="#kernels">kernels</a>'
+        '<a href="#over-steps">phases over steps</a><a href="#breakdown">breakdown</a><a href="#kernels">kernels</a>'
         '<a href="#skipped">skipped input</a></nav>\n</header>'
     )
 
@@ -247,8 +241,15 @@ def _stragglers(
 def _findings_table(
     findings: list[Mapping[str, Any]], hosts: dict[str, str], reference: str
 ) -> str:
+    left = len(findings) - _MAX_FINDINGS
+    more = (
+        f'\n<p class="note">and {left} more finding{plural(left)}, not listed here (the slow '
+        "ranks come first; `rankscope stragglers --all` or `--json` has them all).</p>"
+        if left > 0
+        else ""
+    )
     rows = []
-    for f in findings:
+    for f in findings[:_MAX_FINDINGS]:
         rank = as_int(f.get("rank"))
         host = hosts.get(str(rank), "")
         waits = as_ints(f.get("waits_for"))
@@ -260,7 +261,7 @@ def _findings_table(
             f"<td>{esc(as_text(f.get('phase'))) or 'none'}</td>"
             f"<td>{esc(as_text(f.get('kind'))) or 'none'}</td>"
             f"<td>{esc(role) or 'none'}</td>"
-            f'<td class="num">{pct_over(as_float(f.get("median_ratio")), signed=True)}</td>'
+            f'<td class="num">{ratio_text(as_float(f.get("median_ratio")))}</td>'
             f'<td class="num">{share_text(as_float(f.get("share_above")))}</td>'
             f'<td class="num">{ms_text(as_float(f.get("lost_ms")))}</td>'
             f'<td class="num">{esc(as_text(f.get("steps"))) or "none"}</td>'
@@ -269,11 +270,14 @@ def _findings_table(
         )
     return (
         '<table class="data">\n<tr><th>rank</th><th>host</th><th>phase</th><th>kind</th>'
-        f"<th>role</th><th>slower than the {esc(reference)} (median)</th><th>steps above threshold</th>"
-        "<th>time lost</th><th>steps</th><th>since step</th><th>waits for ranks</th></tr>\n"
-        + "\n".join(rows)
-        + "\n</table>"
+        f"<th>role</th><th>time vs the {esc(_reference_rank(reference))} (typical step)</th>"
+        "<th>steps above threshold</th><th>time lost</th><th>steps</th><th>since step</th>"
+        "<th>waits for ranks</th></tr>\n" + "\n".join(rows) + "\n</table>" + more
     )
+
+
+def _reference_rank(reference: str) -> str:
+    return "median rank" if reference == "median" else reference
 
 
 def _phases(report: Mapping[str, Any]) -> str:
@@ -306,38 +310,65 @@ def _heatmap(
     metrics = [as_map(m) for m in as_list(heatmaps.get("metrics"))]
     if not ranks or not steps or not metrics:
         return head + '<p class="none">none (no timings)</p>\n</section>', None
+    rows = [as_ints(row) for row in as_list(heatmaps.get("rows"))] or [[r] for r in ranks]
+    rows = [row for row in rows if row] or [[r] for r in ranks]
+    grouped = heatmaps.get("row_is") == "slowest"
     # step time first, then the phases in the report's order
     metrics.sort(key=lambda m: m.get("name") != "step")
-    prepared = [_prepare_metric(m, len(ranks), len(steps)) for m in metrics]
+    prepared = [_prepare_metric(m, len(rows), len(steps)) for m in metrics]
+    # It opens on the first finding's phase: step time is alike on every rank of a
+    # synchronous job, so it shows noise; the slow phase shows the slow rank.
+    first = next((f for f in findings if f.get("role") == "slow"), findings[0] if findings else {})
+    names = [as_text(m.get("name")) for m in metrics]
+    chosen = names.index(as_text(first.get("phase"))) if first.get("phase") in names else 0
     options = "".join(
-        f'<option value="{i}">{esc(_metric_label(m))}</option>' for i, m in enumerate(metrics)
+        f'<option value="{i}"{" selected" if i == chosen else ""}>{esc(_metric_label(m))}</option>'
+        for i, m in enumerate(metrics)
     )
-    row_of = {rank: i for i, rank in enumerate(ranks)}
     marks: dict[int, list[str]] = {}
+    own_rows = {row[0]: i for i, row in reversed(list(enumerate(rows))) if len(row) == 1}
     for f in findings:
         rank = as_int(f.get("rank"))
         # waiting ranks are the consequence; marking all of them would hide the cause
-        if rank in row_of and f.get("role") != "waits":
-            what = (
-                f"{as_text(f.get('role')) or 'flagged'} in {as_text(f.get('phase')) or 'a phase'}"
+        if rank in own_rows and f.get("role") == "slow":
+            ratio = ratio_text(as_float(f.get("median_ratio")))
+            marks.setdefault(own_rows[rank], []).append(
+                f"slow in {as_text(f.get('phase')) or 'a phase'} ({ratio})"
             )
-            ratio = as_float(f.get("median_ratio"))
-            marks.setdefault(row_of[rank], []).append(
-                what + (f" ({pct_over(ratio, signed=True)})" if ratio is not None else "")
-            )
+    per = as_int(heatmaps.get("steps_per_column")) or 1
     data = {
-        "ranks": ranks,
+        "labels": [number_ranges(row) for row in rows],
+        "rows": [len(row) for row in rows],
         "steps": steps,
-        "hosts": [hosts.get(str(rank), "") for rank in ranks],
+        "per": per,
+        "hosts": [hosts.get(str(row[0]), "") if len(row) == 1 else "" for row in rows],
         "marks": [[row, "; ".join(texts)] for row, texts in sorted(marks.items())],
         "clip": [round(_CLIP[0] * 100), round(_CLIP[1] * 100)],
         "metrics": prepared,
     }
-    shown = f"{len(ranks)} rank{plural(len(ranks))} x {len(steps)} sampled step{plural(len(steps))}"
+    columns = (
+        f"{len(steps)} columns, each the mean of {per} consecutive sampled steps"
+        if per > 1
+        else f"{len(steps)} sampled step{plural(len(steps))}"
+    )
+    if grouped:
+        alone = [row[0] for row in rows if len(row) == 1]
+        size = max(len(row) for row in rows)
+        shown = (
+            f"{len(rows)} rows for {len(ranks)} ranks x {columns}: "
+            + (
+                f"{esc(format_ranks(alone))}, named by the findings, on rows of their own at the top, then "
+                if alone
+                else ""
+            )
+            + f"groups of up to {size} consecutive ranks, each cell the slowest rank of its group at that step"
+        )
+    else:
+        shown = f"{len(ranks)} rank{plural(len(ranks))} x {columns}; each cell is one rank"
     body = (
-        f'<p class="note">{shown}; each cell is one rank at one sampled step. '
-        "Dark is fast, yellow is slow; grey cells have no record. "
-        '<span class="mark-key"></span> marks a straggler rank from the findings. '
+        f'<p class="note">{shown}. Dark is fast, yellow is slow; grey cells have no record. '
+        '<span class="mark-key"></span> marks a rank the findings name as slow. '
+        "It opens on the phase of the first finding; pick another metric below. "
         "Hover a cell for its value.</p>\n"
         '<div class="controls"><label>metric <select id="metric">'
         f"{options}</select></label>\n"
@@ -376,116 +407,6 @@ def _prepare_metric(metric: Mapping[str, Any], n_ranks: int, n_steps: int) -> di
 
 def _metric_label(metric: Mapping[str, Any]) -> str:
     return as_text(metric.get("label")) or as_text(metric.get("name")) or "unnamed metric"
-
-
-def _breakdown(report: Mapping[str, Any], findings: list[Mapping[str, Any]]) -> str:
-    head = '<section id="breakdown">\n<h2>Per-rank phase breakdown</h2>\n'
-    bd = as_map(report.get("breakdown"))
-    ranks = as_ints(bd.get("ranks"))
-    phases = [as_text(p) for p in as_list(bd.get("phases"))]
-    kinds = [as_text(k) for k in as_list(bd.get("kinds"))]
-    matrix = as_list(bd.get("median_ms"))
-    if not ranks or not phases:
-        return head + '<p class="none">none (no timings)</p>\n</section>'
-    kinds = (kinds + [""] * len(phases))[: len(phases)]
-    rows: list[_RankRow] = []
-    for i, rank in enumerate(ranks):
-        cells = as_list(matrix[i]) if i < len(matrix) else []
-        values = [as_float(cells[j]) if j < len(cells) else None for j in range(len(phases))]
-        if any(v is not None for v in values):
-            rows.append(_RankRow(rank, values, kinds))
-    if not rows:
-        return head + '<p class="none">none (no phase times for any rank)</p>\n</section>'
-    # Waiting for a straggler shows up as comm time on every other rank, so the totals of
-    # a synchronous job are all alike; the time outside comm phases is what tells them apart.
-    rows.sort(key=lambda row: (-row.busy, row.rank))
-    median = rows[len(rows) // 2]
-    slow: dict[int, list[str]] = {}
-    for f in findings:
-        flagged = as_int(f.get("rank"))
-        if flagged is not None and f.get("role") == "slow":
-            slow.setdefault(flagged, []).append(as_text(f.get("phase")))
-    if len(rows) <= _TOP_RANKS + 2:
-        shown = [(row, "") for row in rows]
-        what = f"All {len(rows)} rank{plural(len(rows))}"
-    else:
-        top = rows[:_TOP_RANKS]
-        shown = [(row, "") for row in top]
-        shown += [(row, "straggler") for row in rows[_TOP_RANKS:] if row.rank in slow]
-        shown += [(median, "median"), (rows[-1], "fastest")]
-        what = (
-            f"The {_TOP_RANKS} slowest of {len(rows)} ranks, any straggler rank from the "
-            "findings, then the median and the fastest rank"
-        )
-    what += (
-        ", slowest first by the time outside communication phases (comm time includes "
-        "waiting for other ranks, so a slow rank can have less of it)."
-    )
-    if len(rows) < len(ranks):
-        without = len(ranks) - len(rows)
-        what += f" {without} rank{plural(without)} without phase times not shown."
-    colours = _phase_colours(kinds)
-    widest = max(row.total for row, _ in shown) or 1.0
-    lines = []
-    for row, tag in shown:
-        segments = "".join(
-            f'<span style="width:{v / widest * 100:.3f}%;background:{colours[j]}" '
-            f'title="{esc(phases[j])}: {ms_text(v)}"></span>'
-            for j, v in enumerate(row.values)
-            if v is not None and v > 0
-        )
-        label = f"rank {row.rank}" + (f' <span class="tag">{tag}</span>' if tag else "")
-        if row.rank in slow:
-            label += f' <span class="slow-tag">slow: {esc(", ".join(slow[row.rank]))}</span>'
-        vs = f"{(row.busy / median.busy - 1) * 100:+.0f}%" if median.busy > 0 else "none"
-        lines.append(
-            f'<tr class="{"sep" if tag == "median" else ""}"><td class="rank">{label}</td>'
-            f'<td class="barcell"><div class="bar">{segments}</div></td>'
-            f'<td class="num">{ms_text(row.busy)}</td><td class="num">{vs}</td>'
-            f'<td class="num">{ms_text(row.total)}</td></tr>'
-        )
-    legend = "".join(
-        f'<span class="key"><span class="swatch" style="background:{colours[j]}"></span>'
-        f"{esc(phase)}{f' ({esc(kinds[j])})' if kinds[j] else ''}</span>"
-        for j, phase in enumerate(phases)
-    )
-    return (
-        head + f'<p class="note">{what} Each bar stacks the median time of each phase over the '
-        "sampled steps (a sum of medians, so it need not equal the median step time). "
-        "Hover a segment for its phase and time.</p>\n"
-        f'<div class="keys">{legend}</div>\n'
-        '<table class="breakdown">\n<tr><th>rank</th><th></th><th>outside comm</th>'
-        "<th>vs median rank</th><th>all phases</th></tr>\n"
-        + "\n".join(lines)
-        + "\n</table>\n</section>"
-    )
-
-
-class _RankRow:
-    """One rank's phase medians, with the sums the breakdown sorts and scales by."""
-
-    def __init__(self, rank: int, values: list[float | None], kinds: list[str]) -> None:
-        self.rank = rank
-        self.values = [None if v is None else max(v, 0.0) for v in values]
-        self.total = sum(v for v in self.values if v is not None)
-        busy = [
-            v
-            for v, kind in zip(self.values, kinds, strict=True)
-            if v is not None and kind != "comm"
-        ]
-        # a rank timed only in comm phases still gets an order
-        self.busy = sum(busy) if busy else self.total
-
-
-def _phase_colours(kinds: list[str]) -> list[str]:
-    used: dict[str, int] = {}
-    colours = []
-    for kind in kinds:
-        palette = _KIND_COLOURS.get(kind, _OTHER_COLOURS)
-        key = kind if kind in _KIND_COLOURS else ""
-        colours.append(palette[used.get(key, 0) % len(palette)])
-        used[key] = used.get(key, 0) + 1
-    return colours
 
 
 def _kernels(report: Mapping[str, Any]) -> str:

@@ -8,7 +8,7 @@
   const tip = document.getElementById("tip");
   const legend = document.getElementById("legend");
   const scale = document.getElementById("scale");
-  const GUTTER = 64, TOP = 20, MISSING = [217, 217, 217];
+  const GUTTER = 76, TOP = 20, MISSING = [217, 217, 217];
   // viridis at ten even stops: dark (fast) to yellow (slow)
   const STOPS = [[68,1,84],[72,40,120],[62,73,137],[49,104,142],[38,130,142],
                  [31,158,137],[53,183,121],[110,206,88],[181,222,43],[253,231,37]];
@@ -18,7 +18,7 @@
     for (let c = 0; c < 3; c++) LUT[3 * k + c] = STOPS[i][c] + (STOPS[i + 1][c] - STOPS[i][c]) * f;
   }
   const marks = new Map(hm.marks);
-  const nr = hm.ranks.length, ns = hm.steps.length;
+  const nr = hm.labels.length, ns = hm.steps.length;
   let geo = null;
 
   function fmt(v, unit) {
@@ -75,7 +75,7 @@
     for (let r = 0; r < nr; r += every) {
       const y = TOP + r * ch + ch / 2;
       // a straggler's own label goes there instead
-      if (!markY.some((m) => Math.abs(m - y) < 12)) ctx.fillText(String(hm.ranks[r]), GUTTER - 12, y);
+      if (!markY.some((m) => Math.abs(m - y) < 12)) ctx.fillText(hm.labels[r], GUTTER - 12, y);
     }
     ctx.textAlign = "left";
     ctx.fillText("rank", 2, TOP / 2);
@@ -88,12 +88,17 @@
     for (const [row] of hm.marks) {
       const h = Math.max(ch, 5), y = TOP + row * ch + ch / 2;
       ctx.fillRect(GUTTER - 9, y - h / 2, 7, h);
-      ctx.fillText(String(hm.ranks[row]), GUTTER - 12, y);
+      ctx.fillText(hm.labels[row], GUTTER - 12, y);
     }
     geo = { cw, ch, m };
     canvas.dataset.cells = String(nr * ns);
     canvas.dataset.values = String(drawn);
     canvas.dataset.metric = m.name;
+    canvas.dataset.rows = String(nr);
+    canvas.dataset.gutter = String(GUTTER);
+    canvas.dataset.top = String(TOP);
+    canvas.dataset.cw = String(cw);
+    canvas.dataset.ch = String(ch);
     canvas.dataset.drawMs = (performance.now() - t0).toFixed(1);
     showLegend(m);
   }
@@ -132,9 +137,14 @@
     const row = Math.floor(y / geo.ch), col = Math.floor(x / geo.cw);
     if (row < 0 || row >= nr || col >= ns) return hideTip();
     const host = hm.hosts[row];
-    const lines = ["rank " + hm.ranks[row] + (host ? " on " + host : "")];
+    const lines = [hm.rows[row] > 1
+      ? "ranks " + hm.labels[row] + " (the slowest of these " + hm.rows[row] + ")"
+      : "rank " + hm.labels[row] + (host ? " on " + host : "")];
     if (col >= 0) {
-      lines.push("step " + hm.steps[col]);
+      const last = col + 1 < ns ? hm.steps[col + 1] - 1 : null;
+      lines.push(hm.per > 1
+        ? "steps " + hm.steps[col] + (last === null ? " on" : "-" + last) + " (mean)"
+        : "step " + hm.steps[col]);
       lines.push(geo.m.label + ": " + fmt(geo.m.values[row * ns + col], geo.m.unit));
     }
     if (marks.has(row)) lines.push("straggler: " + marks.get(row));
