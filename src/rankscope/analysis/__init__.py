@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._hangs import HangFinding, HangReport, find_hangs
     from ._kernels import KernelReport, KernelTable, find_traces, kernel_report
-    from ._matrix import PhaseMatrices, phase_matrices
+    from ._matrix import PhaseMatrices, matrices_of, phase_matrices
     from ._report import build_report
     from ._stragglers import StragglerFinding, StragglerReport, find_stragglers
     from .merge import MergeResult, merge_traces
+    from .read._engine import RunRecords, read_run_records
     from .read._kineto import load_trace, scan_trace, summarize_events, summarize_trace
     from .read._run import RunMeta, read_run_meta
     from .read._timings import RankTimings, RunTimings, read_rank_timings, read_timings
@@ -35,6 +36,7 @@ __all__ = [
     "PhaseMatrices",
     "RankTimings",
     "RunMeta",
+    "RunRecords",
     "RunTimings",
     "StragglerFinding",
     "StragglerReport",
@@ -44,10 +46,12 @@ __all__ = [
     "find_traces",
     "kernel_report",
     "load_trace",
+    "matrices_of",
     "merge_traces",
     "phase_matrices",
     "read_rank_timings",
     "read_run_meta",
+    "read_run_records",
     "read_timings",
     "render_html",
     "scan_trace",
@@ -70,6 +74,9 @@ _WHERE = {
     "summarize_trace": "read._kineto",
     "PhaseMatrices": "_matrix",
     "phase_matrices": "_matrix",
+    "matrices_of": "_matrix",
+    "RunRecords": "read._engine",
+    "read_run_records": "read._engine",
     "MergeResult": "merge",
     "merge_traces": "merge",
     "build_report": "_report",

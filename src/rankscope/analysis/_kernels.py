@@ -23,7 +23,7 @@ from .._layout import (
 from ._parallel import PARALLEL_BYTES, file_size, ordered_map
 from .read._kineto import SUMMARY_VERSION, left_out_lines, summarize_trace, summary_problem
 
-__all__ = ["KernelReport", "KernelTable", "find_traces", "kernel_report"]
+__all__ = ["KernelReport", "KernelTable", "find_traces", "kernel_report", "read_summaries"]
 
 BY = ("name", "category")
 _PARALLEL_BYTES = PARALLEL_BYTES  # tests lower it to read small traces in workers
@@ -170,12 +170,8 @@ def kernel_report(
         raise ConfigError("by", by, " or ".join(BY))
     skipped: list[str] = []
     paths = find_traces(sources, window, left_out=skipped)
-    read: list[tuple[Path, dict[str, Any]]] = []
-    for path, (summary, said) in zip(paths, _summaries(paths, progress, workers), strict=True):
-        skipped.extend(said)
-        if summary is not None:
-            read.append((path, summary))
-    summaries = _latest_of_the_same_steps(_one_per_rank(read, skipped), skipped)
+    read = read_summaries(paths, skipped, progress=progress, workers=workers)
+    summaries = _latest_of_the_same_steps(read, skipped)
     if not summaries:
         raise TraceError(f"no readable trace ({'; '.join(skipped)})")
     traces = [
@@ -336,6 +332,23 @@ def _rank_of(path: Path, summary: dict[str, Any]) -> int | None:
     if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:
         return rank
     return rank_of_file(path.name)
+
+
+def read_summaries(
+    traces: list[Path],
+    skipped: list[str],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
+) -> list[tuple[Path, dict[str, Any]]]:
+    """(trace, its summary) for each trace that can be read, one per rank in a window: two
+    that claim one rank are both left out. What is left out is said in `skipped`."""
+    read: list[tuple[Path, dict[str, Any]]] = []
+    for path, (summary, said) in zip(traces, _summaries(traces, progress, workers), strict=True):
+        skipped.extend(said)
+        if summary is not None:
+            read.append((path, summary))
+    return _one_per_rank(read, skipped)
 
 
 def _summaries(

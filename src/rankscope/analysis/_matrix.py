@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from .._errors import ConfigError
+from .read._engine import TIME_BASES, RunRecords
 from .read._timings import RunTimings
 
-__all__ = ["STEP", "TIME_BASES", "PhaseMatrices", "phase_matrices"]
+__all__ = ["STEP", "TIME_BASES", "PhaseMatrices", "matrices_of", "phase_matrices"]
 
 STEP = "step"
 """The phase name (and kind) of the timer's per-step record."""
-
-TIME_BASES = ("host", "device")
 
 Matrix = npt.NDArray[np.float64]
 
@@ -54,97 +53,56 @@ def phase_matrices(timings: RunTimings, time: str = "host") -> PhaseMatrices:
     """
     if time not in TIME_BASES:
         raise ConfigError("time", time, " or ".join(TIME_BASES))
-    flat = _Flat.gather(timings, time)
-    steps = np.unique(flat.step)
-    n_r, n_s = len(flat.ranks), len(steps)
-    cell = flat.rank * n_s + np.searchsorted(steps, flat.step)
-    origin = int(flat.start.min()) if len(flat.start) else 0
-    start = (flat.start - origin).astype(np.float64)
-    end = start + flat.host_ms * 1e6
-    order = np.argsort(flat.phase, kind="stable")
-    bounds = np.searchsorted(flat.phase[order], np.arange(len(flat.names) + 1))
+    records = RunRecords(run_dir=timings.run_dir, time=time)
+    for rank in sorted(timings.ranks):
+        records.add_rank(timings.ranks[rank])
+    return matrices_of(records)
+
+
+def matrices_of(records: RunRecords) -> PhaseMatrices:
+    """The per-phase matrices of a run's records (read/_engine.py read_run_records).
+
+    The records are used up: each phase's parts are joined, placed and released in turn,
+    so memory holds the records and one phase's copy besides the matrices."""
+    ranks = sorted(records.ranks)
+    rank_index = np.asarray(ranks, np.int64)
+    every = [part[1] for phase in records.phases.values() for part in phase.parts]
+    steps = np.unique(np.concatenate(every)) if every else np.zeros(0, np.int64)
+    starts = [part[3] for phase in records.phases.values() for part in phase.parts if len(part[3])]
+    origin = min((int(s.min()) for s in starts), default=0)
+    n_r, n_s = len(ranks), len(steps)
+    names = list(records.phases)
     ms: list[Matrix] = []
-    starts: list[Matrix] = []
-    ends: list[Matrix] = []
-    for p in range(len(flat.names)):
-        sel = order[bounds[p] : bounds[p + 1]]
-        ms.append(_sum(cell[sel], flat.ms[sel], n_r, n_s))
-        starts.append(_extreme(np.minimum, cell[sel], start[sel], n_r, n_s))
-        ends.append(_extreme(np.maximum, cell[sel], end[sel], n_r, n_s))
+    first: list[Matrix] = []
+    last: list[Matrix] = []
+    for name in names:
+        phase = records.phases[name]
+        rank, step, dur, start_ns, host_ms = phase.take()
+        cell = np.searchsorted(rank_index, rank) * n_s + np.searchsorted(steps, step)
+        start = (start_ns - origin).astype(np.float64)
+        ms.append(_sum(cell, dur, n_r, n_s))
+        first.append(_extreme(np.minimum, cell, start, n_r, n_s))
+        last.append(_extreme(np.maximum, cell, start + host_ms * 1e6, n_r, n_s))
     # Steps run their phases in start order; the step record (which spans them all) goes last.
-    began = np.fmin.reduce(np.stack(starts), axis=0) if starts else np.zeros((n_r, n_s))
-    typical = [_median(s - began) for s in starts]
-    ranked = sorted(
-        range(len(flat.names)),
-        key=lambda p: (flat.names[p] == STEP, typical[p], flat.names[p]),
-    )
+    began = np.fmin.reduce(np.stack(first), axis=0) if first else np.zeros((n_r, n_s))
+    typical = [_median(s - began) for s in first]
+    ranked = sorted(range(len(names)), key=lambda p: (names[p] == STEP, typical[p], names[p]))
     return PhaseMatrices(
-        ranks=flat.ranks,
+        ranks=ranks,
         steps=[int(s) for s in steps],
-        phases=[flat.names[p] for p in ranked],
-        kinds=[flat.kind_of(flat.names[p]) for p in ranked],
-        depths=[flat.depth[flat.names[p]] for p in ranked],
-        time=time,
+        phases=[names[p] for p in ranked],
+        kinds=[_kind_of(records.phases[names[p]].kinds) for p in ranked],
+        depths=[records.phases[names[p]].depth for p in ranked],
+        time=records.time,
         ms=[ms[p] for p in ranked],
-        start_ns=[starts[p] for p in ranked],
-        end_ns=[ends[p] for p in ranked],
+        start_ns=[first[p] for p in ranked],
+        end_ns=[last[p] for p in ranked],
         origin_ns=origin,
     )
 
 
-@dataclass(eq=False)
-class _Flat:
-    """Every usable record of the run, one entry per record, with run-wide phase indexes."""
-
-    ranks: list[int]
-    rank: npt.NDArray[np.int64]
-    step: npt.NDArray[np.int64]
-    phase: npt.NDArray[np.int64]
-    ms: Matrix
-    start: npt.NDArray[np.int64]
-    host_ms: Matrix
-    names: list[str] = field(default_factory=list)
-    depth: dict[str, int] = field(default_factory=dict)
-    kinds: dict[str, Counter[str]] = field(default_factory=dict)
-
-    def kind_of(self, name: str) -> str:
-        votes = self.kinds.get(name)
-        return votes.most_common(1)[0][0] if votes else "compute"
-
-    @classmethod
-    def gather(cls, timings: RunTimings, time: str) -> _Flat:
-        ranks = sorted(timings.ranks)
-        index: dict[str, int] = {}
-        depth: dict[str, int] = {}
-        kinds: dict[str, Counter[str]] = {}
-        parts = []
-        for row, rt in enumerate(timings.ranks[r] for r in ranks):
-            local = np.array([index.setdefault(n, len(index)) for n in rt.names], np.int64)
-            # Each rank votes once for every (phase, kind) pair it recorded.
-            width = max(1, len(rt.kinds))
-            for pair in np.unique(rt.phase.astype(np.int64) * width + rt.kind).tolist():
-                name = rt.names[pair // width]
-                kinds.setdefault(name, Counter())[rt.kinds[pair % width]] += 1
-            shallowest = np.full(len(rt.names), np.iinfo(np.int64).max)
-            np.minimum.at(shallowest, rt.phase, rt.depth)
-            for name, d in zip(rt.names, shallowest.tolist(), strict=True):
-                depth[name] = min(depth.get(name, d), d)
-            keep = ~rt.error
-            dur = rt.cpu_ms if time == "host" else rt.gpu_ms
-            parts.append(
-                (
-                    np.full(int(keep.sum()), row, np.int64),
-                    rt.step[keep],
-                    local[rt.phase[keep]],
-                    dur[keep],
-                    rt.start_ns[keep],
-                    rt.cpu_ms[keep],
-                )
-            )
-        rank, step, phase, ms, start, host_ms = (
-            np.concatenate(column) for column in zip(*parts, strict=True)
-        )
-        return cls(ranks, rank, step, phase, ms, start, host_ms, list(index), depth, kinds)
+def _kind_of(votes: Counter[str]) -> str:
+    return votes.most_common(1)[0][0] if votes else "compute"
 
 
 def _sum(cell: npt.NDArray[np.int64], values: Matrix, n_r: int, n_s: int) -> Matrix:

@@ -18,10 +18,10 @@ from .._layout import SIGNAL_TAG, RunDir, leftovers, window_key
 from .._text import format_ranks, format_steps
 from ._hangs import hangs_of
 from ._kernels import find_traces, kernel_report
-from ._matrix import STEP, PhaseMatrices, phase_matrices
+from ._matrix import STEP, PhaseMatrices, matrices_of
 from ._stragglers import find_stragglers
+from .read._engine import read_run_records
 from .read._run import read_run_meta
-from .read._timings import read_timings
 
 __all__ = ["REPORT_VERSION", "build_report"]
 
@@ -69,7 +69,9 @@ def build_report(
     skipped = list(meta.skipped)
     timings_error = None
     try:
-        timings = read_timings(root, attempt=attempt, progress=_stage(progress, "timings"))
+        timings = read_run_records(
+            root, time=time_base, attempt=attempt, progress=_stage(progress, "timings")
+        )
     except TraceError as exc:
         timings, timings_error = None, str(exc)
     present = sorted(timings.ranks) if timings is not None else sorted(meta.meta)
@@ -86,7 +88,7 @@ def build_report(
         report["attempts"] = timings.attempts.to_dict()
         skipped.extend(timings.skipped)
         skipped.extend(meta.say_missing(present))
-        m = phase_matrices(timings, time_base)
+        m = matrices_of(timings)
         stragglers = find_stragglers(
             m,
             threshold=threshold,

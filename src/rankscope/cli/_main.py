@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from .._errors import ConfigError, RankscopeError, TraceError
 from .._layout import HANGS, LIVE, REPORT, TRIGGERS, RunDir
 from .._version import __version__
+from . import _sql
 
 __all__ = ["main"]
 
@@ -228,6 +229,7 @@ def _hang_command(commands: Any) -> None:
     )
     _json_option(top)
     top.set_defaults(run=_top)
+    _sql.add_commands(commands)
 
 
 def _straggler_options(parser: argparse.ArgumentParser) -> None:
@@ -360,18 +362,19 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _stragglers(args: argparse.Namespace) -> int:
-    from ..analysis import find_stragglers, phase_matrices, read_run_meta, read_timings
+    from ..analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
 
     render = None if args.json else _terminal("stragglers")
     meta = read_run_meta(args.run_dir)
     with _progress(render, "reading") as progress:
-        timings = read_timings(
+        timings = read_run_records(
             args.run_dir,
+            time=args.time,
             attempt=args.attempt,
             progress=progress and (lambda d, t: progress("timings", d, t)),
         )
     found = find_stragglers(
-        phase_matrices(timings, args.time),
+        matrices_of(timings),
         threshold=args.threshold,
         min_persistence=args.min_persistence,
         min_share=args.min_share,

@@ -18,7 +18,14 @@ import numpy as np
 
 from ..._text import format_ranks, number_ranges
 
-__all__ = ["AttemptMark", "Attempts", "mark_of", "resolve_attempts", "run_attempts"]
+__all__ = [
+    "AttemptMark",
+    "Attempts",
+    "latest_rows",
+    "mark_of",
+    "resolve_attempts",
+    "run_attempts",
+]
 
 
 @dataclass(frozen=True)
@@ -105,23 +112,30 @@ def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
     """Keep, in each rank's columns (RankTimings), the records the figures use; say what was seen.
 
     Each rank's `attempt` column becomes the run's attempt (0-based, see `run_attempts`).
-    Ranks left with no record (none in the picked attempt) are removed from `ranks`.
+    Ranks left with no record (none in the picked attempt) are removed from `ranks`. A
+    rank of one attempt needs no column per record: all its records stay or all go.
     """
     groups, of_rank = run_attempts(ranks)
     out = Attempts(count=max(len(groups), 1), described=_describe(groups))
     rerun: set[int] = set()
     for rank, timings in list(ranks.items()):
+        if len(timings.attempts) == 1:  # every record is of the rank's one attempt
+            ran = int(of_rank[rank][0])
+            timings.attempt.fill(ran)
+            if pick is not None and ran != pick - 1:
+                out.dropped += len(timings)
+                del ranks[rank]
+                out.without.append(rank)
+            continue
         own = timings.attempt  # the rank's own attempts, in the order its file has them
         if pick is not None:
             keep = of_rank[rank][own] == pick - 1
-        elif len(timings.attempts) > 1:
-            keep, steps, times = _latest(timings.step, timings.phase, own)
+        else:
+            keep, steps, times = latest_rows(timings.step, timings.phase, own)
             rerun.update(steps)
             out.times = max(out.times, times)
-        else:
-            keep = None
         timings.attempt = of_rank[rank][own].astype(np.int32)
-        if keep is not None and not keep.all():
+        if not keep.all():
             out.dropped += int((~keep).sum())
             timings.keep(keep)
         if len(timings) == 0:
@@ -186,7 +200,7 @@ def _near(first: int | None, started: int | None) -> bool:
     return started - first < _ONE_LAUNCH_NS
 
 
-def _latest(
+def latest_rows(
     step: np.ndarray[Any, Any], phase: np.ndarray[Any, Any], attempt: np.ndarray[Any, Any]
 ) -> tuple[np.ndarray[Any, Any], list[int], int]:
     """(rows to keep: those of the latest attempt of their (step, phase); the steps more

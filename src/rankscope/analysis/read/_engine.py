@@ -1,0 +1,500 @@
+"""DuckDB over a run's timings: every rank's records, read in parallel, by phase.
+
+A run of 4096 ranks x 200 sampled steps is 5M lines; parsing them in Python takes tens
+of seconds and a GB. DuckDB parses the JSONL in C++ on every core and hands back, per
+(file, phase, kind), the steps and times as arrays: the matrices the analyzers compare
+are built from those (analysis/_matrix.py) without a Python object per record.
+
+DuckDB reads what it can; it is not the judge of what a file means. Its fast path takes
+a file only when every line is one it reads exactly as the line-by-line reader
+(read/_timings.py) would: a record with integers where integers belong, names that are
+strings, finite times, the file's own rank, and one attempt. Any other file (a bad
+line, a torn last line, an unknown schema version, a restart's several attempts, a
+value DuckDB would cast where the reader refuses) is read by that reader instead, which
+names each line it leaves out. Both ways give the same records.
+
+Files are read in batches of about `_BATCH_BYTES`, so DuckDB's working memory is bounded
+by a batch, not by the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..._errors import ConfigError, TraceError
+from ..._layout import TIMINGS_FILES, RunDir, open_regular
+from .._parallel import file_size, ordered_map
+from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
+from ._run import run_root
+from ._timings import RankTimings, read_rank_timings
+
+__all__ = [
+    "COLUMNS",
+    "TIME_BASES",
+    "PhaseRecords",
+    "RunRecords",
+    "WholeFile",
+    "claim_ranks",
+    "connect",
+    "lines_sql",
+    "read_line_by_line",
+    "read_run_records",
+    "verdict",
+]
+
+TIME_BASES = ("host", "device")
+
+_BATCH_BYTES = 256 << 20
+"""JSONL bytes per DuckDB query: its working memory follows a batch, not the run."""
+_HEAD = 1 << 16
+"""Bytes read from a file's start to see that its first line opens its one attempt."""
+
+Int64s = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+
+# Values are read as JSON and checked for their JSON type before a cast: DuckDB would
+# otherwise turn 1.5 into the step 2, true into 1 and "5" into 5 without a word.
+COLUMNS = {
+    "v": "JSON",
+    "rank": "JSON",
+    "step": "JSON",
+    "phase": "JSON",
+    "kind": "JSON",
+    "start_ns": "JSON",
+    "cpu_ms": "JSON",
+    "gpu_ms": "JSON",
+    "depth": "JSON",
+    "error": "JSON",
+    "attempt": "JSON",
+}
+_INT = ("rank", "step", "start_ns", "depth")
+_FLOAT = ("cpu_ms", "gpu_ms")
+_TYPED = ",\n        ".join(
+    [f"json_type({key}) AS {key}_type, try_cast({key} AS BIGINT) AS {key}" for key in _INT]
+    + [f"json_type({key}) AS {key}_type, try_cast({key} AS DOUBLE) AS {key}" for key in _FLOAT]
+)
+# A record the fast path reads as the line-by-line reader does. The timer writes every
+# key; a record without depth, or with gpu_ms anything but a time or null, is left to
+# that reader, and so is any value this check is unsure of (it only costs time).
+_RECORD = " AND ".join(
+    [
+        "step_type = 'UBIGINT' AND step IS NOT NULL",
+        "start_ns_type = 'UBIGINT' AND start_ns IS NOT NULL",
+        "depth_type = 'UBIGINT' AND depth IS NOT NULL",
+        "json_type(phase) = 'VARCHAR' AND json_type(kind) = 'VARCHAR'",
+        "cpu_ms_type IN ('UBIGINT', 'DOUBLE') AND isfinite(cpu_ms) AND cpu_ms >= 0",
+        "(gpu_ms_type IS NULL OR (gpu_ms_type IN ('UBIGINT', 'DOUBLE') AND isfinite(gpu_ms) AND gpu_ms >= 0))",
+    ]
+)
+
+
+def lines_sql(files: str = "$files", columns: str = "$columns") -> str:
+    """The `values` and `lines` of a WITH clause over the timings files `files` (a SQL
+    list, or a parameter): one row per line, its values cast, and whether it is a
+    record (`known AND record`), an attempt line (`known AND opens`) or neither (a line
+    the fast path cannot take). Each flag is true or false, never NULL."""
+    return f"""values AS (
+    SELECT filename, phase, kind, v, error, attempt,
+        {_TYPED}
+    FROM read_json({files}, format = 'newline_delimited', ignore_errors = true,
+                   filename = true, columns = {columns})
+), lines AS (
+    SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth,
+        coalesce((v IS NULL OR CAST(v AS VARCHAR) = '1') AND rank_type = 'UBIGINT'
+                 AND rank IS NOT NULL, false) AS known,
+        coalesce({_RECORD}, false) AS record,
+        coalesce(step_type IS NULL AND phase IS NULL AND json_type(attempt) = 'VARCHAR', false)
+            AS opens,
+        coalesce(CAST(error AS VARCHAR) = 'true', false) AS error
+    FROM values
+)"""
+
+
+_SCAN = f"""
+WITH {lines_sql()}
+SELECT filename, phase, kind,
+    count(*) FILTER (WHERE NOT (known AND (record OR opens))) AS bad,
+    count(*) FILTER (WHERE known AND opens) AS opens,
+    count(*) FILTER (WHERE known AND record) AS records,
+    min(rank) FILTER (WHERE known) AS low_rank,
+    max(rank) FILTER (WHERE known) AS high_rank,
+    min(depth) FILTER (WHERE known AND record) AS depth,
+    max(step) FILTER (WHERE known AND record) AS last_step,
+    list(step) FILTER (WHERE known AND record AND NOT error) AS step,
+    list({{ms}}) FILTER (WHERE known AND record AND NOT error) AS ms,
+    list(start_ns) FILTER (WHERE known AND record AND NOT error) AS start_ns{{host}}
+FROM lines
+GROUP BY filename, phase, kind
+"""
+_HOST = ",\n    list(cpu_ms) FILTER (WHERE known AND record AND NOT error) AS host_ms"
+
+
+def connect(threads: int | None = None) -> Any:
+    """A DuckDB connection of its own (in memory), or a TraceError saying how to get DuckDB."""
+    try:
+        import duckdb
+    except ImportError:
+        raise TraceError(
+            "reading timings needs DuckDB: pip install 'rankscope[analysis]'"
+        ) from None
+    con = duckdb.connect(":memory:")
+    con.execute(f"SET threads = {max(1, threads or os.cpu_count() or 1)}")
+    con.execute("SET preserve_insertion_order = false")
+    con.execute("SET enable_progress_bar = false")
+    return con
+
+
+@dataclass(eq=False)
+class PhaseRecords:
+    """One phase's usable records, in parts (a part per file or per batch): one entry per
+    record in each array of a part."""
+
+    parts: list[tuple[int, Int64s, Floats, Int64s, Floats]] = field(default_factory=list)
+    """(rank, step, duration in ms, start_ns, host ms) per part."""
+    kinds: Counter[str] = field(default_factory=Counter)
+    """Each rank's vote for the phase's kind."""
+    depth: int = 2**62
+    """The smallest nesting depth it was recorded at."""
+
+    def add(self, rank: int, columns: tuple[Int64s, Floats, Int64s, Floats], depth: int) -> None:
+        """One rank's (step, duration in ms, start_ns, host ms) records of the phase."""
+        self.parts.append((rank, *columns))
+        self.depth = min(self.depth, depth)
+
+    def take(self) -> tuple[Int64s, Int64s, Floats, Int64s, Floats]:
+        """(rank, step, ms, start_ns, host ms), one entry per record; the parts are released."""
+        parts, self.parts = self.parts, []
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, np.zeros(0), empty, np.zeros(0)
+        ranks, steps, ms, starts, host = zip(*parts, strict=True)
+        rank = np.repeat(np.asarray(ranks, np.int64), [len(s) for s in steps])
+        return (
+            rank,
+            np.concatenate(steps),
+            np.concatenate(ms),
+            np.concatenate(starts),
+            np.concatenate(host),
+        )
+
+
+@dataclass(eq=False)
+class RunRecords:
+    """The usable records of a run, by phase: what phase matrices are built from."""
+
+    run_dir: Path
+    time: str
+    """"host" (cpu_ms) or "device" (gpu_ms; NaN where a record has none)."""
+    phases: dict[str, PhaseRecords] = field(default_factory=dict)
+    ranks: set[int] = field(default_factory=set)
+    """The ranks with usable records."""
+    skipped: list[str] = field(default_factory=list)
+    attempts: Attempts = field(default_factory=Attempts)
+    last_step: dict[int, int] = field(default_factory=dict)
+    """Each rank's latest step with a record."""
+
+    def phase(self, name: str) -> PhaseRecords:
+        return self.phases.setdefault(name, PhaseRecords())
+
+    def add(self, held: RankTimings | WholeFile) -> None:
+        """A rank's records (its attempts already resolved)."""
+        if isinstance(held, RankTimings):
+            self.add_rank(held)
+        else:
+            held.into(self)
+
+    def add_rank(self, timings: RankTimings) -> None:
+        """A rank read line by line (its attempts already resolved)."""
+        if len(timings) == 0:
+            return
+        self.ranks.add(timings.rank)
+        self.last_step[timings.rank] = int(timings.step.max())
+        dur = timings.cpu_ms if self.time == "host" else timings.gpu_ms
+        for index, name in enumerate(timings.names):
+            mine = timings.phase == index
+            if not mine.any():
+                continue
+            phase = self.phase(name)
+            for kind in np.unique(timings.kind[mine]).tolist():
+                phase.kinds[timings.kinds[kind]] += 1
+            use = mine & ~timings.error
+            columns = (timings.step[use], dur[use], timings.start_ns[use], timings.cpu_ms[use])
+            phase.add(timings.rank, columns, int(timings.depth[mine].min()))
+
+
+def read_run_records(
+    run_dir: str | os.PathLike[str],
+    *,
+    time: str = "host",
+    attempt: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    workers: int | None = None,
+) -> RunRecords:
+    """Read every rank's timings (RUN_DIR/timings) into records by phase.
+
+    The promises of `read_timings` hold: a file or line that cannot be used is skipped
+    and said in `skipped`; two files that claim one rank are both skipped; a run written
+    by several attempts keeps the latest record of each (rank, step, phase), or only
+    attempt `attempt` (1-based); a run with nothing usable is a TraceError naming why.
+    `progress(files_done, files)` is called as files are read; `workers` caps DuckDB's
+    threads and the processes of the line-by-line reader (default: one per core).
+    """
+    if time not in TIME_BASES:
+        raise ConfigError("time", time, " or ".join(TIME_BASES))
+    if attempt is not None and (isinstance(attempt, bool) or attempt < 1):
+        raise ConfigError("attempt", attempt, "an attempt number >= 1")
+    root = run_root(run_dir)
+    run = RunDir(root)
+    found = {entry.path: entry.rank for entry in run.timings()}
+    misnamed = run.misnamed_timings()
+    if not found and not misnamed:
+        said = "".join(f"; {line}" for line in run.left_out)
+        raise TraceError(f"{root}: no timings (no {TIMINGS_FILES}; was the timer on?){said}")
+    out = RunRecords(run_dir=root, time=time, skipped=list(run.left_out))
+    scan = _Scan(found, time, workers)
+    scan.read_all(progress, extra=len(misnamed))
+    slow = scan.slow + misnamed
+    held = scan.fast | dict(zip(slow, read_line_by_line(slow, workers), strict=True))
+    if progress is not None:
+        progress(len(found) + len(misnamed), len(found) + len(misnamed))
+    ranks = claim_ranks(held, out.skipped)
+    if not ranks:
+        raise TraceError(f"{root}: no usable timings ({'; '.join(out.skipped)})")
+    out.attempts = resolve_attempts(ranks, attempt)
+    if attempt is not None and attempt > out.attempts.count:
+        count = out.attempts.count
+        many = "1 attempt" if count == 1 else f"{count} attempts"
+        raise ConfigError("attempt", attempt, f"1 to {count}", f"the timings hold {many}")
+    for rank in sorted(ranks):
+        out.add(ranks[rank])
+    return out
+
+
+def claim_ranks(
+    held: dict[Path, WholeFile | RankTimings | str], skipped: list[str]
+) -> dict[int, WholeFile | RankTimings]:
+    """Each rank's records, by the one file that holds them; in the order of the files,
+    what could not be used is said in `skipped` (both files where two claim one rank)."""
+    ranks: dict[int, WholeFile | RankTimings] = {}
+    claimed: dict[int, list[Path]] = {}
+    for path in sorted(held):
+        result = held[path]
+        if isinstance(result, str):
+            skipped.append(result)
+            continue
+        skipped.extend(result.skipped)
+        if len(result) == 0:
+            skipped.append(f"{path}: no records")
+            continue
+        ranks[result.rank] = result
+        claimed.setdefault(result.rank, []).append(path)
+    for rank, paths in claimed.items():
+        if len(paths) > 1:
+            del ranks[rank]
+            names = ", ".join(str(p) for p in paths)
+            skipped.append(f"rank {rank} is claimed by {len(paths)} files ({names}); all skipped")
+    return ranks
+
+
+def _batches(files: list[Path]) -> Iterator[list[Path]]:
+    batch: list[Path] = []
+    size = 0
+    for path in files:
+        batch.append(path)
+        size += file_size(path)
+        if size >= _BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def read_line_by_line(files: list[Path], workers: int | None) -> list[RankTimings | str]:
+    size = sum(file_size(path) for path in files)
+    return ordered_map(_read_or_say, files, size=size, workers=workers)
+
+
+def _read_or_say(path: Path) -> RankTimings | str:
+    try:
+        return read_rank_timings(path)
+    except TraceError as exc:
+        return str(exc)
+
+
+@dataclass(eq=False)
+class WholeFile:
+    """A file DuckDB read whole: one attempt, its records by (phase, kind)."""
+
+    rank: int
+    attempts: list[AttemptMark]
+    groups: list[tuple[str, str, dict[str, Any]]]
+    records: int
+    skipped: list[str] = field(default_factory=list)
+    attempt: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    """No column per record: every record is of its one attempt (resolve_attempts fills it)."""
+
+    def __len__(self) -> int:
+        return self.records
+
+    def into(self, out: RunRecords) -> None:
+        out.ranks.add(self.rank)
+        out.last_step[self.rank] = max(int(group["last_step"]) for _, _, group in self.groups)
+        for name, kind, group in self.groups:
+            phase = out.phase(name)
+            phase.kinds[kind] += 1
+            columns = (group["step"], group["ms"], group["start_ns"], group["host_ms"])
+            phase.add(self.rank, columns, int(group["depth"]))
+
+
+class _Scan:
+    """Reads the files with DuckDB, a batch at a time; sorts each file into `fast` (its
+    records, read whole) or `slow` (for the line-by-line reader)."""
+
+    def __init__(self, ranks: dict[Path, int], time: str, workers: int | None) -> None:
+        self.rank_of = ranks
+        self.con = connect(workers)
+        ms, host = ("cpu_ms", "") if time == "host" else ("gpu_ms", _HOST)
+        self.query = _SCAN.replace("{ms}", ms).replace("{host}", host)
+        self.fast: dict[Path, WholeFile | RankTimings | str] = {}
+        self.slow: list[Path] = []
+
+    def read_all(self, progress: Callable[[int, int], None] | None, extra: int) -> None:
+        done = 0
+        for batch in _batches(sorted(self.rank_of)):
+            self.read(batch)
+            done += len(batch)
+            if progress is not None:
+                progress(done, len(self.rank_of) + extra)
+
+    def read(self, files: list[Path]) -> None:
+        by_name = {str(path): path for path in files}
+        try:
+            table = self.con.execute(
+                self.query, {"files": list(by_name), "columns": COLUMNS}
+            ).fetchnumpy()
+        except Exception:  # DuckDB's own errors: the line-by-line reader says what is wrong
+            self.slow.extend(files)
+            return
+        rows: dict[Path, list[int]] = {}
+        for i, name in enumerate(table["filename"].tolist()):
+            rows.setdefault(by_name.get(name, Path(name)), []).append(i)
+        for path in files:
+            fast = self._whole(path, rows.get(path, []), table)
+            if fast is None:
+                self.slow.append(path)
+            else:
+                self.fast[path] = fast
+
+    def _whole(self, path: Path, rows: list[int], table: dict[str, Any]) -> WholeFile | None:
+        """The file's records, or None where the line-by-line reader must read it."""
+        rank = self.rank_of[path]
+        if not rows:
+            return None
+        low, high = table["low_rank"], table["high_rank"]
+        marks = verdict(
+            path,
+            rank,
+            bad=sum(int(table["bad"][i]) for i in rows),
+            opens=sum(int(table["opens"][i]) for i in rows),
+            ranks={int(low[i]) for i in rows} | {int(high[i]) for i in rows},
+        )
+        if marks is None:
+            return None
+        groups = []
+        records = 0
+        for i in rows:
+            if int(table["records"][i]) == 0:
+                continue
+            records += int(table["records"][i])
+            name, kind = _name(table["phase"][i]), _name(table["kind"][i])
+            if name is None or kind is None:
+                return None
+            groups.append((name, kind, _group(table, i)))
+        return WholeFile(rank, marks, groups, records)
+
+
+def verdict(
+    path: Path, rank: int, *, bad: int, opens: int, ranks: set[int]
+) -> list[AttemptMark] | None:
+    """The one attempt of a file DuckDB can read whole, from what its scan saw (lines it
+    could not take, attempt lines, the ranks its lines name); None where the line-by-line
+    reader must read the file."""
+    if bad or ranks != {rank} or opens > 1:
+        return None  # a bad line, another rank's line, or a restart's several attempts
+    first, whole = _edges(path)
+    if not whole:
+        return None  # a torn last line (or a last line without its newline)
+    if opens == 0:
+        return [AttemptMark()]
+    mark = _opening(first)
+    return None if mark is None else [mark]  # None: records before the attempt line
+
+
+def _group(table: dict[str, Any], i: int) -> dict[str, Any]:
+    return {
+        "step": _array(table["step"][i], np.int64),
+        "ms": _array(table["ms"][i], np.float64),
+        "start_ns": _array(table["start_ns"][i], np.int64),
+        "host_ms": _array(table["host_ms" if "host_ms" in table else "ms"][i], np.float64),
+        "depth": table["depth"][i],
+        "last_step": table["last_step"][i],
+    }
+
+
+def _array(value: Any, dtype: type[np.generic]) -> Any:
+    """A DuckDB list as a numpy array (NULL in it as NaN; a NULL list as an empty one)."""
+    if value is np.ma.masked:
+        return np.zeros(0, dtype)
+    if isinstance(value, np.ma.MaskedArray):
+        return value.filled(np.nan).astype(dtype)
+    return np.asarray(value, dtype)
+
+
+def _name(raw: Any) -> str | None:
+    """A phase or kind name from its JSON text."""
+    try:
+        name = json.loads(raw)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def _edges(path: Path) -> tuple[bytes | None, bool]:
+    """(the file's first line, None where it is longer than _HEAD; whether its last byte
+    is a newline), in one open. (None, False) where it cannot be read."""
+    try:
+        with open_regular(path) as fh:
+            head = fh.read(_HEAD)
+            size = os.fstat(fh.fileno()).st_size
+            if size > len(head):
+                fh.seek(size - 1)
+                whole = fh.read(1) == b"\n"
+            else:
+                whole = head[-1:] == b"\n" or not head
+    except OSError:
+        return None, False
+    end = head.find(b"\n")
+    return (head[:end] if end >= 0 else None), whole
+
+
+def _opening(line: bytes | None) -> AttemptMark | None:
+    """The attempt `line` opens; None where it opens none."""
+    if line is None:
+        return None
+    try:
+        first = json.loads(line)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(first, dict) or "step" in first or "attempt" not in first:
+        return None
+    mark = mark_of(first)
+    return None if isinstance(mark, str) else mark

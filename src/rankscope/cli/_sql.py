@@ -1,0 +1,118 @@
+"""`rankscope sql` and `rankscope export`: a run directory as tables (analysis/_sql.py)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import decimal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_commands"]
+
+_SHOWN = 200
+"""Rows the terminal table shows; --csv and --json print every row."""
+
+
+def add_commands(commands: Any) -> None:
+    sql = commands.add_parser(
+        "sql",
+        help="SQL over a run: its timings, meta, kernels, heartbeats and hangs as tables",
+        description=(
+            "Run a DuckDB query over the run directory's tables (--schema lists them), e.g. "
+            'rankscope sql runs/exp1 "select rank, median(cpu_ms) from timings where '
+            "phase = 'forward' group by rank order by 2 desc limit 5\". Records are read as "
+            "the analysis reads them: bad lines are left out and said, and each record "
+            "carries its attempt and whether the figures use it."
+        ),
+    )
+    sql.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    sql.add_argument("query", nargs="?", metavar="QUERY", help="the SQL query")
+    form = sql.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="print the rows as a JSON array")
+    form.add_argument("--csv", action="store_true", help="print the rows as CSV")
+    form.add_argument("--schema", action="store_true", help="list the tables and their columns")
+    sql.set_defaults(run=_sql)
+
+    export = commands.add_parser(
+        "export",
+        help="keep a run's tables as Parquet files",
+        description="Write each of the run's tables (see `rankscope sql --schema`) as DIR/<table>.parquet.",
+    )
+    export.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    export.add_argument("--parquet", type=Path, required=True, metavar="DIR", help="the folder")
+    export.set_defaults(run=_export)
+
+
+def _sql(args: argparse.Namespace) -> int:
+    from ..analysis._sql import TABLES, open_run_database
+    from ._main import EXIT_BAD_INPUT, _print_json
+
+    if args.schema:
+        for name, (what, columns) in TABLES.items():
+            print(f"{name}: {what}")
+            for column, kind, doc in columns:
+                print(f"  {column:<14} {kind:<8} {doc}".rstrip())
+        return 0
+    if not args.query:
+        print("rankscope sql: give a QUERY (or --schema for the tables)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    db = open_run_database(args.run_dir)
+    names, rows = db.query(args.query)
+    for line in db.skipped:
+        print(f"skipped: {line}", file=sys.stderr)
+    if args.json:
+        _print_json([dict(zip(names, map(_plain, row), strict=True)) for row in rows])
+    elif args.csv:
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        out.writerow(names)
+        out.writerows([_plain(v) for v in row] for row in rows)
+    else:
+        _table(names, rows)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from ..analysis._sql import open_run_database
+
+    db = open_run_database(args.run_dir)
+    for line in db.skipped:
+        print(f"skipped: {line}", file=sys.stderr)
+    for path in db.export_parquet(args.parquet):
+        print(path)
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    """A DuckDB value as JSON and CSV can hold it (NaN stays a float: the JSON printer
+    makes it null)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    return str(value) if isinstance(value, (datetime.timedelta, uuid.UUID)) else value
+
+
+def _table(names: list[str], rows: list[tuple[Any, ...]]) -> None:
+    from ._main import _terminal
+
+    _terminal("sql")  # says which extra brings rich, where it is missing
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*names, show_edge=False, header_style="bold")
+    for row in rows[:_SHOWN]:
+        table.add_row(*("" if v is None else str(_plain(v)) for v in row))
+    console = Console()
+    console.print(table)
+    if len(rows) > _SHOWN:
+        console.print(f"{len(rows) - _SHOWN} more rows (--csv or --json prints them all)")
