@@ -399,13 +399,13 @@ class _Scan:
         rank = self.rank_of[path]
         if not rows:
             return None
-        low, high = table["low_rank"], table["high_rank"]
+        named = [table[key][i] for key in ("low_rank", "high_rank") for i in rows]
         marks = verdict(
             path,
             rank,
             bad=sum(int(table["bad"][i]) for i in rows),
             opens=sum(int(table["opens"][i]) for i in rows),
-            ranks={int(low[i]) for i in rows} | {int(high[i]) for i in rows},
+            ranks={int(r) for r in named if r is not np.ma.masked},  # masked: no line known
         )
         if marks is None:
             return None
