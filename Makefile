@@ -7,15 +7,23 @@ PIP := $(BIN)/python -m pip
 .PHONY: demo test lint bench clean
 
 $(BIN)/python:
+	@echo "==> creating the virtual environment $(VENV) (once, about 15 s)"
 	$(PYTHON) -m venv $(VENV)
 
-# Stamp files: reinstall only when the project's dependencies change.
+# Stamp files: reinstall only when the project's dependencies change. pip's own output
+# stays (no -q): a first install takes a minute or more, and a silent minute looks hung.
+# Without a terminal (CI) pip writes plain lines, a few per package: no redraws, no colour.
 $(VENV)/.installed: $(BIN)/python pyproject.toml constraints-dev.txt
-	$(PIP) install -q -c constraints-dev.txt -e ".[torch,cli]"
+	@echo "==> installing rankscope, torch and the CLI's packages into $(VENV)"
+	@echo "    the first time about a minute; pip is silent while it unpacks torch, the last half"
+	$(PIP) install -c constraints-dev.txt -e ".[torch,cli]"
 	touch $@
 
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml constraints-dev.txt
-	$(PIP) install -q -c constraints-dev.txt -e ".[dev]"
+	@echo "==> installing rankscope's development packages into $(VENV): torch, the" \
+		"integrations' frameworks (transformers, lightning, ray), pytest, ruff, mypy"
+	@echo "    the first time a few minutes; pip is silent while it unpacks the largest ones"
+	$(PIP) install -c constraints-dev.txt -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed
@@ -29,6 +37,7 @@ lint: $(VENV)/.installed-dev
 # The HTML report is tested in a real browser: Debian's chromium, installed once.
 CHROMIUM := /usr/bin/chromium
 $(CHROMIUM):
+	@echo "==> installing chromium with apt-get for the HTML report's tests (once, a minute or two)"
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
 test: lint $(CHROMIUM)

@@ -203,3 +203,67 @@ def test_a_reader_that_goes_away_stops_the_command_quietly(tmp_path: Path) -> No
         code = proc.wait(timeout=120)
     assert head.startswith(b"{")
     assert (code, err) == (141, "")
+
+
+# -- the command line itself ---------------------------------------------------------
+
+
+def _command_names() -> list[str]:
+    from rankscope.cli._main import _parser
+
+    return list(_parser()._commands().choices)
+
+
+@pytest.mark.parametrize("argv", [[], ["-v"]])
+def test_rankscope_alone_lists_every_command_on_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    code, out, err = _run_cli(argv, capsys)
+    assert (code, err) == (0, "")
+    names = _command_names()
+    assert {"demo", "report", "stragglers", "kernels", "merge", "trigger"} <= set(names)
+    rows = [line.split(maxsplit=1) for line in out.splitlines() if line.startswith("  ")]
+    assert [row[0] for row in rows] == names  # each command once, in the order of --help
+    assert all(len(row) == 2 and row[1] for row in rows)  # each with what it does
+    assert "stragglers  which rank is slow in which phase, and who waits for it" in out
+    assert out.startswith("usage: rankscope COMMAND") and "rankscope COMMAND --help" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["stragler", "runs/x"],
+            "rankscope: unknown command 'stragler'; did you mean 'stragglers'?",
+        ),
+        (["repot"], "rankscope: unknown command 'repot'; did you mean 'report'?"),
+        (["kernel", "--top", "3"], "rankscope: unknown command 'kernel'; did you mean 'kernels'?"),
+        (["-v", "Merge"], "rankscope: unknown command 'Merge'; did you mean 'merge'?"),
+        (["xyzzy"], "rankscope: unknown command 'xyzzy'; the commands are demo, report, "),
+    ],
+)
+def test_a_misspelled_command_is_one_line_with_did_you_mean(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = _run_cli(argv, capsys)
+    assert (code, out) == (2, "")
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(message), err
+    assert "Traceback" not in err and "invalid choice" not in err
+
+
+def test_the_installed_command_exits_0_alone_and_2_misspelled() -> None:
+    """The exit codes a shell sees, through `python -m rankscope.cli` as the script runs it."""
+    import subprocess
+    import sys
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "rankscope.cli", *argv]
+        return subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+
+    alone = run()
+    assert (alone.returncode, alone.stderr) == (0, "")
+    assert "  stragglers  " in alone.stdout
+    wrong = run("stragler")
+    assert (wrong.returncode, wrong.stdout) == (2, "")
+    assert wrong.stderr == "rankscope: unknown command 'stragler'; did you mean 'stragglers'?\n"

@@ -127,3 +127,31 @@ def test_bad_demo_options_are_one_line(
     assert captured.out == ""
     assert message in captured.err and len(captured.err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_the_demos_ranks_print_no_kineto_usdt_lines(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.13 writes `USDT: ... profiler_start` / `profiler_stop` from C++ to the ranks'
+    stderr at each window's edges, across the progress bar; the demo's ranks quiet them."""
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    run = tmp_path / "run"
+    argv = ["demo", "--out", str(run), "--ranks", "2", "--steps", "23", "--json"]
+    assert main(argv) == 0
+    err = capfd.readouterr().err  # fd 2, which the spawned ranks write to
+    # The profiler did start and stop on both traced ranks...
+    window = run / "traces" / "step-000020-000021"
+    assert len(list(window.glob("*.pt.trace.json.gz"))) == 2
+    # ...and said nothing about it.
+    assert "USDT" not in err and "profiler_start" not in err, err
+
+
+def test_the_demo_keeps_a_kineto_log_level_the_user_set() -> None:
+    from rankscope.demo._job import quiet_kineto
+
+    environ: dict[str, str] = {}
+    quiet_kineto(environ)
+    assert environ == {"KINETO_LOG_LEVEL": "6"}  # 5 is USDT's own level on torch 2.13
+    environ = {"KINETO_LOG_LEVEL": "2"}
+    quiet_kineto(environ)
+    assert environ == {"KINETO_LOG_LEVEL": "2"}

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import difflib
 import logging
-import math
 import os
 import sys
 import time
@@ -22,10 +21,10 @@ from .._errors import ConfigError, RankscopeError, TraceError
 from .._layout import HANGS, LIVE, REPORT, TRIGGERS, RunDir
 from .._version import __version__
 from . import _sql
+from ._output import EXIT_BAD_INPUT, print_json, terminal
 
 __all__ = ["main"]
 
-EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command a pipe cut short
 # ConfigError fields that are this CLI's options (the analysis's and the demo's).
 _OPTIONS = {
@@ -42,17 +41,56 @@ _OPTIONS = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its complaint on one line like every other bad input."""
+    """argparse, with its complaint on one line like every other bad input, a list of
+    the commands for `rankscope` alone, and "did you mean" for a misspelled command."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
+    def command_list(self) -> str:
+        """The commands, one line each, with the help each was added with."""
+        # argparse keeps a command's help only on this (private, long-stable) list.
+        rows = [(a.dest, a.help or "") for a in self._commands()._choices_actions]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(
+            [
+                f"usage: {self.prog} COMMAND ...   ({self.prog} COMMAND --help: its options)",
+                "",
+                self.description or "",
+                "",
+                "commands:",
+                *(f"  {name:<{width}}  {text}" for name, text in rows),
+                "",
+            ]
+        )
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse's own complaint lists every choice and suggests nothing (before 3.14).
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            names = list(action.choices)
+            close = difflib.get_close_matches(value, names, n=1)
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else f"the commands are {', '.join(names)} (see {self.prog} --help)"
+            )
+            self.exit(EXIT_BAD_INPUT, f"{self.prog}: unknown command {value!r}; {hint}\n")
+        super()._check_value(action, value)
+
+    def _commands(self) -> argparse._SubParsersAction[Any]:
+        (commands,) = (a for a in self._actions if isinstance(a, argparse._SubParsersAction))
+        return commands
+
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     try:
-        args = _parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a bad argument (already said)
         return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    if args.command is None:  # `rankscope` alone: what it can do, as `pip` or `docker` say
+        sys.stdout.write(parser.command_list())
+        return 0
     _configure_logging(args.verbose)
     command: Callable[[argparse.Namespace], int] = args.run
     try:
@@ -82,13 +120,16 @@ def _error_line(exc: Exception) -> str:
     return str(exc)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> _Parser:
     parser = _Parser(prog="rankscope", description="Profile distributed PyTorch training safely.")
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="log rankscope's INFO messages"
     )
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # Not required: `rankscope` alone lists the commands (main).
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", title="commands", parser_class=_Parser
+    )
 
     demo = commands.add_parser(
         "demo",
@@ -292,53 +333,13 @@ def _configure_logging(verbose: bool) -> None:
     log.setLevel(logging.INFO if verbose else logging.WARNING)
 
 
-def _print_json(data: Any) -> None:
-    # One line: reports of 1000 ranks are large, and scripts read them with a parser.
-    # Strict JSON: a value that is not a finite number is written as null. Encoded
-    # first as it is (the common case, at no cost), and walked only where that fails.
-    try:
-        text = json.dumps(data, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        text = json.dumps(_strict(data), separators=(",", ":"), allow_nan=False)
-    # In pieces, as json.dump writes: a reader that goes away (`| head`) is then noticed
-    # at the next piece, where one large write would leave it to the exit.
-    for start in range(0, len(text), _PIECE):
-        sys.stdout.write(text[start : start + _PIECE])
-    sys.stdout.write("\n")
-
-
-_PIECE = 1 << 16
-
-
-def _strict(value: Any) -> Any:
-    """`value` with every float that JSON cannot hold (NaN, infinities) made None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(item) for item in value]
-    return value
-
-
-def _terminal(command: str) -> Any:
-    """The rich renderer, or an ImportError that says which extra brings it."""
-    try:
-        from . import _render
-    except ImportError as exc:
-        raise ImportError(
-            f'terminal output needs rich: pip install "rankscope[cli]" (or use --json) ({exc})'
-        ) from None
-    return _render
-
-
 # -- commands ------------------------------------------------------------------
 
 
 def _report(args: argparse.Namespace) -> int:
     from ..analysis import build_report, render_html
 
-    render = None if args.json else _terminal("report")
+    render = None if args.json else terminal("report")
     with _progress(render, "reading") as progress:
         report = build_report(
             args.run_dir,
@@ -355,7 +356,7 @@ def _report(args: argparse.Namespace) -> int:
         html.write_text(render_html(report), encoding="utf-8")
         report["html"] = str(html)
     if render is None:
-        _print_json(report)
+        print_json(report)
     else:
         render.report(report, html)
     return 0
@@ -364,7 +365,7 @@ def _report(args: argparse.Namespace) -> int:
 def _stragglers(args: argparse.Namespace) -> int:
     from ..analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
 
-    render = None if args.json else _terminal("stragglers")
+    render = None if args.json else terminal("stragglers")
     meta = read_run_meta(args.run_dir)
     with _progress(render, "reading") as progress:
         timings = read_run_records(
@@ -383,7 +384,7 @@ def _stragglers(args: argparse.Namespace) -> int:
     skipped = meta.skipped + timings.skipped + meta.say_missing(timings.ranks)
     attempts = timings.attempts
     if render is None:
-        _print_json({**found.to_dict(), "attempts": attempts.to_dict(), "skipped": skipped})
+        print_json({**found.to_dict(), "attempts": attempts.to_dict(), "skipped": skipped})
     else:
         render.stragglers(found, skipped, limit=None if args.all else 20, note=attempts.note)
     return 0
@@ -392,7 +393,7 @@ def _stragglers(args: argparse.Namespace) -> int:
 def _kernels(args: argparse.Namespace) -> int:
     from ..analysis import kernel_report
 
-    render = None if args.json else _terminal("kernels")
+    render = None if args.json else terminal("kernels")
     with _progress(render, "reading") as progress:
         found = kernel_report(
             args.sources,
@@ -401,7 +402,7 @@ def _kernels(args: argparse.Namespace) -> int:
             progress=_stage(progress, "traces"),
         )
     if render is None:
-        _print_json(found.to_dict(args.top))
+        print_json(found.to_dict(args.top))
     else:
         render.kernels(found, args.top)
     return 0
@@ -410,7 +411,7 @@ def _kernels(args: argparse.Namespace) -> int:
 def _merge(args: argparse.Namespace) -> int:
     from ..analysis import merge_traces
 
-    render = None if args.json else _terminal("merge")
+    render = None if args.json else terminal("merge")
     with _progress(render, "merging") as progress:
         total = sum(p.stat().st_size for p in args.sources if p.is_file())
         step = _stage(progress, "bytes")
@@ -420,7 +421,7 @@ def _merge(args: argparse.Namespace) -> int:
             progress=None if step is None else lambda done: step(done, total),
         )
     if render is None:
-        _print_json(result.to_dict())
+        print_json(result.to_dict())
     else:
         render.merged(result)
     return 0
@@ -483,7 +484,7 @@ def _demo(args: argparse.Namespace) -> int:
         straggler_phase=args.straggler_phase,
         slowdown=args.slowdown,
     )
-    render = None if args.json else _terminal("demo")
+    render = None if args.json else terminal("demo")
     out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     if render is not None:
         render.demo_start(job, out)
@@ -496,7 +497,7 @@ def _demo(args: argparse.Namespace) -> int:
     html.write_text(render_html(report), encoding="utf-8")
     report["html"] = str(html)
     if render is None:
-        _print_json(report)
+        print_json(report)
     else:
         render.demo_end(job, report, trained, time.perf_counter() - started)
     return 0
@@ -505,7 +506,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _hang(args: argparse.Namespace) -> int:
     from ..analysis import find_hangs
 
-    render = None if args.json else _terminal("hang")
+    render = None if args.json else terminal("hang")
     found = find_hangs(args.run_dir)
     if found.files_read == 0:
         first = " ".join(found.skipped[0].split()) if found.skipped else ""  # one line
@@ -515,7 +516,7 @@ def _hang(args: argparse.Namespace) -> int:
             f"the watch was off, or the run predates it{why}"
         )
     if render is None:
-        _print_json(found.to_dict())
+        print_json(found.to_dict())
     else:
         render.hang(found.to_dict())
     return 0
@@ -528,9 +529,9 @@ def _top(args: argparse.Namespace) -> int:
     if report.files_read == 0:
         raise TraceError(f"{report.run_dir}: no heartbeats ({LIVE}/) to show: the watch was off")
     if args.json:  # one frame
-        _print_json({"state": report.state, "summary": report.summary, "ranks": rows})
+        print_json({"state": report.state, "summary": report.summary, "ranks": rows})
         return 0
-    render = _terminal("top")
+    render = terminal("top")
     if args.once:
         render.top(report.to_dict(), rows, args.rows, live=None)
         return 0
@@ -547,7 +548,7 @@ def _top(args: argparse.Namespace) -> int:
 def _trigger(args: argparse.Namespace) -> int:
     from ..capture._ask import ask_for_window, trigger_status
 
-    render = None if args.json else _terminal("trigger")
+    render = None if args.json else terminal("trigger")
     if args.status:
         given = [
             f"--{name.replace('_steps', '')}"
@@ -560,7 +561,7 @@ def _trigger(args: argparse.Namespace) -> int:
             )
         status = trigger_status(args.run_dir)
         if render is None:
-            _print_json(status)
+            print_json(status)
         else:
             render.trigger_status(status)
         return 0
@@ -568,7 +569,7 @@ def _trigger(args: argparse.Namespace) -> int:
         args.run_dir, steps=args.steps, ranks=args.ranks, at=args.at, in_steps=args.in_steps
     )
     if render is None:
-        _print_json(written)
+        print_json(written)
     else:
         render.trigger_written(written)
     return 0

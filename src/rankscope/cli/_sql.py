@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ._output import EXIT_BAD_INPUT, print_json, terminal
+
 __all__ = ["add_commands"]
 
 _SHOWN = 200
@@ -49,7 +51,6 @@ def add_commands(commands: Any) -> None:
 
 def _sql(args: argparse.Namespace) -> int:
     from ..analysis._sql import TABLES, open_run_database
-    from ._main import EXIT_BAD_INPUT, _print_json
 
     if args.schema:
         for name, (what, columns) in TABLES.items():
@@ -65,7 +66,7 @@ def _sql(args: argparse.Namespace) -> int:
     for line in db.skipped:
         print(f"skipped: {line}", file=sys.stderr)
     if args.json:
-        _print_json([dict(zip(names, map(_plain, row), strict=True)) for row in rows])
+        print_json([dict(zip(names, map(_plain, row), strict=True)) for row in rows])
     elif args.csv:
         out = csv.writer(sys.stdout, lineterminator="\n")
         out.writerow(names)
@@ -103,9 +104,7 @@ def _plain(value: Any) -> Any:
 
 
 def _table(names: list[str], rows: list[tuple[Any, ...]]) -> None:
-    from ._main import _terminal
-
-    _terminal("sql")  # says which extra brings rich, where it is missing
+    terminal("sql")  # says which extra brings rich, where it is missing
     from rich.console import Console
     from rich.table import Table
 

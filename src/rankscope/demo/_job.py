@@ -16,7 +16,7 @@ import gc
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from .._config import ProfileConfig, Schedule, TimerConfig, TraceConfig
 from .._errors import ConfigError
 from .._torch import import_torch
 
-__all__ = ["PHASES", "DemoJob", "run_demo"]
+__all__ = ["PHASES", "DemoJob", "quiet_kineto", "run_demo"]
 
 # A large batch for a small model: milliseconds of compute per phase against a gradient
 # all-reduce of 400 KB, so that what the demo shows is compute, not how gloo's ring
@@ -129,11 +129,25 @@ def run_demo(
     return run_dir
 
 
+def quiet_kineto(environ: MutableMapping[str, str]) -> None:
+    """Keep Kineto's `USDT: ... profiler_start` / `profiler_stop` lines, which torch 2.13
+    writes to stderr from C++ at every window's edges, off the demo's progress bar; a
+    level the user set stays.
+
+    torch has no switch for them but KINETO_LOG_LEVEL, read once per process at the first
+    profiler start, and the level that hides them (6) hides Kineto's warnings and errors
+    too. So only the demo, whose ranks are rankscope's own processes, sets it; a training
+    job decides for itself (docs/troubleshooting.md).
+    """
+    environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
 def _train(rank: int, job: DemoJob, init: str, run_dir: str, done: Any) -> None:
     import torch
     import torch.distributed as dist
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    quiet_kineto(os.environ)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=job.world_size)
     try:

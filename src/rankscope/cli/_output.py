@@ -1,0 +1,53 @@
+"""What every command prints through: strict JSON in pieces, the terminal renderer, the
+exit code of bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+__all__ = ["EXIT_BAD_INPUT", "print_json", "terminal"]
+
+EXIT_BAD_INPUT = 2
+
+
+def print_json(data: Any) -> None:
+    # One line: reports of 1000 ranks are large, and scripts read them with a parser.
+    # Strict JSON: a value that is not a finite number is written as null. Encoded
+    # first as it is (the common case, at no cost), and walked only where that fails.
+    try:
+        text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_strict(data), separators=(",", ":"), allow_nan=False)
+    # In pieces, as json.dump writes: a reader that goes away (`| head`) is then noticed
+    # at the next piece, where one large write would leave it to the exit.
+    for start in range(0, len(text), _PIECE):
+        sys.stdout.write(text[start : start + _PIECE])
+    sys.stdout.write("\n")
+
+
+_PIECE = 1 << 16
+
+
+def _strict(value: Any) -> Any:
+    """`value` with every float that JSON cannot hold (NaN, infinities) made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    return value
+
+
+def terminal(command: str) -> Any:
+    """The rich renderer, or an ImportError that says which extra brings it."""
+    try:
+        from . import _render
+    except ImportError as exc:
+        raise ImportError(
+            f'terminal output needs rich: pip install "rankscope[cli]" (or use --json) ({exc})'
+        ) from None
+    return _render
