@@ -117,7 +117,7 @@ def test_meta_kernels_heartbeats_and_hangs_are_tables(tmp_path: Path) -> None:
 
 def test_a_query_that_fails_says_duckdbs_reason(tmp_path: Path) -> None:
     db = open_run_database(_run(tmp_path))
-    with pytest.raises(RankscopeError, match="the query failed: Catalog Error: .*nope"):
+    with pytest.raises(RankscopeError, match=r"the query failed: Catalog Error: .*nope"):
         db.query("select * from nope")
 
 

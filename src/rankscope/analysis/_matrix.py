@@ -82,7 +82,9 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         start = (start_ns - origin).astype(np.float64)
         ms.append(_sum(cell, dur, n_r, n_s))
         first.append(_extreme(np.minimum, cell, start, n_r, n_s))
-        last.append(_extreme(np.maximum, cell, start + host_ms * 1e6, n_r, n_s))
+        with np.errstate(over="ignore"):  # a time near a double's limit ends at infinity
+            end = start + host_ms * 1e6
+        last.append(_extreme(np.maximum, cell, end, n_r, n_s))
     # Steps run their phases in start order; the step record (which spans them all) goes last.
     began = np.fmin.reduce(np.stack(first), axis=0) if first else np.zeros((n_r, n_s))
     typical = [_median(s - began) for s in first]
@@ -102,7 +104,9 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
 
 
 def _kind_of(votes: Counter[str]) -> str:
-    return votes.most_common(1)[0][0] if votes else "compute"
+    """The kind most ranks recorded the phase with; of kinds with as many votes, the first
+    by name (so the answer does not follow the order the files were read in)."""
+    return min(votes.items(), key=lambda vote: (-vote[1], vote[0]))[0] if votes else "compute"
 
 
 def _sum(cell: npt.NDArray[np.int64], values: Matrix, n_r: int, n_s: int) -> Matrix:

@@ -316,16 +316,18 @@ def _fits(values: Sequence[bytes]) -> bool:
 
 
 def _intern(raw: Sequence[bytes]) -> tuple[list[str] | None, Int32s]:
-    """(names in first-seen order, index of each value); None where one is not a JSON string."""
+    """(names in first-seen order, index of each value); None where one is not a JSON string.
+
+    Spellings of one name (`"z"` and `"\\u007a"`) are one name."""
     index = dict.fromkeys(raw, 0)  # first-seen order
-    names: list[str] = []
-    for i, value in enumerate(index):
+    names: dict[str, int] = {}
+    for value in index:
         try:
-            names.append(json.loads(b'"' + value + b'"'))
+            name = json.loads(b'"' + value + b'"')
         except (ValueError, UnicodeDecodeError):
             return None, np.zeros(0, np.int32)
-        index[value] = i
-    return names, np.fromiter(map(index.__getitem__, raw), np.int32, len(raw))
+        index[value] = names.setdefault(name, len(names))
+    return list(names), np.fromiter(map(index.__getitem__, raw), np.int32, len(raw))
 
 
 # -- any layout, line by line ------------------------------------------------------

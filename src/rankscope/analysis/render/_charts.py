@@ -96,6 +96,7 @@ def _chart(phase: Mapping[str, Any], steps: list[int], n_ranks: int) -> str:
             f'<path class="faint" data-rank="{rank}" d="{_path(scale, series)}"><title>rank {rank}</title></path>'
         )
     onsets: dict[int, list[int]] = {}
+    labels: list[float] = []  # the label heights taken: lines that end together are not overwritten
     for n, (f, (rank, series)) in enumerate(zip(flagged, bold, strict=True)):
         colour = _FLAG_COLOURS[n % len(_FLAG_COLOURS)]
         role = as_text(f.get("role"))
@@ -106,6 +107,9 @@ def _chart(phase: Mapping[str, Any], steps: list[int], n_ranks: int) -> str:
         last = max((i for i, v in enumerate(series) if v is not None), default=None)
         if last is not None and n < 4:
             y = scale.y(series[last]) + 4  # type: ignore[arg-type]
+            while any(abs(y - taken) < 11 for taken in labels):
+                y += 11
+            labels.append(y)
             parts.append(
                 f'<text class="line-label" x="{scale.x(last) + 4:.0f}" y="{y:.0f}" fill="{colour}">rank {rank}</text>'
             )
@@ -129,8 +133,10 @@ def _chart(phase: Mapping[str, Any], steps: list[int], n_ranks: int) -> str:
         caption += f" · in colour: {esc(names)}" + (
             f" ({len(bold)} of the {of} ranks the findings name)" if of > len(bold) else ""
         )
-    caption += f" · faint: {'all ' if shown >= others else ''}{shown} other rank{plural(shown)}" + (
-        f" of {others} ({esc(_listed([r for r, _ in faint]))})" if shown < others else ""
+    other = " other" if bold else ""
+    caption += (
+        f" · faint: {'all ' if shown >= others else ''}{shown}{other} rank{plural(shown)}"
+        + (f" of {others} ({esc(_listed([r for r, _ in faint]))})" if shown < others else "")
     )
     if scale.log:
         caption += " · log scale"
