@@ -67,7 +67,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     ranks = sorted(records.ranks)
     rank_index = np.asarray(ranks, np.int64)
     every = [part[1] for phase in records.phases.values() for part in phase.parts]
-    steps = np.unique(np.concatenate(every)) if every else np.zeros(0, np.int64)
+    steps = _distinct(np.concatenate(every)) if every else np.zeros(0, np.int64)
     starts = [part[3] for phase in records.phases.values() for part in phase.parts if len(part[3])]
     origin = min((int(s.min()) for s in starts), default=0)
     n_r, n_s = len(ranks), len(steps)
@@ -103,6 +103,14 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     )
 
 
+def _distinct(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The sorted distinct values (np.unique hashes large arrays of ints, 10x slower)."""
+    ordered = np.sort(values)
+    first = np.ones(len(ordered), np.bool_)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return ordered[first]
+
+
 def _kind_of(votes: Counter[str]) -> str:
     """The kind most ranks recorded the phase with; of kinds with as many votes, the first
     by name (so the answer does not follow the order the files were read in)."""
@@ -122,6 +130,10 @@ def _sum(cell: npt.NDArray[np.int64], values: Matrix, n_r: int, n_s: int) -> Mat
 def _extreme(
     ufunc: np.ufunc, cell: npt.NDArray[np.int64], values: Matrix, n_r: int, n_s: int
 ) -> Matrix:
+    if np.bincount(cell, minlength=1).max() <= 1:  # a record per cell (common): placed at once
+        out = np.full(n_r * n_s, np.nan)
+        out[cell] = values
+        return out.reshape(n_r, n_s)
     fill = np.inf if ufunc is np.minimum else -np.inf
     out = np.full(n_r * n_s, fill)
     ufunc.at(out, cell, values)

@@ -24,15 +24,8 @@ from .._errors import RankscopeError, TraceError
 from .._layout import RunDir
 from ._kernels import find_traces, read_summaries
 from .read._attempts import latest_rows, run_attempts
-from .read._engine import (
-    COLUMNS,
-    WholeFile,
-    claim_ranks,
-    connect,
-    lines_sql,
-    read_line_by_line,
-    verdict,
-)
+from .read._duck import COLUMNS, connect, lines_sql
+from .read._engine import WholeFile, claim_ranks, read_line_by_line, verdict
 from .read._run import read_run_meta, run_root
 from .read._timings import RankTimings
 from .read._watch import read_watch

@@ -37,18 +37,16 @@ from ..._errors import ConfigError, TraceError
 from ..._layout import TIMINGS_FILES, RunDir, open_regular
 from .._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
+from ._duck import COLUMNS, connect, lines_sql
 from ._run import run_root
 from ._timings import RankTimings, read_rank_timings
 
 __all__ = [
-    "COLUMNS",
     "TIME_BASES",
     "PhaseRecords",
     "RunRecords",
     "WholeFile",
     "claim_ranks",
-    "connect",
-    "lines_sql",
     "read_line_by_line",
     "read_run_records",
     "verdict",
@@ -63,64 +61,6 @@ _HEAD = 1 << 16
 
 Int64s = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
-
-# Values are read as JSON and checked for their JSON type before a cast: DuckDB would
-# otherwise turn 1.5 into the step 2, true into 1 and "5" into 5 without a word.
-COLUMNS = {
-    "v": "JSON",
-    "rank": "JSON",
-    "step": "JSON",
-    "phase": "JSON",
-    "kind": "JSON",
-    "start_ns": "JSON",
-    "cpu_ms": "JSON",
-    "gpu_ms": "JSON",
-    "depth": "JSON",
-    "error": "JSON",
-    "attempt": "JSON",
-}
-_INT = ("rank", "step", "start_ns", "depth")
-_FLOAT = ("cpu_ms", "gpu_ms")
-_TYPED = ",\n        ".join(
-    [f"json_type({key}) AS {key}_type, try_cast({key} AS BIGINT) AS {key}" for key in _INT]
-    + [f"json_type({key}) AS {key}_type, try_cast({key} AS DOUBLE) AS {key}" for key in _FLOAT]
-)
-# A record the fast path reads as the line-by-line reader does. The timer writes every
-# key; a record without depth, or with gpu_ms anything but a time or null, is left to
-# that reader, and so is any value this check is unsure of (it only costs time).
-_RECORD = " AND ".join(
-    [
-        "step_type = 'UBIGINT' AND step IS NOT NULL",
-        "start_ns_type = 'UBIGINT' AND start_ns IS NOT NULL",
-        "depth_type = 'UBIGINT' AND depth IS NOT NULL",
-        "json_type(phase) = 'VARCHAR' AND json_type(kind) = 'VARCHAR'",
-        "cpu_ms_type IN ('UBIGINT', 'DOUBLE') AND isfinite(cpu_ms) AND cpu_ms >= 0",
-        "(gpu_ms_type IS NULL OR (gpu_ms_type IN ('UBIGINT', 'DOUBLE') AND isfinite(gpu_ms) AND gpu_ms >= 0))",
-    ]
-)
-
-
-def lines_sql(files: str = "$files", columns: str = "$columns") -> str:
-    """The `values` and `lines` of a WITH clause over the timings files `files` (a SQL
-    list, or a parameter): one row per line, its values cast, and whether it is a
-    record (`known AND record`), an attempt line (`known AND opens`) or neither (a line
-    the fast path cannot take). Each flag is true or false, never NULL."""
-    return f"""values AS (
-    SELECT filename, phase, kind, v, error, attempt,
-        {_TYPED}
-    FROM read_json({files}, format = 'newline_delimited', ignore_errors = true,
-                   filename = true, columns = {columns})
-), lines AS (
-    SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth,
-        coalesce((v IS NULL OR CAST(v AS VARCHAR) = '1') AND rank_type = 'UBIGINT'
-                 AND rank IS NOT NULL, false) AS known,
-        coalesce({_RECORD}, false) AS record,
-        coalesce(step_type IS NULL AND phase IS NULL AND json_type(attempt) = 'VARCHAR', false)
-            AS opens,
-        coalesce(CAST(error AS VARCHAR) = 'true', false) AS error
-    FROM values
-)"""
-
 
 _SCAN = f"""
 WITH {lines_sql()}
@@ -139,21 +79,6 @@ FROM lines
 GROUP BY filename, phase, kind
 """
 _HOST = ",\n    list(cpu_ms) FILTER (WHERE known AND record AND NOT error) AS host_ms"
-
-
-def connect(threads: int | None = None) -> Any:
-    """A DuckDB connection of its own (in memory), or a TraceError saying how to get DuckDB."""
-    try:
-        import duckdb
-    except ImportError:
-        raise TraceError(
-            "reading timings needs DuckDB: pip install 'rankscope[analysis]'"
-        ) from None
-    con = duckdb.connect(":memory:")
-    con.execute(f"SET threads = {max(1, threads or os.cpu_count() or 1)}")
-    con.execute("SET preserve_insertion_order = false")
-    con.execute("SET enable_progress_bar = false")
-    return con
 
 
 @dataclass(eq=False)
