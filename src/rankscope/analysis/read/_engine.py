@@ -22,6 +22,7 @@ by a batch, not by the run.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections import Counter
@@ -389,9 +390,15 @@ def _array(value: Any, dtype: type[np.generic]) -> Any:
 
 def _name(raw: Any) -> str | None:
     """A phase or kind name from its JSON text."""
+    return _decoded(raw) if isinstance(raw, str) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded(raw: str) -> str | None:
+    """A run has few names: each text is decoded once."""
     try:
         name = json.loads(raw)
-    except (TypeError, ValueError, RecursionError):
+    except (ValueError, RecursionError):
         return None
     return name if isinstance(name, str) else None
 
