@@ -422,6 +422,68 @@ def test_a_restart_in_one_file(tmp_path: Path, time: str, attempt: int | None) -
         assert seen.attempts["rerun_steps"] == "6-9"
 
 
+def _timed(rank: int, steps: range, since_ns: int, cpu_ms: float) -> list[str]:
+    """Records as a process started at `since_ns` writes them: each after its start."""
+    at = [since_ns + 1_000_000 + s * 10_000_000 for s in steps]
+    return [
+        line(rank, s, "fwd", cpu_ms=cpu_ms, start_ns=t) for s, t in zip(steps, at, strict=True)
+    ] + [
+        line(rank, s, "step", kind="step", cpu_ms=4.0, start_ns=t)
+        for s, t in zip(steps, at, strict=True)
+    ]
+
+
+def _timed_restart(root: Path, second_ns: int, older: bool = False) -> None:
+    """Attempt a (at EPOCH_NS) ran steps 0-9 at 10 ms, b (at `second_ns`) 6-11 at 30 ms;
+    `older`: records of an older rankscope (no attempt line) ran steps 0-2 before both."""
+    for rank in range(3):
+        lines = _timed(rank, range(3), EPOCH_NS - 10 * MINUTE_NS, 1.0) if older else []
+        lines += [opening(rank, f"a{rank}", EPOCH_NS), *_timed(rank, range(10), EPOCH_NS, 10.0)]
+        lines += [
+            opening(rank, f"b{rank}", second_ns),
+            *_timed(rank, range(6, 12), second_ns, 30.0),
+        ]
+        write(root, rank, lines)
+
+
+@pytest.mark.parametrize("older", [False, True])
+@pytest.mark.parametrize("attempt", ATTEMPT_PICKS)
+def test_a_restart_whose_clock_agrees_with_its_file(
+    tmp_path: Path, attempt: int | None, older: bool
+) -> None:
+    _timed_restart(tmp_path, EPOCH_NS + MINUTE_NS, older)
+    seen = assert_same(tmp_path, attempt=attempt)
+    count = 3 if older else 2
+    if attempt is not None and attempt > count:
+        assert isinstance(seen, ConfigError)
+        return
+    assert isinstance(seen, Seen) and seen.attempts["count"] == count
+    if attempt is None:
+        assert seen.attempts["rerun_steps"] == ("0-2, 6-9" if older else "6-9")
+        fwd = seen.matrices.ms[seen.matrices.phases.index("fwd")]
+        assert np.all(fwd[:, 6:] == 30.0) and np.all(fwd[:, 3:6] == 10.0)
+
+
+def test_a_clock_set_back_across_a_restart_is_read_by_its_lines_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # b's clock reads 50 ms after a's start: by the clock, a's later records would be b's;
+    # by the order of the file's lines they are a's, and so they are read.
+    _timed_restart(tmp_path, EPOCH_NS + 50_000_000)
+    read: list[Path] = []
+    real = _engine.read_rank_timings
+
+    def counted(path: Path) -> Any:
+        read.append(path)
+        return real(path)
+
+    monkeypatch.setattr(_engine, "read_rank_timings", counted)
+    for attempt in (None, 1, 2):
+        seen = agree(tmp_path, attempt=attempt)
+        assert seen.attempts["count"] == 2
+    assert sorted({p.name for p in read}) == [f"rank-{r:05d}.jsonl" for r in range(3)]
+
+
 @pytest.mark.parametrize("attempt", ATTEMPT_PICKS)
 def test_records_before_the_first_attempt_line(tmp_path: Path, attempt: int | None) -> None:
     for rank in range(2):

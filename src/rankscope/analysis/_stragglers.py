@@ -168,8 +168,7 @@ class StragglerReport:
         if table:
             # Strict JSON: a ratio with no step to compare (a phase one rank alone has) is null.
             out["table"] = [
-                {f.name: _finite(getattr(row, f.name)) for f in fields(row)}
-                for row in self.table
+                {f.name: _finite(getattr(row, f.name)) for f in fields(row)} for row in self.table
             ]
         return out
 

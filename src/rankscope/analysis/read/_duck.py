@@ -3,12 +3,14 @@ restart reader (read/_restarts.py) and `rankscope sql` (analysis/_sql.py)."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from typing import Any
 
 from ..._errors import TraceError
 
-__all__ = ["COLUMNS", "connect", "lines_sql"]
+__all__ = ["COLUMNS", "connect", "lines_sql", "name_of"]
 
 
 def connect(threads: int | None = None) -> Any:
@@ -54,11 +56,7 @@ _CAST = ",\n        ".join(
     ]
     # The cast to BIGINT refuses strings, true and null, but takes 1.5 (as 2) and 1e3: the
     # integers' texts, together, must hold no fraction and no exponent (one test for four).
-    + [
-        "concat("
-        + ", ".join(f"CAST({key} AS VARCHAR)" for key in _INT)
-        + ") AS whole_text"
-    ]
+    + ["concat(" + ", ".join(f"CAST({key} AS VARCHAR)" for key in _INT) + ") AS whole_text"]
 )
 _STRING = "left(CAST({0} AS VARCHAR), 1) = '\"'"
 # A record the fast path reads as the line-by-line reader does. The timer writes every
@@ -98,3 +96,18 @@ def lines_sql(files: str = "$files", columns: str = "$columns") -> str:
         coalesce(CAST(error AS VARCHAR) = 'true', false) AS error
     FROM values
 )"""
+
+
+def name_of(raw: Any) -> str | None:
+    """A phase or kind name from the JSON text DuckDB hands back; None where it is none."""
+    return _decoded(raw) if isinstance(raw, str) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded(raw: str) -> str | None:
+    """A run has few names: each text is decoded once."""
+    try:
+        name = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return name if isinstance(name, str) else None
