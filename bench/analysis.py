@@ -328,7 +328,15 @@ summary = find_stragglers(phase_matrices(read_timings({run!r})), hosts=meta.host
 result = {{"found": summary[0] if summary else "nothing"}}
 """
 
+# The timings path alone: the records read and the matrices built, no rules, no output.
+_PATH = """
+from rankscope.analysis import matrices_of, read_run_records
+m = matrices_of(read_run_records({run!r}))
+result = {{"cells": len(m.ranks) * len(m.steps)}}
+"""
+
 BARE = "DuckDB bare aggregation"
+PATH = "timings path: read_run_records + matrices_of"
 CLI = "rankscope stragglers --json, end to end:"
 TODAY = "today: phase_matrices(read_timings) + find"
 
@@ -371,6 +379,9 @@ def _verdicts(ranks: int, steps: int, best: dict[str, dict[str, Any]]) -> list[s
         ]
     else:
         lines.append(f"rankscope vs DuckDB bare, time: {ratio:.2f}x (no goal at this size)")
+    if PATH in best:
+        path = best[PATH]["wall"] / bare["wall"]
+        lines.append(f"timings path alone vs DuckDB bare, time: {path:.2f}x")
     if today is not None:
         slower = ours["wall"] / today["wall"]
         if (ranks, steps) == (1024, 200):
@@ -402,6 +413,7 @@ def stragglers(quick: bool, long: bool) -> None:
         bodies = {
             BARE: _DUCKDB_BARE.format(run=str(run), sql=_BARE_SQL),
             CLI: _CLI.format(run=str(run)),
+            PATH: _PATH.format(run=str(run)),
         }
         if steps <= 200:  # the old reader only where issue 18 measured "today"
             bodies[TODAY] = _TODAY.format(run=str(run))

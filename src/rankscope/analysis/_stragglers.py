@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from .._errors import ConfigError
 from .._text import format_ranks
+from ._chance import FEWEST_STEPS, binomial_tail, steps_needed
 from ._matrix import STEP, PhaseMatrices, phase_matrices
 from .read._timings import RunTimings
 
@@ -52,13 +53,6 @@ _CONCLUSIVE = 0.05
 _EXPLAINED = 0.5
 # A rank's fast steps: this percentile of its times (see _slow_at_its_best).
 _FAST = 10
-# A row that fails a count test only for want of steps is said ("needs more samples")
-# when it was above at this share of its steps at least, and this many times its steps
-# at the same rate would pass: a clean run's noise is neither.
-_UNDECIDED_SHARE = 0.8
-_UNDECIDED_REACH = 4
-# Fewer sampled steps than this and no row can hold a finding (see _Row.onset).
-_FEWEST_STEPS = 3
 
 
 def ratio_text(ratio: float | None) -> str:
@@ -431,14 +425,14 @@ class _Row:
         """
         n = len(self.valid) - onset
         k = int(np.sum(self.above[onset:]))
-        return _binomial_tail(k, n, max(chance, 1.0 / max(n, 1))) < 0.01 / tests
+        return binomial_tail(k, n, max(chance, 1.0 / max(n, 1))) < 0.01 / tests
 
     def steps_needed(self, onset: int, chance: float, tests: int) -> int | None:
         """About how many steps at this rate would pass `beyond_chance`; None where the
         rate is too low, or it would take far more steps, for that to be worth saying."""
         n = len(self.valid) - onset
         k = int(np.sum(self.above[onset:]))
-        return _steps_needed(k, n, lambda m: max(chance, 1.0 / m), lambda m: tests * m / n)
+        return steps_needed(k, n, lambda m: max(chance, 1.0 / m), lambda m: tests * m / n)
 
     def median_ratio(self, onset: int) -> float:
         return round(float(np.median(self.ratio[onset:])), 4)
@@ -451,40 +445,6 @@ class _Row:
 
     def median_excess(self, onset: int) -> float:
         return float(np.median(self.excess[onset:]))
-
-
-def _binomial_tail(k: int, n: int, q: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, q)."""
-    if k <= 0:
-        return 1.0
-    if q >= 1.0:
-        return 1.0
-    i = np.arange(k, n + 1, dtype=np.float64)
-    log_pmf = (
-        math.lgamma(n + 1)
-        - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in i.tolist()])
-        + i * math.log(q)
-        + (n - i) * math.log1p(-q)
-    )
-    top = float(log_pmf.max())
-    return float(math.exp(top) * np.sum(np.exp(log_pmf - top)))
-
-
-def _steps_needed(
-    k: int, n: int, q_at: Callable[[int], float], tests_at: Callable[[int], float]
-) -> int | None:
-    """The fewest steps (searched in 10% strides) at which `k` of `n` at the same rate
-    passes the binomial test at 1% over `tests_at(steps)` rows; None where the rate is
-    below _UNDECIDED_SHARE or that takes over _UNDECIDED_REACH times `n`."""
-    if n <= 0 or k < _UNDECIDED_SHARE * n:
-        return None
-    more = max(n + 1, _FEWEST_STEPS)
-    while more <= _UNDECIDED_REACH * max(n, _FEWEST_STEPS):
-        hits = math.ceil(k / n * more)
-        if _binomial_tail(hits, more, q_at(more)) < 0.01 / tests_at(more):
-            return more
-        more = max(more + 1, math.ceil(more * 1.1))
-    return None
 
 
 def _row(ratio: Matrix, excess: Matrix, threshold: float, floor: float) -> _Row:
@@ -602,8 +562,8 @@ def _waited_for(
     if not _late_by_own_work(late_ns[cols[hits]], made_ns[cols[hits]]):
         return (), None
     k, n = int(np.sum(hits)), len(window)
-    if _binomial_tail(k, n, 1 / ranks) >= 0.01 / tests:
-        needed = _steps_needed(k, n, lambda _: 1 / ranks, lambda m: tests * m / n)
+    if binomial_tail(k, n, 1 / ranks) >= 0.01 / tests:
+        needed = steps_needed(k, n, lambda _: 1 / ranks, lambda m: tests * m / n)
         return (), None if needed is None else (k, needed, waits_for[0])
     return waits_for, None
 
@@ -635,11 +595,11 @@ def _sentences(report: StragglerReport) -> list[str]:
     told: set[int] = set()
     told_unsure: set[int] = set()
     out = []
-    if len(report.ranks) >= 2 and 0 < len(report.steps) < _FEWEST_STEPS:
+    if len(report.ranks) >= 2 and 0 < len(report.steps) < FEWEST_STEPS:
         n = len(report.steps)
         out.append(
             f"{n} sampled step{'' if n == 1 else 's'} are too few to find a straggler: "
-            f"it takes {_FEWEST_STEPS} or more"
+            f"it takes {FEWEST_STEPS} or more"
         )
     for f in report.findings:
         if f.role != "slow":
