@@ -198,7 +198,7 @@ def _timings(db: RunDatabase, root: Path, workers: int | None) -> None:
             if marks is None:
                 slow.append(path)
             else:
-                held[path] = WholeFile(rank, marks, [], records)
+                held[path] = WholeFile(rank, marks, records)
     held.update(zip(slow, read_line_by_line(slow, workers), strict=True))
     ranks = claim_ranks(held, db.skipped)
     _, of_rank = run_attempts(ranks)

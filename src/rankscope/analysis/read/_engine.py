@@ -72,8 +72,9 @@ SELECT filename, phase, kind,
     max(rank) FILTER (WHERE known) AS high_rank,
     min(depth) FILTER (WHERE known AND record) AS depth,
     max(step) FILTER (WHERE known AND record) AS last_step,
+    count(*) FILTER (WHERE known AND record AND NOT error) AS used,
     list(step) FILTER (WHERE known AND record AND NOT error) AS step,
-    list({{ms}}) FILTER (WHERE known AND record AND NOT error) AS ms,
+    list(coalesce({{ms}}, 'nan'::DOUBLE)) FILTER (WHERE known AND record AND NOT error) AS ms,
     list(start_ns) FILTER (WHERE known AND record AND NOT error) AS start_ns{{host}}
 FROM lines
 GROUP BY filename, phase, kind
@@ -86,16 +87,16 @@ class PhaseRecords:
     """One phase's usable records, in parts (a part per file or per batch): one entry per
     record in each array of a part."""
 
-    parts: list[tuple[int, Int64s, Floats, Int64s, Floats]] = field(default_factory=list)
-    """(rank, step, duration in ms, start_ns, host ms) per part."""
+    parts: list[tuple[Int64s, Int64s, Floats, Int64s, Floats]] = field(default_factory=list)
+    """(rank, step, duration in ms, start_ns, host ms) per part, an entry per record."""
     kinds: Counter[str] = field(default_factory=Counter)
     """Each rank's vote for the phase's kind."""
     depth: int = 2**62
     """The smallest nesting depth it was recorded at."""
 
-    def add(self, rank: int, columns: tuple[Int64s, Floats, Int64s, Floats], depth: int) -> None:
-        """One rank's (step, duration in ms, start_ns, host ms) records of the phase."""
-        self.parts.append((rank, *columns))
+    def add(self, columns: tuple[Int64s, Int64s, Floats, Int64s, Floats], depth: int) -> None:
+        """Records of the phase: (rank, step, duration in ms, start_ns, host ms)."""
+        self.parts.append(columns)
         self.depth = min(self.depth, depth)
 
     def take(self) -> tuple[Int64s, Int64s, Floats, Int64s, Floats]:
@@ -104,15 +105,10 @@ class PhaseRecords:
         if not parts:
             empty = np.zeros(0, np.int64)
             return empty, empty, np.zeros(0), empty, np.zeros(0)
-        ranks, steps, ms, starts, host = zip(*parts, strict=True)
-        rank = np.repeat(np.asarray(ranks, np.int64), [len(s) for s in steps])
-        return (
-            rank,
-            np.concatenate(steps),
-            np.concatenate(ms),
-            np.concatenate(starts),
-            np.concatenate(host),
-        )
+        rank, step, ms, start = (np.concatenate(c) for c in list(zip(*parts, strict=True))[:4])
+        same = all(part[4] is part[2] for part in parts)  # host time: the durations themselves
+        host = ms if same else np.concatenate([part[4] for part in parts])
+        return rank, step, ms, start, host
 
 
 @dataclass(eq=False)
@@ -133,13 +129,6 @@ class RunRecords:
     def phase(self, name: str) -> PhaseRecords:
         return self.phases.setdefault(name, PhaseRecords())
 
-    def add(self, held: RankTimings | WholeFile) -> None:
-        """A rank's records (its attempts already resolved)."""
-        if isinstance(held, RankTimings):
-            self.add_rank(held)
-        else:
-            held.into(self)
-
     def add_rank(self, timings: RankTimings) -> None:
         """A rank read line by line (its attempts already resolved)."""
         if len(timings) == 0:
@@ -155,8 +144,15 @@ class RunRecords:
             for kind in np.unique(timings.kind[mine]).tolist():
                 phase.kinds[timings.kinds[kind]] += 1
             use = mine & ~timings.error
-            columns = (timings.step[use], dur[use], timings.start_ns[use], timings.cpu_ms[use])
-            phase.add(timings.rank, columns, int(timings.depth[mine].min()))
+            ranks = np.full(int(use.sum()), timings.rank, np.int64)
+            columns = (
+                ranks,
+                timings.step[use],
+                dur[use],
+                timings.start_ns[use],
+                timings.cpu_ms[use],
+            )
+            phase.add(columns, int(timings.depth[mine].min()))
 
 
 def read_run_records(
@@ -202,8 +198,11 @@ def read_run_records(
         count = out.attempts.count
         many = "1 attempt" if count == 1 else f"{count} attempts"
         raise ConfigError("attempt", attempt, f"1 to {count}", f"the timings hold {many}")
+    scan.into(out, {rank for rank, held in ranks.items() if isinstance(held, WholeFile)})
     for rank in sorted(ranks):
-        out.add(ranks[rank])
+        timings = ranks[rank]
+        if isinstance(timings, RankTimings):
+            out.add_rank(timings)
     return out
 
 
@@ -260,11 +259,10 @@ def _read_or_say(path: Path) -> RankTimings | str:
 
 @dataclass(eq=False)
 class WholeFile:
-    """A file DuckDB read whole: one attempt, its records by (phase, kind)."""
+    """A file DuckDB read whole: one attempt; its records wait in the scan's batches."""
 
     rank: int
     attempts: list[AttemptMark]
-    groups: list[tuple[str, str, dict[str, Any]]]
     records: int
     skipped: list[str] = field(default_factory=list)
     attempt: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -273,22 +271,25 @@ class WholeFile:
     def __len__(self) -> int:
         return self.records
 
-    def into(self, out: RunRecords) -> None:
-        out.ranks.add(self.rank)
-        out.last_step[self.rank] = max(int(group["last_step"]) for _, _, group in self.groups)
-        for name, kind, group in self.groups:
-            phase = out.phase(name)
-            phase.kinds[kind] += 1
-            columns = (group["step"], group["ms"], group["start_ns"], group["host_ms"])
-            phase.add(self.rank, columns, int(group["depth"]))
+
+@dataclass(eq=False)
+class _Batch:
+    """The records of a batch's whole files, an entry per record, and per (file, phase,
+    kind) group what the kind votes, depths and last steps are made of."""
+
+    records: tuple[Any, Any, Int64s, Floats, Int64s, Floats]
+    """(rank, phase id (both int32), step, ms, start_ns, host ms: ms itself for host time)."""
+    groups: tuple[Int64s, Int64s, list[str], Int64s, Int64s]
+    """(rank, phase id, kind, smallest depth, last step) of each group with records."""
 
 
 class _Scan:
-    """Reads the files with DuckDB, a batch at a time; sorts each file into `fast` (its
-    records, read whole) or `slow` (for the line-by-line reader). A restart's file (its
-    attempts told apart by their lines' order, which DuckDB does not give) is slow: the
-    line-by-line reader's regular expression reads the timer's lines as fast as a second
-    DuckDB pass that tells attempts by the clock would, in less memory (measured)."""
+    """Reads the files with DuckDB, a batch at a time; sorts each file into `fast` (read
+    whole: its records stay in `batches` as flat arrays, never an object per group) or
+    `slow` (for the line-by-line reader). A restart's file (its attempts told apart by
+    their lines' order, which DuckDB does not give) is slow: the line-by-line reader's
+    regular expression reads the timer's lines as fast as a second DuckDB pass that tells
+    attempts by the clock would, in less memory (measured)."""
 
     def __init__(self, ranks: dict[Path, int], time: str, workers: int | None) -> None:
         self.rank_of = ranks
@@ -297,6 +298,8 @@ class _Scan:
         self.query = _SCAN.replace("{ms}", ms).replace("{host}", host)
         self.fast: dict[Path, WholeFile | RankTimings | str] = {}
         self.slow: list[Path] = []
+        self.names: dict[str, int] = {}
+        self.batches: list[_Batch] = []
 
     def read_all(self, progress: Callable[[int, int], None] | None, extra: int) -> None:
         done = 0
@@ -307,47 +310,123 @@ class _Scan:
                 progress(done, len(self.rank_of) + extra)
 
     def read(self, files: list[Path]) -> None:
-        by_name = {str(path): path for path in files}
+        index = {str(path): i for i, path in enumerate(files)}
         try:
-            table = self.con.execute(
-                self.query, {"files": list(by_name), "columns": COLUMNS}
-            ).fetchnumpy()
+            table = self.con.execute(self.query, {"files": list(index), "columns": COLUMNS})
+            table = table.fetchnumpy()
         except Exception:  # DuckDB's own errors: the line-by-line reader says what is wrong
             self.slow.extend(files)
             return
-        rows: dict[Path, list[int]] = {}
-        for i, name in enumerate(table["filename"].tolist()):
-            rows.setdefault(by_name.get(name, Path(name)), []).append(i)
-        for path in files:
-            fast = self._whole(path, rows.get(path, []), table)
-            if fast is None:
+        file = np.array([index.get(name, -1) for name in table["filename"].tolist()], np.int64)
+        if (file < 0).any():
+            self.slow.extend(files)  # a name DuckDB gives otherwise: no file is trusted
+            return
+        phase = [name_of(raw) for raw in table["phase"].tolist()]
+        kind = [name_of(raw) for raw in table["kind"].tolist()]
+        records = table["records"].astype(np.int64)
+        # a group of records whose phase or kind is no string
+        unnamed = np.array(
+            [p is None or k is None for p, k in zip(phase, kind, strict=True)], np.bool_
+        )
+        whole = self._whole_files(files, file, table, unnamed & (records > 0))
+        keep = whole[file] & (records > 0)
+        picked = np.flatnonzero(keep).tolist()
+        rank_of_file = np.array([self.rank_of[path] for path in files], np.int64)
+        ids = np.array([self.names.setdefault(phase[i], len(self.names)) for i in picked], np.int64)
+        used = table["used"].astype(np.int64)[keep]
+        group_rank = rank_of_file[file[keep]]
+        ms = _flat(table["ms"], keep, np.float64)
+        host = _flat(table["host_ms"], keep, np.float64) if "host_ms" in table else ms
+        self.batches.append(
+            _Batch(
+                records=(
+                    np.repeat(group_rank.astype(np.int32), used),
+                    np.repeat(ids.astype(np.int32), used),
+                    _flat(table["step"], keep, np.int64),
+                    ms,
+                    _flat(table["start_ns"], keep, np.int64),
+                    host,
+                ),
+                groups=(
+                    group_rank,
+                    ids,
+                    [str(kind[i]) for i in picked],
+                    table["depth"][keep].astype(np.int64),
+                    table["last_step"][keep].astype(np.int64),
+                ),
+            )
+        )
+
+    def _whole_files(
+        self, files: list[Path], file: Int64s, table: dict[str, Any], unnamed: Any
+    ) -> npt.NDArray[np.bool_]:
+        """Which of `files` DuckDB read whole (the others go to `slow`); each whole file is
+        added to `fast`. `file` is each group's file, `unnamed` the groups whose records
+        have a phase or kind that is no string."""
+        n = len(files)
+        bad = np.bincount(file, weights=table["bad"], minlength=n) > 0
+        opens = np.bincount(file, weights=table["opens"], minlength=n)
+        own = np.array([self.rank_of[path] for path in files], np.int64)[file]
+        named = ~np.ma.getmaskarray(table["low_rank"])  # groups with a line that names a rank
+        low = np.ma.filled(table["low_rank"], -1).astype(np.int64)
+        high = np.ma.filled(table["high_rank"], -1).astype(np.int64)
+        other = named & ((low != own) | (high != own))
+        wrong = np.bincount(file, weights=other | unnamed, minlength=n) > 0
+        named_any = np.bincount(file, weights=named, minlength=n) > 0
+        total = np.bincount(file, weights=table["records"], minlength=n)
+        whole = np.zeros(n, np.bool_)
+        for i, path in enumerate(files):
+            rank = self.rank_of[path]
+            marks = None
+            if named_any[i] and not wrong[i]:
+                ranks = {rank}  # every line that names a rank names this one
+                marks = verdict(path, rank, bad=int(bad[i]), opens=int(opens[i]), ranks=ranks)
+            if marks is None:
                 self.slow.append(path)
             else:
-                self.fast[path] = fast
+                whole[i] = True
+                self.fast[path] = WholeFile(rank, marks, int(total[i]))
+        return whole
 
-    def _whole(self, path: Path, rows: list[int], table: dict[str, Any]) -> WholeFile | None:
-        """The file's records, or None where the line-by-line reader must read it."""
-        rank = self.rank_of[path]
-        if not rows:
-            return None
-        named = [table[key][i] for key in ("low_rank", "high_rank") for i in rows]
-        bad = sum(int(table["bad"][i]) for i in rows)
-        opens = sum(int(table["opens"][i]) for i in rows)
-        ranks = {int(r) for r in named if r is not np.ma.masked}  # masked: no line known
-        marks = verdict(path, rank, bad=bad, opens=opens, ranks=ranks)
-        if marks is None:
-            return None
-        groups = []
-        records = 0
-        for i in rows:
-            if int(table["records"][i]) == 0:
-                continue
-            records += int(table["records"][i])
-            name, kind = name_of(table["phase"][i]), name_of(table["kind"][i])
-            if name is None or kind is None:
-                return None
-            groups.append((name, kind, _group(table, i)))
-        return WholeFile(rank, marks, groups, records)
+    def into(self, out: RunRecords, ranks: set[int]) -> None:
+        """The records of the whole files of `ranks` (those the claims and attempts kept)."""
+        if not self.batches:
+            return
+        alive = np.zeros(max(ranks, default=0) + 1, np.bool_)
+        alive[list(ranks)] = True
+        names = list(self.names)
+        while self.batches:
+            batch = self.batches.pop(0)  # released as its records find their phases
+            rank, ids, kinds, depths, last = batch.groups
+            mine = alive[np.minimum(rank, len(alive) - 1)] & (rank < len(alive))
+            for r, p, k, d, s in zip(
+                rank[mine].tolist(),
+                ids[mine].tolist(),
+                [k for k, m in zip(kinds, mine.tolist(), strict=True) if m],
+                depths[mine].tolist(),
+                last[mine].tolist(),
+                strict=True,
+            ):
+                out.ranks.add(r)
+                out.last_step[r] = max(out.last_step.get(r, s), s)
+                phase = out.phase(names[p])
+                phase.kinds[k] += 1
+                phase.depth = min(phase.depth, d)
+            rank, ids, step, ms, start, host = batch.records
+            mine = alive[np.minimum(rank, len(alive) - 1)] & (rank < len(alive))
+            for p in np.unique(ids[mine]).tolist():
+                sel = mine & (ids == p)
+                picked_ms = ms[sel]
+                picked_host = picked_ms if host is ms else host[sel]  # host time: one array
+                out.phase(names[p]).parts.append(
+                    (rank[sel], step[sel], picked_ms, start[sel], picked_host)
+                )
+
+
+def _flat(lists: Any, keep: npt.NDArray[np.bool_], dtype: type[np.generic]) -> Any:
+    """The kept groups' DuckDB lists as one array (their order: the groups')."""
+    chosen = [np.asarray(x, dtype) for x in lists[keep].tolist() if x is not None]  # None: NULL
+    return np.concatenate(chosen) if chosen else np.zeros(0, dtype)
 
 
 def verdict(
@@ -365,26 +444,6 @@ def verdict(
         return [AttemptMark()]
     mark = _opening(first)
     return None if mark is None else [mark]  # None: records before the attempt line
-
-
-def _group(table: dict[str, Any], i: int) -> dict[str, Any]:
-    return {
-        "step": _array(table["step"][i], np.int64),
-        "ms": _array(table["ms"][i], np.float64),
-        "start_ns": _array(table["start_ns"][i], np.int64),
-        "host_ms": _array(table["host_ms" if "host_ms" in table else "ms"][i], np.float64),
-        "depth": table["depth"][i],
-        "last_step": table["last_step"][i],
-    }
-
-
-def _array(value: Any, dtype: type[np.generic]) -> Any:
-    """A DuckDB list as a numpy array (NULL in it as NaN; a NULL list as an empty one)."""
-    if value is np.ma.masked:
-        return np.zeros(0, dtype)
-    if isinstance(value, np.ma.MaskedArray):
-        return value.filled(np.nan).astype(dtype)
-    return np.asarray(value, dtype)
 
 
 def _edges(path: Path) -> tuple[bytes | None, bool]:
