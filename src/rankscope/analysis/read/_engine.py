@@ -39,14 +39,13 @@ from .._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 from ._duck import COLUMNS, connect, lines_sql, name_of
 from ._run import run_root
-from ._timings import RankTimings, read_rank_timings
+from ._timings import RankTimings, claim_ranks, read_rank_timings
 
 __all__ = [
     "TIME_BASES",
     "PhaseRecords",
     "RunRecords",
     "WholeFile",
-    "claim_ranks",
     "read_line_by_line",
     "read_run_records",
     "verdict",
@@ -204,32 +203,6 @@ def read_run_records(
         if isinstance(timings, RankTimings):
             out.add_rank(timings)
     return out
-
-
-def claim_ranks(
-    held: dict[Path, WholeFile | RankTimings | str], skipped: list[str]
-) -> dict[int, WholeFile | RankTimings]:
-    """Each rank's records, by the one file that holds them; in the order of the files,
-    what could not be used is said in `skipped` (both files where two claim one rank)."""
-    ranks: dict[int, WholeFile | RankTimings] = {}
-    claimed: dict[int, list[Path]] = {}
-    for path in sorted(held):
-        result = held[path]
-        if isinstance(result, str):
-            skipped.append(result)
-            continue
-        skipped.extend(result.skipped)
-        if len(result) == 0:
-            skipped.append(f"{path}: no records")
-            continue
-        ranks[result.rank] = result
-        claimed.setdefault(result.rank, []).append(path)
-    for rank, paths in claimed.items():
-        if len(paths) > 1:
-            del ranks[rank]
-            names = ", ".join(str(p) for p in paths)
-            skipped.append(f"rank {rank} is claimed by {len(paths)} files ({names}); all skipped")
-    return ranks
 
 
 def _batches(files: list[Path]) -> Iterator[list[Path]]:

@@ -39,7 +39,7 @@ from .._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 from ._run import run_root
 
-__all__ = ["RankTimings", "RunTimings", "read_rank_timings", "read_timings"]
+__all__ = ["RankTimings", "RunTimings", "claim_ranks", "read_rank_timings", "read_timings"]
 
 # Lines parsed per json.loads on the slow path: one call over a JSON array is ~2x
 # faster than one a line.
@@ -143,24 +143,9 @@ def read_timings(
     if not files:
         said = "".join(f"; {line}" for line in run.left_out)
         raise TraceError(f"{root}: no timings (no {TIMINGS_FILES}; was the timer on?){said}")
-    ranks: dict[int, RankTimings] = {}
-    claimed: dict[int, list[Path]] = {}
     skipped: list[str] = list(run.left_out)  # a FIFO or a folder under a timings name
-    for path, result in zip(files, _read_all(files, progress, workers), strict=True):
-        if isinstance(result, str):
-            skipped.append(result)
-            continue
-        skipped.extend(result.skipped)
-        if len(result) == 0:
-            skipped.append(f"{path}: no records")
-            continue
-        claimed.setdefault(result.rank, []).append(path)
-        ranks[result.rank] = result
-    for rank, paths in claimed.items():
-        if len(paths) > 1:
-            del ranks[rank]
-            names = ", ".join(str(p) for p in paths)
-            skipped.append(f"rank {rank} is claimed by {len(paths)} files ({names}); all skipped")
+    read = _read_all(files, progress, workers)
+    ranks = claim_ranks(dict(zip(files, read, strict=True)), skipped)
     if not ranks:
         raise TraceError(f"{root}: no usable timings ({'; '.join(skipped)})")
     attempts = resolve_attempts(ranks, attempt)
@@ -170,6 +155,31 @@ def read_timings(
     return RunTimings(
         run_dir=root, ranks=dict(sorted(ranks.items())), skipped=skipped, attempts=attempts
     )
+
+
+def claim_ranks(held: dict[Path, Any], skipped: list[str]) -> dict[int, Any]:
+    """Each rank's records (a RankTimings, or the engine's WholeFile; a str: why a file
+    could not be read), by the one file that holds them; in the order of the files, what
+    could not be used is said in `skipped` (both files where two claim one rank)."""
+    ranks: dict[int, Any] = {}
+    claimed: dict[int, list[Path]] = {}
+    for path in sorted(held):
+        result = held[path]
+        if isinstance(result, str):
+            skipped.append(result)
+            continue
+        skipped.extend(result.skipped)
+        if len(result) == 0:
+            skipped.append(f"{path}: no records")
+            continue
+        ranks[result.rank] = result
+        claimed.setdefault(result.rank, []).append(path)
+    for rank, paths in claimed.items():
+        if len(paths) > 1:
+            del ranks[rank]
+            names = ", ".join(str(p) for p in paths)
+            skipped.append(f"rank {rank} is claimed by {len(paths)} files ({names}); all skipped")
+    return ranks
 
 
 def read_rank_timings(path: str | os.PathLike[str]) -> RankTimings:
