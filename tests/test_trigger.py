@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import logging
 import os
@@ -680,3 +681,17 @@ def test_an_nsys_run_on_gpus_is_told_where_its_range_records_go(
     data = json.loads(out)
     assert data["traces"] == str(run / "nsys" / data["window"])
     assert data["listening"] == [0, 1, 2, 3]
+
+
+def test_the_latest_step_is_the_same_with_duckdb_and_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _run(tmp_path, ranks="0-1")
+    with_duckdb = latest_step(run)
+    real = importlib.util.find_spec
+
+    def no_duckdb(name: str, *args: Any) -> Any:
+        return None if name == "duckdb" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_duckdb)
+    assert latest_step(run) == with_duckdb == 19

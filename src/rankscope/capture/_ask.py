@@ -10,6 +10,7 @@ so the command and a Python caller see the same message.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import time
@@ -240,14 +241,18 @@ def run_progress(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> 
 
 
 def latest_step(run_dir: str | os.PathLike[str]) -> int | None:
-    """The latest step in the run's timings; None without any."""
-    from ..analysis import read_timings
+    """The latest step in the run's timings; None without any. Read by DuckDB where the
+    analysis extra is installed (seconds for thousands of ranks), else line by line."""
+    from ..analysis import read_run_records, read_timings
 
     try:
-        timings = read_timings(run_dir)
+        if importlib.util.find_spec("duckdb") is not None:
+            steps = list(read_run_records(run_dir).last_step.values())
+        else:
+            timings = read_timings(run_dir)
+            steps = [int(t.step.max()) for t in timings.ranks.values() if len(t)]
     except TraceError:
         return None
-    steps = [int(t.step.max()) for t in timings.ranks.values() if len(t)]
     return max(steps) if steps else None
 
 
