@@ -112,3 +112,12 @@ def rankscope_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
         for r in caplog.records
         if r.levelno >= logging.WARNING and r.name.startswith("rankscope")
     ]
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`rankscope ARGV` in this process: (exit code, stdout, stderr)."""
+    from rankscope.cli import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err

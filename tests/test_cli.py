@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.cli import main
+from ._helpers import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -22,20 +22,14 @@ def _straggler_run(root: Path) -> Path:
     return root
 
 
-def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_stragglers_names_the_rank_in_words(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _straggler_run(tmp_path)
-    code, out, err = _run_cli(["stragglers", str(run)], capsys)
+    code, out, err = run_cli(["stragglers", str(run)], capsys)
     assert code == 0, err
     assert "rank 2 is slow in forward" in out and "ranks 0, 1, 3 wait for it in backward" in out
-    code, out, _ = _run_cli(["stragglers", str(run), "--json"], capsys)
+    code, out, _ = run_cli(["stragglers", str(run), "--json"], capsys)
     data = json.loads(out)
     assert {(f["rank"], f["role"]) for f in data["findings"]} == {
         (2, "slow"),
@@ -51,11 +45,11 @@ def test_kernels_prints_the_top_kernels_and_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _straggler_run(tmp_path)
-    code, out, err = _run_cli(["kernels", str(run), "--top", "3"], capsys)
+    code, out, err = run_cli(["kernels", str(run), "--top", "3"], capsys)
     assert code == 0, err
     assert "GPU kernels: " in out and "in 2 trace(s)" in out
     assert "more (--top N, or --json)" in out
-    code, out, _ = _run_cli(["kernels", str(run), "--by", "category", "--json"], capsys)
+    code, out, _ = run_cli(["kernels", str(run), "--by", "category", "--json"], capsys)
     (table,) = json.loads(out)["tables"]
     assert {i["name"] for i in table["items"]} == {"computation", "communication", "memcpy"}
 
@@ -64,13 +58,13 @@ def test_report_writes_html_and_prints_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _straggler_run(tmp_path)
-    code, out, err = _run_cli(["report", str(run)], capsys)
+    code, out, err = run_cli(["report", str(run)], capsys)
     assert code == 0, err
     assert "ranks: 4 of 4" in out and "rank 2 is slow in forward" in out
     assert "Top GPU kernels, window step-000003-000004" in out
     html = run / "report.html"
     assert html.is_file() and str(html) in out
-    code, out, _ = _run_cli(
+    code, out, _ = run_cli(
         ["report", str(run), "--json", "--no-html", "--threshold", "1.5"], capsys
     )
     data = json.loads(out)
@@ -84,7 +78,7 @@ def test_report_of_a_run_that_hung_says_who_is_stuck(
     from .test_hang_analysis import data_stuck_run
 
     run = data_stuck_run(_straggler_run(tmp_path), dead=True)
-    code, out, err = _run_cli(["report", str(run), "--no-html"], capsys)
+    code, out, err = run_cli(["report", str(run), "--no-html"], capsys)
     assert code == 0, err
     assert "Hangs" in out
     assert "hung: rank 2 has been stuck in data_loading (data) at step 120" in out
@@ -126,7 +120,7 @@ def test_bad_input_is_one_line_and_exit_code_2(
     (tmp_path / "numbers.json").write_text("[1, 2]")
     _truncated_gz(tmp_path / "cut.json.gz")
     argv = [a.format(tmp=tmp_path) for a in argv]
-    code, out, err = _run_cli(argv, capsys)
+    code, out, err = run_cli(argv, capsys)
     assert code == 2
     assert out == ""
     assert len(err.strip().splitlines()) == 1, err
@@ -154,7 +148,7 @@ def test_partial_input_is_read_and_what_was_skipped_is_said(
     (timings / "rank-3.jsonl").write_text(
         (timings / "rank-00003.jsonl").read_text()
     )  # rank 3 twice
-    code, out, err = _run_cli(["stragglers", str(tmp_path)], capsys)
+    code, out, err = run_cli(["stragglers", str(tmp_path)], capsys)
     assert code == 0, err
     assert "rank 1 is slow in forward" in out
     assert "rank-00002.jsonl:11: not valid JSON" in out
@@ -218,7 +212,7 @@ def _command_names() -> list[str]:
 def test_rankscope_alone_lists_every_command_on_one_line(
     capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
-    code, out, err = _run_cli(argv, capsys)
+    code, out, err = run_cli(argv, capsys)
     assert (code, err) == (0, "")
     names = _command_names()
     assert {"demo", "report", "stragglers", "kernels", "merge", "trigger"} <= set(names)
@@ -245,7 +239,7 @@ def test_rankscope_alone_lists_every_command_on_one_line(
 def test_a_misspelled_command_is_one_line_with_did_you_mean(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
-    code, out, err = _run_cli(argv, capsys)
+    code, out, err = run_cli(argv, capsys)
     assert (code, out) == (2, "")
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith(message), err

@@ -14,6 +14,8 @@ from rankscope._layout import hang_path, live_path, meta_path, stall_name
 from rankscope.analysis import find_hangs
 from rankscope.cli import main
 
+from ._helpers import run_cli
+
 NOW = 1_764_000_000 * 10**9
 """The time every test judges against (epoch ns)."""
 S = 10**9
@@ -505,24 +507,18 @@ def test_4096_ranks_read_as_one_sentence(tmp_path: Path) -> None:
 # -- the command --------------------------------------------------------------------------
 
 
-def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_the_command_prints_json_and_the_terminal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = data_stuck_run(tmp_path, dead=True)
-    code, out, err = _cli(["hang", str(run), "--json"], capsys)
+    code, out, err = run_cli(["hang", str(run), "--json"], capsys)
     assert code == 0, err
     assert out.count("\n") == 1
     data = strict(out)
     assert data["state"] == "hung" and data["v"] == 1
     assert data["summary"].startswith("rank 2 has been stuck in data_loading (data) at step 120")
 
-    code, out, err = _cli(["hang", str(run)], capsys)
+    code, out, err = run_cli(["hang", str(run)], capsys)
     assert code == 0, err
     assert "hung: rank 2 has been stuck in data_loading (data) at step 120" in out
     assert "stuck rank 2 on node000, step 120: data_loading" in out
@@ -535,17 +531,17 @@ def test_the_command_on_a_run_without_heartbeats_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "timings").mkdir()
-    code, out, err = _cli(["hang", str(tmp_path), "--json"], capsys)
+    code, out, err = run_cli(["hang", str(tmp_path), "--json"], capsys)
     assert (code, out) == (2, "")
     assert len(err.strip().splitlines()) == 1
     assert "no heartbeats (live/) or hang files (hangs/) to read" in err
-    code, _, err = _cli(["hang", str(tmp_path / "absent")], capsys)
+    code, _, err = run_cli(["hang", str(tmp_path / "absent")], capsys)
     assert code == 2 and "no such directory" in err
 
     live = tmp_path / "live"
     live.mkdir()
     (live / "rank-00000.json").write_text("{nope")
-    code, out, err = _cli(["hang", str(tmp_path)], capsys)
+    code, out, err = run_cli(["hang", str(tmp_path)], capsys)
     assert (code, out) == (2, "") and "1 skipped, first" in err and "rank-00000.json" in err
 
 
@@ -553,7 +549,7 @@ def test_a_finished_run_exits_0_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_heartbeat(tmp_path, heartbeat(0, state="stopped"))
-    code, out, err = _cli(["hang", str(tmp_path)], capsys)
+    code, out, err = run_cli(["hang", str(tmp_path)], capsys)
     assert code == 0, err
     assert "finished: the run finished" in out
 

@@ -39,12 +39,12 @@ from rankscope.capture._trigger import (
     write_ack,
     write_trigger,
 )
-from rankscope.cli import main
 
 from ._helpers import (
     final_files,
     profiler_steps,
     read_trace,
+    run_cli,
     temp_files,
     tiny_model,
     tiny_step,
@@ -366,18 +366,12 @@ def _run(root: Path, world: int = 4, timings: bool = True, **trace: Any) -> Path
     return root
 
 
-def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_trigger_starts_far_enough_ahead_and_reports_who_will_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _run(tmp_path, ranks="0-1")  # rank 2 is not in trace.ranks: it listens all the same
     (run / "meta" / "rank-00003.json").unlink()  # rank 3 has not started
-    code, out, err = _cli(["trigger", str(run), "--ranks", "1-3", "--json"], capsys)
+    code, out, err = run_cli(["trigger", str(run), "--ranks", "1-3", "--json"], capsys)
     assert code == 0, err
     data = json.loads(out)
     # latest step 19 + timer lag (1 + 1) + check interval 2 + warm-up and margin 2
@@ -390,11 +384,11 @@ def test_trigger_starts_far_enough_ahead_and_reports_who_will_record(
     assert data["note"] is None
     written = parse_trigger(json.loads(Path(data["path"]).read_text()), data["id"])
     assert (written.start, written.steps, written.ranks) == (25, 2, "1-3")
-    code, out, err = _cli(["trigger", str(run), "--in", "3", "--steps", "1"], capsys)
+    code, out, err = run_cli(["trigger", str(run), "--in", "3", "--steps", "1"], capsys)
     assert code == 0, err
     assert "step-000022-000022-trigger-" in out and "ranks 0, 1 will record it" in out
     assert "note: ranks may first see this trigger as late as step 23" in out
-    code, out, err = _cli(["trigger", str(run), "--status", "--json"], capsys)
+    code, out, err = run_cli(["trigger", str(run), "--status", "--json"], capsys)
     assert code == 0, err
     first = next(t for t in json.loads(out)["triggers"] if t["id"] == data["id"])
     assert first["ranks_by_state"] == {
@@ -434,7 +428,7 @@ def test_bad_requests_are_one_line_exit_2_and_write_nothing(
     message: str,
 ) -> None:
     run = _run(tmp_path, **run_kwargs)
-    code, out, err = _cli(["trigger", str(run), *argv], capsys)
+    code, out, err = run_cli(["trigger", str(run), *argv], capsys)
     assert (code, out) == (2, "")
     assert len(err.strip().splitlines()) == 1 and message in err, err
     assert not trigger_dir(run).exists()
@@ -443,7 +437,7 @@ def test_bad_requests_are_one_line_exit_2_and_write_nothing(
 def test_a_directory_that_is_not_a_run_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = _cli(["trigger", str(tmp_path), "--at", "5"], capsys)
+    code, out, err = run_cli(["trigger", str(tmp_path), "--at", "5"], capsys)
     assert (code, out) == (2, "")
     assert (
         err.strip()
@@ -605,13 +599,13 @@ def test_the_file_dropped_by_hand_got_one_warning_per_rank_and_status_says_who_a
     for rank in range(WORLD):
         lines = (dist_run / f"log-{rank}.txt").read_text().splitlines()
         assert len(lines) == 1 and "by-hand.json" in lines[0], lines
-    code, out, err = _cli(["trigger", str(dist_run), "--status", "--json"], capsys)
+    code, out, err = run_cli(["trigger", str(dist_run), "--status", "--json"], capsys)
     assert code == 0, err
     status = json.loads(out)
     (trigger,) = status["triggers"]
     assert trigger["ranks_by_state"]["saved"] == [1, 2]
     assert status["skipped"] and "by-hand.json" in status["skipped"][0]
-    code, out, err = _cli(["trigger", str(dist_run), "--status"], capsys)
+    code, out, err = run_cli(["trigger", str(dist_run), "--status"], capsys)
     assert code == 0, err
     assert "saved: ranks 1, 2 ->" in out and "step-000011-000012-trigger-" in out
 
@@ -659,7 +653,7 @@ def test_a_window_cut_short_by_stop_still_counts_as_saved_and_says_why(
     assert _windows(tmp_path) == ["step-000001-000001", "step-000005-000006-trigger-t1"]
     (answer,) = read_acks(tmp_path, "t1").values()
     assert answer["window"] == "step-000005-000007-trigger-t1"  # as announced
-    code, out, err = _cli(["trigger", str(tmp_path), "--status", "--json"], capsys)
+    code, out, err = run_cli(["trigger", str(tmp_path), "--status", "--json"], capsys)
     assert code == 0, err
     (trigger,) = json.loads(out)["triggers"]
     assert trigger["ranks_by_state"]["saved"] == [0]
@@ -676,7 +670,7 @@ def test_an_nsys_run_on_gpus_is_told_where_its_range_records_go(
     for path in (run / "meta").glob("rank-*.json"):
         meta = json.loads(path.read_text())
         path.write_text(json.dumps({**meta, "device": "cuda:0 NVIDIA H100 80GB HBM3"}))
-    code, out, err = _cli(["trigger", str(run), "--json"], capsys)
+    code, out, err = run_cli(["trigger", str(run), "--json"], capsys)
     assert code == 0, err
     data = json.loads(out)
     assert data["traces"] == str(run / "nsys" / data["window"])

@@ -80,11 +80,12 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         rank, step, dur, start_ns, host_ms = phase.take()
         cell = np.searchsorted(rank_index, rank) * n_s + np.searchsorted(steps, step)
         start = (start_ns - origin).astype(np.float64)
+        single = np.bincount(cell, minlength=1).max() <= 1  # a record per cell (common)
         ms.append(_sum(cell, dur, n_r, n_s))
-        first.append(_extreme(np.minimum, cell, start, n_r, n_s))
+        first.append(_extreme(np.minimum, cell, start, n_r, n_s, single=single))
         with np.errstate(over="ignore"):  # a time near a double's limit ends at infinity
             end = start + host_ms * 1e6
-        last.append(_extreme(np.maximum, cell, end, n_r, n_s))
+        last.append(_extreme(np.maximum, cell, end, n_r, n_s, single=single))
     # Steps run their phases in start order; the step record (which spans them all) goes last.
     began = np.fmin.reduce(np.stack(first), axis=0) if first else np.zeros((n_r, n_s))
     typical = [_median(s - began) for s in first]
@@ -128,9 +129,17 @@ def _sum(cell: npt.NDArray[np.int64], values: Matrix, n_r: int, n_s: int) -> Mat
 
 
 def _extreme(
-    ufunc: np.ufunc, cell: npt.NDArray[np.int64], values: Matrix, n_r: int, n_s: int
+    ufunc: np.ufunc,
+    cell: npt.NDArray[np.int64],
+    values: Matrix,
+    n_r: int,
+    n_s: int,
+    *,
+    single: bool,
 ) -> Matrix:
-    if np.bincount(cell, minlength=1).max() <= 1:  # a record per cell (common): placed at once
+    """Per cell, the smallest (np.minimum) or largest of `values`; `single`: each cell has
+    one record at most, which is then placed at once."""
+    if single:
         out = np.full(n_r * n_s, np.nan)
         out[cell] = values
         return out.reshape(n_r, n_s)

@@ -220,10 +220,10 @@ def _timings(db: RunDatabase, root: Path, workers: int | None) -> None:
             "(CASE WHEN isnan(gpu_ms) THEN NULL ELSE gpu_ms END AS gpu_ms) FROM _rows"
         )
         db.con.unregister("_rows")
-    files = "[" + ", ".join(_literal(name) for name, _ in fast) + "]" if fast else "[]"
     if not fast:
         db.con.execute("CREATE VIEW timings AS SELECT * FROM _line_by_line")
         return
+    files = "[" + ", ".join(_literal(name) for name, _ in fast) + "]"
     db.con.execute(
         f"""CREATE VIEW timings AS
         WITH {lines_sql(files, _literal_struct(COLUMNS))}

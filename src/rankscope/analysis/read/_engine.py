@@ -363,15 +363,13 @@ class _Scan:
 
     def into(self, out: RunRecords, ranks: set[int]) -> None:
         """The records of the whole files of `ranks` (those the claims and attempts kept)."""
-        if not self.batches:
-            return
-        alive = np.zeros(max(ranks, default=0) + 1, np.bool_)
+        alive = np.zeros(max(self.rank_of.values(), default=0) + 1, np.bool_)  # any file's rank
         alive[list(ranks)] = True
         names = list(self.names)
         while self.batches:
             batch = self.batches.pop(0)  # released as its records find their phases
             rank, ids, kinds, depths, last = batch.groups
-            mine = alive[np.minimum(rank, len(alive) - 1)] & (rank < len(alive))
+            mine = alive[rank]
             for r, p, k, d, s in zip(
                 rank[mine].tolist(),
                 ids[mine].tolist(),
@@ -386,7 +384,7 @@ class _Scan:
                 phase.kinds[k] += 1
                 phase.depth = min(phase.depth, d)
             rank, ids, step, ms, start, host = batch.records
-            mine = alive[np.minimum(rank, len(alive) - 1)] & (rank < len(alive))
+            mine = alive[rank]
             for p in np.unique(ids[mine]).tolist():
                 sel = mine & (ids == p)
                 picked_ms = ms[sel]
