@@ -15,6 +15,7 @@ from rankscope.analysis import read_run_meta, read_timings
 from rankscope.analysis._matrix import phase_matrices
 from rankscope.analysis._stragglers import (
     _late_by_own_work,
+    _medians_without,
     _slow_at_its_best,
     find_stragglers,
     format_ranks,
@@ -434,3 +435,14 @@ def test_two_sampled_steps_say_they_are_too_few(tmp_path: Path) -> None:
     report = _analyse(tmp_path, ranks=3, steps=2, slowdowns=[Slowdown(1, "forward", 1.0)])
     assert report.findings == []
     assert report.summary == ["2 sampled steps are too few to find a straggler: it takes 3 or more"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 10, 33])
+def test_the_median_of_the_others_is_each_entrys_own_median(n: int) -> None:
+    """One sort for every rank's chance rate gives what a median per rank gives (ties,
+    odd and even counts), exactly."""
+    rng = np.random.default_rng(n)
+    for _ in range(30):
+        values = rng.integers(0, 4, n) / rng.integers(1, 5)
+        want = [np.median(np.delete(values, i)) if n > 1 else np.nan for i in range(n)]
+        assert np.array_equal(_medians_without(values), np.array(want), equal_nan=True)

@@ -244,13 +244,14 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         # How often a rank is above here by chance: the share of the typical other rank.
         shares = above / np.maximum(steps, 1)
         tests = len(m.ranks) * len(m.phases) * max(1, len(m.steps))
+        chances = _medians_without(shares)
         for r in np.flatnonzero(above >= needed).tolist():
             rank = m.ranks[r]
             row = _row(ratio[r], excess[r], threshold, floor)
             onset = row.onset(min_persistence)
             if onset is None or row.median_excess(onset) < floor:
                 continue
-            chance = float(np.median(np.delete(shares, r)))
+            chance = float(chances[r])
             if not sync and not row.beyond_chance(onset, chance, tests):
                 more = row.steps_needed(onset, chance, tests)
                 if more is not None and _slow_at_its_best(d, r, row.valid[onset:], threshold):
@@ -572,6 +573,28 @@ def _times_of(d: Matrix, who: npt.NDArray[np.int64]) -> Vector:
     """Per step, the time of rank index `who` (NaN where it is -1)."""
     times = np.take_along_axis(d, np.maximum(who, 0)[None, :], axis=0)[0]
     return np.where(who >= 0, times, np.nan)
+
+
+def _medians_without(values: Vector) -> Vector:
+    """Per entry, the median of the other entries (NaN where there are none): one sort for
+    all, where a median per entry would take time quadratic in the number of ranks."""
+    n = len(values)
+    if n < 2:
+        return np.full(n, np.nan)
+    order = np.argsort(values, kind="stable")
+    ranked = values[order]
+    place = np.empty(n, np.int64)
+    place[order] = np.arange(n)  # where each entry sits in `ranked`
+
+    def at(i: int) -> Vector:
+        """The i-th of the others, sorted: `ranked` with the entry's own place skipped."""
+        picked: Vector = np.where(place > i, ranked[i], ranked[min(i + 1, n - 1)])
+        return picked
+
+    half = (n - 1) // 2
+    if (n - 1) % 2:
+        return at(half)
+    return (at(half - 1) + at(half)) / 2
 
 
 def _often(last: npt.NDArray[np.int64], r: int) -> tuple[int, ...]:
