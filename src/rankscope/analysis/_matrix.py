@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,7 +15,7 @@ from .._errors import ConfigError
 from .read._engine import TIME_BASES, RunRecords
 from .read._timings import RunTimings
 
-__all__ = ["STEP", "TIME_BASES", "PhaseMatrices", "matrices_of", "phase_matrices"]
+__all__ = ["STEP", "TIME_BASES", "PhaseMatrices", "matrices_of", "phase_matrices", "quiet"]
 
 STEP = "step"
 """The phase name (and kind) of the timer's per-step record."""
@@ -153,3 +156,11 @@ def _extreme(
 def _median(values: Matrix) -> float:
     finite = values[np.isfinite(values)]
     return float(np.median(finite)) if finite.size else float("inf")
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """All-NaN columns are expected (a missing rank, a step with one rank): no warnings."""
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield

@@ -22,23 +22,37 @@ of its lateness in its own work.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import warnings
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from .._errors import ConfigError
 from .._text import format_ranks
-from ._chance import FEWEST_STEPS, binomial_tail, steps_needed
-from ._matrix import STEP, PhaseMatrices, phase_matrices
+from ._chance import binomial_tail, steps_needed
+from ._cost import estimate_costs
+from ._findings import (
+    RankPhase,
+    StragglerFinding,
+    StragglerReport,
+    Undecided,
+    ratio_text,
+    rounded,
+    sentences,
+)
+from ._matrix import STEP, PhaseMatrices, phase_matrices, quiet
 from .read._timings import RunTimings
 
-__all__ = ["StragglerFinding", "StragglerReport", "Undecided", "find_stragglers", "ratio_text"]
+__all__ = [
+    "StragglerFinding",
+    "StragglerReport",
+    "Undecided",
+    "find_stragglers",
+    "format_ranks",
+    "ratio_text",
+]
 
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
@@ -53,131 +67,6 @@ _CONCLUSIVE = 0.05
 _EXPLAINED = 0.5
 # A rank's fast steps: this percentile of its times (see _slow_at_its_best).
 _FAST = 10
-
-
-def ratio_text(ratio: float | None) -> str:
-    """A time against its reference as people say it: "+41%" below twice, "2.5x", "526x"."""
-    if ratio is None or not math.isfinite(ratio):
-        return "none"
-    if ratio < 2:
-        return f"{(ratio - 1) * 100:+.0f}%"
-    return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:,.0f}x"
-
-
-@dataclass(frozen=True)
-class StragglerFinding:
-    """One (rank, phase) that is persistently above the others."""
-
-    rank: int
-    phase: str
-    kind: str
-    role: str
-    """"slow": the rank itself is slow here; "waits": it waits here for `waits_for`."""
-    median_ratio: float
-    """Its time over the reference, median over the steps from `since_step` on."""
-    share_above: float
-    """The share of those steps above the threshold."""
-    lost_ms: float
-    """Time above the reference, summed over those steps."""
-    steps: int
-    since_step: int
-    waits_for: tuple[int, ...] = ()
-    """For "waits": the ranks that arrived last, most often first."""
-    ratios: tuple[float | None, ...] = ()
-    """The ratio at every sampled step (None where the rank has no record)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        # Field by field: asdict deep-copies every ratio, seconds for thousands of ranks.
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["waits_for"] = list(self.waits_for)
-        out["ratios"] = list(self.ratios)
-        return out
-
-
-@dataclass(frozen=True)
-class Undecided:
-    """A (rank, phase) that looks like a finding but has too few sampled steps to tell
-    from chance: with about `needed_steps` at the same rate it would be one."""
-
-    rank: int
-    phase: str
-    role: str
-    """"slow" (above at `hits` of `steps`) or "waits" (`waits_for` arrived last at `hits`)."""
-    median_ratio: float
-    hits: int
-    steps: int
-    needed_steps: int
-    waits_for: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class RankPhase:
-    """Every (rank, phase) over the whole run: the table behind the findings."""
-
-    rank: int
-    phase: str
-    median_ratio: float
-    share_above: float
-    lost_ms: float
-
-
-@dataclass
-class StragglerReport:
-    """What `find_stragglers` found, and with which settings."""
-
-    threshold: float
-    min_persistence: float
-    min_share: float
-    reference: str
-    """"median" (the cross-rank median) or "faster rank" (two ranks)."""
-    time: str
-    ranks: list[int]
-    steps: list[int]
-    phases: list[str]
-    sync_phases: list[str]
-    """Phases found to end in a collective (or declared comm)."""
-    findings: list[StragglerFinding] = field(default_factory=list)
-    """Slow ranks first (the cause), then the ranks that wait; by time lost within each."""
-    table: list[RankPhase] = field(default_factory=list)
-    undecided: list[Undecided] = field(default_factory=list)
-    """What more sampled steps could turn into findings (said in `summary` too)."""
-    summary: list[str] = field(default_factory=list)
-    """The findings in words, one sentence per slow rank (or group of waiting ranks)."""
-
-    def to_dict(self, table: bool = True) -> dict[str, Any]:
-        out = {
-            "threshold": self.threshold,
-            "min_persistence": self.min_persistence,
-            "min_share": self.min_share,
-            "reference": self.reference,
-            "time": self.time,
-            "ranks": self.ranks,
-            "steps": self.steps,
-            "phases": self.phases,
-            "sync_phases": self.sync_phases,
-            "summary": self.summary,
-            "findings": [f.to_dict() for f in self.findings],
-            "undecided": [{**asdict(u), "waits_for": list(u.waits_for)} for u in self.undecided],
-        }
-        if table:
-            # Strict JSON: a ratio with no step to compare (a phase one rank alone has) is null.
-            out["table"] = [
-                {f.name: _finite(getattr(row, f.name)) for f in fields(row)} for row in self.table
-            ]
-        return out
-
-
-def _rounded(values: Vector) -> tuple[float | None, ...]:
-    """To 4 decimals, None where NaN (numpy's rounding: one pass for thousands of ranks)."""
-    out: list[float | None] = np.round(values, 4).tolist()
-    for i in np.flatnonzero(np.isnan(values)).tolist():
-        out[i] = None
-    return tuple(out)
-
-
-def _finite(value: object) -> object:
-    """`value`, or None for a float that is not finite (strict JSON)."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top to bottom
@@ -284,7 +173,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
                 steps=len(row.valid) - onset,
                 since_step=m.steps[int(row.valid[onset])],
                 waits_for=tuple(m.ranks[i] for i in waits_for),
-                ratios=_rounded(ratio[r]),
+                ratios=rounded(ratio[r]),
             )
             if sync or _slow_at_its_best(d, r, row.valid[onset:], threshold):
                 report.findings.append(finding)
@@ -296,7 +185,14 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     report.findings.extend(f for f in unconfirmed if f.rank in waited_for)
     # The cause before its consequence: a slow rank's waiters often lose more time than it.
     report.findings.sort(key=lambda f: (f.role != "slow", -f.lost_ms, f.rank, f.phase))
-    report.summary = _sentences(report)
+    report.summary = sentences(report)
+    if report.findings:
+        costs = estimate_costs(m, report, hosts)
+        report.findings = [
+            replace(f, cost=c) for f, c in zip(report.findings, costs.each, strict=True)
+        ]
+        report.cost, report.host_costs = costs.all, costs.hosts
+        report.model_step_ms = costs.model_step_ms
     return report
 
 
@@ -312,7 +208,7 @@ def _check(threshold: float, min_persistence: float, min_share: float) -> None:
 def _reference(d: Matrix, reference: str) -> Matrix:
     """Per step, the cross-rank median (or the faster of two); NaN with fewer than two ranks."""
     present = np.sum(~np.isnan(d), axis=0)
-    with np.errstate(invalid="ignore"), _quiet():
+    with np.errstate(invalid="ignore"), quiet():
         ref = np.nanmedian(d, axis=0) if reference == "median" else np.nanmin(d, axis=0)
     return np.where(present >= 2, ref, np.nan)
 
@@ -360,11 +256,11 @@ def _clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Vector:
     for p, kind in enumerate(m.kinds):
         if kind == "comm":
             leave = m.end_ns[p]
-            with _quiet():
+            with quiet():
                 deviations.append(leave - np.nanmedian(leave, axis=0))
     if not deviations:
         return np.zeros(len(m.ranks))
-    with _quiet():
+    with quiet():
         offset = np.nan_to_num(np.nanmedian(np.concatenate(deviations, axis=1), axis=1))
     if hosts is None:
         return offset
@@ -381,7 +277,7 @@ def _clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Vector:
 
 def _ends_together(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
     """Ranks leave the phase together though they entered it apart, at most conclusive steps."""
-    with _quiet():
+    with quiet():
         entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
         left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
         typical = np.nanmedian(d, axis=0) * 1e6
@@ -460,7 +356,7 @@ def _table(
     ranks: list[int], phase: str, ratio: Matrix, excess: Matrix, *, threshold: float, floor: float
 ) -> list[RankPhase]:
     """Every rank's row for one phase, over all its steps."""
-    with _quiet():
+    with quiet():
         median = np.nanmedian(ratio, axis=1)
         present = np.sum(np.isfinite(ratio), axis=1)
         above = np.sum((ratio > threshold) & (excess >= floor), axis=1)
@@ -474,7 +370,7 @@ def _table(
 
 def _against(d: Matrix, ref: Matrix) -> tuple[Matrix, Matrix]:
     """(ratio, excess) of times `d` over a reference, NaN where either is missing."""
-    with _quiet():
+    with quiet():
         return np.where(ref > 0, d / ref, np.nan), d - ref
 
 
@@ -501,7 +397,7 @@ def _lateness(arrive: Matrix, since: Matrix, last: npt.NDArray[np.int64]) -> tup
     cols = np.arange(arrive.shape[1])
     at = np.maximum(last, 0)
     own = arrive - since
-    with _quiet():
+    with quiet():
         late = arrive[at, cols] - np.nanmedian(arrive, axis=0)
         made = own[at, cols] - np.nanmedian(own, axis=0)
     return late, made
@@ -605,86 +501,3 @@ def _often(last: npt.NDArray[np.int64], r: int) -> tuple[int, ...]:
     counts = np.bincount(last)
     order = np.argsort(-counts, kind="stable")
     return tuple(order[counts[order] >= 0.3 * len(last)].tolist())
-
-
-def _verb(ranks: list[int], singular: str, plural: str) -> str:
-    return f"{format_ranks(ranks)} {singular if len(ranks) == 1 else plural}"
-
-
-def _sentences(report: StragglerReport) -> list[str]:
-    versus = "vs median" if report.reference == "median" else "vs the faster rank"
-    waiting = [f for f in report.findings if f.role == "waits"]
-    unsure = [u for u in report.undecided if u.role == "waits"]
-    told: set[int] = set()
-    told_unsure: set[int] = set()
-    out = []
-    if len(report.ranks) >= 2 and 0 < len(report.steps) < FEWEST_STEPS:
-        n = len(report.steps)
-        out.append(
-            f"{n} sampled step{'' if n == 1 else 's'} are too few to find a straggler: "
-            f"it takes {FEWEST_STEPS} or more"
-        )
-    for f in report.findings:
-        if f.role != "slow":
-            continue
-        since = "" if f.since_step == report.steps[0] else f" since step {f.since_step}"
-        text = (
-            f"rank {f.rank} is slow in {f.phase} ({ratio_text(f.median_ratio)} {versus} "
-            f"at {f.share_above:.0%} of sampled steps{since})"
-        )
-        waiters: dict[str, list[int]] = {}
-        for i, w in enumerate(waiting):
-            if w.waits_for and w.waits_for[0] == f.rank and i not in told:
-                waiters.setdefault(w.phase, []).append(w.rank)
-                told.add(i)
-        for phase, ranks in waiters.items():
-            text += f"; {_verb(ranks, 'waits', 'wait')} for it in {phase}"
-        maybe: dict[str, list[Undecided]] = {}
-        for i, u in enumerate(unsure):
-            if u.waits_for[0] == f.rank and i not in told_unsure:
-                maybe.setdefault(u.phase, []).append(u)
-                told_unsure.add(i)
-        for phase, rows in maybe.items():
-            who = _verb([u.rank for u in rows], "seems", "seem")
-            text += f"; {who} to wait for it in {phase}, {_too_few(rows)}"
-        out.append(text)
-    # Waiting with no slow phase to blame: the late rank is slow across phases, or unsampled.
-    rest: dict[tuple[str, tuple[int, ...]], list[int]] = {}
-    for i, w in enumerate(waiting):
-        if i not in told:
-            rest.setdefault((w.phase, w.waits_for[:1]), []).append(w.rank)
-    for (phase, late), ranks in rest.items():
-        whom = f"rank {late[0]}, the last to arrive there" if late else "the last rank to arrive"
-        out.append(f"{_verb(ranks, 'waits', 'wait')} in {phase} for {whom}")
-    for u in report.undecided:
-        if u.role == "slow":
-            out.append(
-                f"rank {u.rank} may be slow in {u.phase} ({ratio_text(u.median_ratio)} {versus} "
-                f"at {u.hits} of {u.steps} sampled steps), {_too_few([u])}"
-            )
-    left: dict[tuple[str, int], list[Undecided]] = {}
-    for i, u in enumerate(unsure):
-        if i not in told_unsure:
-            left.setdefault((u.phase, u.waits_for[0]), []).append(u)
-    for (phase, last), rows in left.items():
-        who = _verb([u.rank for u in rows], "seems", "seem")
-        out.append(f"{who} to wait in {phase} for rank {last}, {_too_few(rows)}")
-    return out
-
-
-def _too_few(rows: list[Undecided]) -> str:
-    """Why an undecided row is not a finding, in words: it needs more samples."""
-    steps = min(u.steps for u in rows)
-    needed = max(u.needed_steps for u in rows)
-    return (
-        f"but {steps} sampled step{'' if steps == 1 else 's'} are too few to tell that from "
-        f"chance (needs more samples: about {needed} at this rate)"
-    )
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """All-NaN columns are expected (a missing rank, a step with one rank): no warnings."""
-    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from .._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
 from .._text import format_ranks
+from ..analysis._findings import cost_text
 from ..analysis._hangs import duration
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport, ratio_text
@@ -104,6 +105,7 @@ def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int |
         "time lost ms",
         "since step",
         "waits for",
+        "fix saves ms/step",
     ):
         table.add_column(
             column, justify="left" if column in ("phase", "role", "waits for") else "right"
@@ -118,8 +120,28 @@ def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int |
             f"{f['lost_ms']:.1f}",
             str(f["since_step"]),
             ", ".join(str(r) for r in f["waits_for"]),
+            _ms(f["cost"]["step_ms_saved"]) if f.get("cost") else "",
         )
     return table
+
+
+def _costs(strag: dict[str, Any]) -> None:
+    """What fixing the findings would save: all of them, then per host."""
+    if not strag.get("cost"):
+        return
+    _console.print(Text(f"  {cost_text(strag['cost'], 'fixing every finding')}"))
+    for entry in strag.get("host_costs", [])[:5]:
+        what = f"fixing host {entry['host']} ({_rank_list(entry['ranks'])})"
+        _console.print(Text(f"  {cost_text(entry['cost'], what)}"))
+    model, measured = strag.get("model_step_ms"), strag["cost"].get("step_ms")
+    if model and measured and abs(model - measured) > 0.25 * measured:
+        _console.print(
+            Text(
+                f"  note: the cost model gives a {model:.1f} ms step against {measured:.1f} ms "
+                "measured: the estimates are rough here (see docs/analysis.md, Cost)",
+                style="yellow",
+            )
+        )
 
 
 def _sentences(summary: list[str], threshold: float, persistence: float) -> None:
@@ -162,6 +184,7 @@ def report(data: dict[str, Any], html: Path | None) -> None:
         strag = data["stragglers"]
         _console.print("[bold]Stragglers[/bold]")
         _sentences(strag["summary"], strag["threshold"], strag["min_persistence"])
+        _costs(strag)
         if strag["findings"]:
             _console.print(_findings_table(strag["findings"], strag["reference"], 10))
     else:
@@ -211,6 +234,13 @@ def stragglers(
     )
     _sentences(found.summary, found.threshold, found.min_persistence)
     if found.findings:
+        _costs(
+            {
+                "cost": None if found.cost is None else found.cost.to_dict(),
+                "host_costs": [h.to_dict() for h in found.host_costs],
+                "model_step_ms": found.model_step_ms,
+            }
+        )
         rows = [f.to_dict() for f in found.findings]
         _console.print(_findings_table(rows, found.reference, limit))
         if limit is not None and len(rows) > limit:

@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any
 
 from ..._text import format_ranks, number_ranges
-from .._stragglers import ratio_text
+from .._findings import cost_text, ratio_text
 from ._breakdown import breakdown_section
 from ._charts import charts_section
 from ._hangs import hangs_section
@@ -233,9 +233,30 @@ def _stragglers(
     words = "".join(f"<li>{esc(s)}</li>" for s in sentences)
     out = head + (f'<ul class="findings">{words}</ul>\n' if words else "")
     out += f'<p class="rule">Rule: {rule}.</p>\n'
+    out += _costs(stragglers)
     if findings:
         out += _findings_table(findings, hosts, reference)
     return out
+
+
+def _costs(stragglers: Mapping[str, Any]) -> str:
+    """What fixing the findings would save: all of them, then per host (a few)."""
+    cost = as_map(stragglers.get("cost"))
+    if not cost:
+        return ""
+    lines = [cost_text(cost, "fixing every finding")]
+    for entry in as_list(stragglers.get("host_costs"))[:5]:
+        host = as_map(entry)
+        what = (
+            f"fixing host {as_text(host.get('host'))} ({format_ranks(as_ints(host.get('ranks')))})"
+        )
+        lines.append(cost_text(as_map(host.get("cost")), what))
+    items = "".join(f"<li>{esc(line)}</li>" for line in lines)
+    return (
+        f'<ul class="cost">{items}</ul>\n<p class="note">Estimated from the phase timings: each '
+        "fix puts the rank's phase at the other ranks' median; the ranks that wait gain what "
+        "the rank they wait for saves (docs/analysis.md, Cost).</p>\n"
+    )
 
 
 def _findings_table(
@@ -266,13 +287,17 @@ def _findings_table(
             f'<td class="num">{ms_text(as_float(f.get("lost_ms")))}</td>'
             f'<td class="num">{esc(as_text(f.get("steps"))) or "none"}</td>'
             f'<td class="num">{esc(as_text(f.get("since_step"))) or "none"}</td>'
-            f"<td>{esc(number_ranges(waits)) if waits else ''}</td></tr>"
+            f"<td>{esc(number_ranges(waits)) if waits else ''}</td>"
+            f'<td class="num">{ms_text(as_float(as_map(f.get("cost")).get("step_ms_saved")))}</td></tr>'
         )
     return (
-        '<table class="data">\n<tr><th>rank</th><th>host</th><th>phase</th><th>kind</th>'
-        f"<th>role</th><th>time vs the {esc(_reference_rank(reference))} (typical step)</th>"
+        '<div class="table-wrap"><table class="data">\n<tr><th>rank</th><th>host</th>'
+        f"<th>phase</th><th>kind</th><th>role</th><th>time vs the {esc(_reference_rank(reference))} (typical step)</th>"
         "<th>steps above threshold</th><th>time lost</th><th>steps</th><th>since step</th>"
-        "<th>waits for ranks</th></tr>\n" + "\n".join(rows) + "\n</table>" + more
+        "<th>waits for ranks</th><th>a fix saves per step</th></tr>\n"
+        + "\n".join(rows)
+        + "\n</table></div>"
+        + more
     )
 
 

@@ -1,0 +1,309 @@
+"""What the straggler analysis finds (analysis/_stragglers.py), what fixing it would save
+(analysis/_cost.py), and the findings in words."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .._text import format_ranks
+from ._chance import FEWEST_STEPS
+
+__all__ = [
+    "Cost",
+    "HostCost",
+    "RankPhase",
+    "StragglerFinding",
+    "StragglerReport",
+    "Undecided",
+    "cost_text",
+    "ratio_text",
+    "rounded",
+    "sentences",
+]
+
+Vector = npt.NDArray[np.float64]
+
+
+def ratio_text(ratio: float | None) -> str:
+    """A time against its reference as people say it: "+41%" below twice, "2.5x", "526x"."""
+    if ratio is None or not math.isfinite(ratio):
+        return "none"
+    if ratio < 2:
+        return f"{(ratio - 1) * 100:+.0f}%"
+    return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:,.0f}x"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a fix would save, from the step model (analysis/_cost.py)."""
+
+    step_ms_saved: float
+    """Step time saved per step, mean over the sampled steps it applies to."""
+    run_hours_saved: float
+    """Over the run so far: the saving at each sampled step, times the steps each stands for."""
+    gpu_hours_saved: float
+    """`run_hours_saved` on every rank: ranks x hours."""
+    speedup: float
+    """The step time now over the step time with the fix."""
+    step_ms: float
+    """The step time now (measured), mean over the same steps."""
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class HostCost:
+    """What fixing the findings of one host's ranks would save."""
+
+    host: str
+    ranks: tuple[int, ...]
+    cost: Cost
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "ranks": list(self.ranks), "cost": self.cost.to_dict()}
+
+
+@dataclass(frozen=True)
+class StragglerFinding:
+    """One (rank, phase) that is persistently above the others."""
+
+    rank: int
+    phase: str
+    kind: str
+    role: str
+    """"slow": the rank itself is slow here; "waits": it waits here for `waits_for`."""
+    median_ratio: float
+    """Its time over the reference, median over the steps from `since_step` on."""
+    share_above: float
+    """The share of those steps above the threshold."""
+    lost_ms: float
+    """Time above the reference, summed over those steps."""
+    steps: int
+    since_step: int
+    waits_for: tuple[int, ...] = ()
+    """For "waits": the ranks that arrived last, most often first."""
+    ratios: tuple[float | None, ...] = ()
+    """The ratio at every sampled step (None where the rank has no record)."""
+    cost: Cost | None = None
+    """What fixing it would save (analysis/_cost.py); for "waits", fixing whom it waits for."""
+
+    def to_dict(self) -> dict[str, Any]:
+        # Field by field: asdict deep-copies every ratio, seconds for thousands of ranks.
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["waits_for"] = list(self.waits_for)
+        out["ratios"] = list(self.ratios)
+        out["cost"] = None if self.cost is None else self.cost.to_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class Undecided:
+    """A (rank, phase) that looks like a finding but has too few sampled steps to tell
+    from chance: with about `needed_steps` at the same rate it would be one."""
+
+    rank: int
+    phase: str
+    role: str
+    """"slow" (above at `hits` of `steps`) or "waits" (`waits_for` arrived last at `hits`)."""
+    median_ratio: float
+    hits: int
+    steps: int
+    needed_steps: int
+    waits_for: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankPhase:
+    """Every (rank, phase) over the whole run: the table behind the findings."""
+
+    rank: int
+    phase: str
+    median_ratio: float
+    share_above: float
+    lost_ms: float
+
+
+@dataclass
+class StragglerReport:
+    """What `find_stragglers` found, and with which settings."""
+
+    threshold: float
+    min_persistence: float
+    min_share: float
+    reference: str
+    """"median" (the cross-rank median) or "faster rank" (two ranks)."""
+    time: str
+    ranks: list[int]
+    steps: list[int]
+    phases: list[str]
+    sync_phases: list[str]
+    """Phases found to end in a collective (or declared comm)."""
+    findings: list[StragglerFinding] = field(default_factory=list)
+    """Slow ranks first (the cause), then the ranks that wait; by time lost within each."""
+    table: list[RankPhase] = field(default_factory=list)
+    undecided: list[Undecided] = field(default_factory=list)
+    """What more sampled steps could turn into findings (said in `summary` too)."""
+    summary: list[str] = field(default_factory=list)
+    """The findings in words, one sentence per slow rank (or group of waiting ranks)."""
+    cost: Cost | None = None
+    """What fixing every finding at once would save (None without findings)."""
+    host_costs: list[HostCost] = field(default_factory=list)
+    """Per host that holds a finding, what fixing its ranks' findings would save."""
+    model_step_ms: float | None = None
+    """The step time the cost model gives for the run as it is (against `cost.step_ms`,
+    measured): how far to trust the costs."""
+
+    def to_dict(self, table: bool = True) -> dict[str, Any]:
+        out = {
+            "threshold": self.threshold,
+            "min_persistence": self.min_persistence,
+            "min_share": self.min_share,
+            "reference": self.reference,
+            "time": self.time,
+            "ranks": self.ranks,
+            "steps": self.steps,
+            "phases": self.phases,
+            "sync_phases": self.sync_phases,
+            "summary": self.summary,
+            "findings": [f.to_dict() for f in self.findings],
+            "undecided": [{**asdict(u), "waits_for": list(u.waits_for)} for u in self.undecided],
+            "cost": None if self.cost is None else self.cost.to_dict(),
+            "host_costs": [h.to_dict() for h in self.host_costs],
+            "model_step_ms": self.model_step_ms,
+        }
+        if table:
+            # Strict JSON: a ratio with no step to compare (a phase one rank alone has) is null.
+            out["table"] = [
+                {f.name: _finite(getattr(row, f.name)) for f in fields(row)} for row in self.table
+            ]
+        return out
+
+
+def rounded(values: Vector) -> tuple[float | None, ...]:
+    """To 4 decimals, None where NaN (numpy's rounding: one pass for thousands of ranks)."""
+    out: list[float | None] = np.round(values, 4).tolist()
+    for i in np.flatnonzero(np.isnan(values)).tolist():
+        out[i] = None
+    return tuple(out)
+
+
+def _finite(value: object) -> object:
+    """`value`, or None for a float that is not finite (strict JSON)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _verb(ranks: list[int], singular: str, plural: str) -> str:
+    return f"{format_ranks(ranks)} {singular if len(ranks) == 1 else plural}"
+
+
+def sentences(report: StragglerReport) -> list[str]:
+    versus = "vs median" if report.reference == "median" else "vs the faster rank"
+    waiting = [f for f in report.findings if f.role == "waits"]
+    unsure = [u for u in report.undecided if u.role == "waits"]
+    told: set[int] = set()
+    told_unsure: set[int] = set()
+    out = []
+    if len(report.ranks) >= 2 and 0 < len(report.steps) < FEWEST_STEPS:
+        n = len(report.steps)
+        out.append(
+            f"{n} sampled step{'' if n == 1 else 's'} are too few to find a straggler: "
+            f"it takes {FEWEST_STEPS} or more"
+        )
+    for f in report.findings:
+        if f.role != "slow":
+            continue
+        since = "" if f.since_step == report.steps[0] else f" since step {f.since_step}"
+        text = (
+            f"rank {f.rank} is slow in {f.phase} ({ratio_text(f.median_ratio)} {versus} "
+            f"at {f.share_above:.0%} of sampled steps{since})"
+        )
+        waiters: dict[str, list[int]] = {}
+        for i, w in enumerate(waiting):
+            if w.waits_for and w.waits_for[0] == f.rank and i not in told:
+                waiters.setdefault(w.phase, []).append(w.rank)
+                told.add(i)
+        for phase, ranks in waiters.items():
+            text += f"; {_verb(ranks, 'waits', 'wait')} for it in {phase}"
+        maybe: dict[str, list[Undecided]] = {}
+        for i, u in enumerate(unsure):
+            if u.waits_for[0] == f.rank and i not in told_unsure:
+                maybe.setdefault(u.phase, []).append(u)
+                told_unsure.add(i)
+        for phase, rows in maybe.items():
+            who = _verb([u.rank for u in rows], "seems", "seem")
+            text += f"; {who} to wait for it in {phase}, {_too_few(rows)}"
+        out.append(text)
+    # Waiting with no slow phase to blame: the late rank is slow across phases, or unsampled.
+    rest: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+    for i, w in enumerate(waiting):
+        if i not in told:
+            rest.setdefault((w.phase, w.waits_for[:1]), []).append(w.rank)
+    for (phase, late), ranks in rest.items():
+        whom = f"rank {late[0]}, the last to arrive there" if late else "the last rank to arrive"
+        out.append(f"{_verb(ranks, 'waits', 'wait')} in {phase} for {whom}")
+    for u in report.undecided:
+        if u.role == "slow":
+            out.append(
+                f"rank {u.rank} may be slow in {u.phase} ({ratio_text(u.median_ratio)} {versus} "
+                f"at {u.hits} of {u.steps} sampled steps), {_too_few([u])}"
+            )
+    left: dict[tuple[str, int], list[Undecided]] = {}
+    for i, u in enumerate(unsure):
+        if i not in told_unsure:
+            left.setdefault((u.phase, u.waits_for[0]), []).append(u)
+    for (phase, last), rows in left.items():
+        who = _verb([u.rank for u in rows], "seems", "seem")
+        out.append(f"{who} to wait in {phase} for rank {last}, {_too_few(rows)}")
+    return out
+
+
+def _too_few(rows: list[Undecided]) -> str:
+    """Why an undecided row is not a finding, in words: it needs more samples."""
+    steps = min(u.steps for u in rows)
+    needed = max(u.needed_steps for u in rows)
+    return (
+        f"but {steps} sampled step{'' if steps == 1 else 's'} are too few to tell that from "
+        f"chance (needs more samples: about {needed} at this rate)"
+    )
+
+
+def cost_text(cost: Mapping[str, Any], what: str = "fixing it") -> str:
+    """A cost (Cost.to_dict()) in words: "fixing it saves 38 ms of a 95 ms step (1.68x as
+    fast): 1.2 h over the run so far, 4.8 GPU-hours"."""
+    saved, step = _number(cost.get("step_ms_saved")), _number(cost.get("step_ms"))
+    speedup = _number(cost.get("speedup"))
+    hours, gpu = _number(cost.get("run_hours_saved")), _number(cost.get("gpu_hours_saved"))
+    if saved is None or step is None:
+        return f"{what}: no estimate"
+    text = f"{what} saves {_ms(saved)} of a {_ms(step)} step"
+    if speedup is not None and speedup > 1:
+        text += f" ({speedup:.2f}x as fast)"
+    if hours is not None and gpu is not None:
+        text += f": {_duration(hours)} over the run so far, {_duration(gpu, 'GPU-')}"
+    return text
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.0f} ms" if value >= 100 else f"{value:.3g} ms"
+
+
+def _duration(hours: float, prefix: str = "") -> str:
+    """Hours as people say them: "4.8 h", "12 min", "40 s" (with "GPU-": GPU-hours...)."""
+    if hours >= 0.1:
+        return f"{hours:,.1f} {prefix}hours" if prefix else f"{hours:,.1f} h"
+    if hours * 60 >= 0.1:
+        return f"{hours * 60:.1f} {prefix}minutes" if prefix else f"{hours * 60:.1f} min"
+    return f"{hours * 3600:.1f} {prefix}seconds" if prefix else f"{hours * 3600:.1f} s"

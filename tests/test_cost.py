@@ -1,0 +1,284 @@
+"""What a straggler costs (analysis/_cost.py): the step model worked by hand, and held
+against a real 4-rank gloo job run with and without its slow rank."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch.multiprocessing as mp
+
+from rankscope._synthetic import Slowdown, write_timings
+from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
+from rankscope.analysis._cost import estimate_costs
+from rankscope.analysis._findings import StragglerFinding, StragglerReport, cost_text
+from rankscope.analysis._matrix import STEP, PhaseMatrices
+
+from ._cost_workers import train_with_a_slow_rank
+from ._helpers import run_cli
+
+# -- the model, by hand --------------------------------------------------------
+
+
+def _matrices(phases: dict[str, tuple[str, list[list[float]]]], steps: list[int]) -> PhaseMatrices:
+    """Matrices of [rank][step] times, phases in the order given (the order a step runs)."""
+    first = next(iter(phases.values()))[1]
+    shape = (len(first), len(steps))
+    zeros = [np.zeros(shape) for _ in phases]
+    return PhaseMatrices(
+        ranks=list(range(shape[0])),
+        steps=steps,
+        phases=list(phases),
+        kinds=[kind for kind, _ in phases.values()],
+        depths=[0] * len(phases),
+        time="host",
+        ms=[np.asarray(ms, np.float64) for _, ms in phases.values()],
+        start_ns=zeros,
+        end_ns=zeros,
+        origin_ns=0,
+    )
+
+
+def _finding(rank: int, phase: str, role: str = "slow", **more: Any) -> StragglerFinding:
+    fields: dict[str, Any] = {
+        "kind": "compute",
+        "median_ratio": 1.5,
+        "share_above": 1.0,
+        "lost_ms": 1.0,
+        "steps": 4,
+        "since_step": 0,
+    }
+    fields.update(more)
+    return StragglerFinding(rank=rank, phase=phase, role=role, **fields)
+
+
+def _report(m: PhaseMatrices, sync: list[str], findings: list[StragglerFinding]) -> StragglerReport:
+    return StragglerReport(
+        threshold=1.1,
+        min_persistence=0.5,
+        min_share=0.01,
+        reference="median",
+        time="host",
+        ranks=m.ranks,
+        steps=m.steps,
+        phases=m.phases,
+        sync_phases=sync,
+        findings=findings,
+    )
+
+
+STEPS = [0, 10, 20, 30]
+
+
+def _two_segments(b_of_rank_1: float = 30.0, b_of_rank_2: float = 20.0) -> PhaseMatrices:
+    """a (compute), sync1 (comm), b (compute), sync2 (comm), on 3 ranks and 4 sampled steps."""
+    return _matrices(
+        {
+            "a": ("compute", [[14.0] * 4, [10.0] * 4, [10.0] * 4]),
+            "sync1": ("comm", [[1.0] * 4, [5.0] * 4, [5.0] * 4]),
+            "b": ("compute", [[20.0] * 4, [b_of_rank_1] * 4, [b_of_rank_2] * 4]),
+            "sync2": ("comm", [[12.0] * 4, [2.0] * 4, [12.0] * 4]),
+        },
+        STEPS,
+    )
+
+
+def test_a_fix_saves_what_the_slowest_rank_of_its_segment_loses() -> None:
+    m = _two_segments()
+    report = _report(m, ["sync1", "sync2"], [_finding(1, "b"), _finding(0, "a")])
+    costs = estimate_costs(m, report)
+    b, a = costs.each
+    assert b.step_ms_saved == pytest.approx(10.0)  # 30 down to the others' median (20)
+    assert a.step_ms_saved == pytest.approx(4.0)  # 14 down to 10, in a segment of its own
+    assert costs.all.step_ms_saved == pytest.approx(14.0)  # the two segments add up
+    # The model's step: per segment the slowest rank's work plus the collective's time,
+    # the time of the last rank to arrive (the one that waited least): 14 + 1 + 30 + 2.
+    assert costs.model_step_ms == pytest.approx(47.0)
+    assert b.step_ms == pytest.approx(47.0)  # no step record: the model's step is the step
+    assert b.speedup == pytest.approx(47.0 / 37.0, abs=1e-4)
+    # Each sampled step stands for 10 steps: 10 ms x 40 steps, on 3 ranks.
+    assert b.run_hours_saved == pytest.approx(0.4 / 3600, rel=1e-3)
+    assert b.gpu_hours_saved == pytest.approx(0.4 / 3600 * 3, rel=1e-3)
+
+
+def test_a_fix_saves_only_down_to_the_next_slowest_rank() -> None:
+    m = _two_segments(b_of_rank_1=30.0, b_of_rank_2=25.0)
+    report = _report(m, ["sync1", "sync2"], [_finding(1, "b"), _finding(2, "b")])
+    one, two = estimate_costs(m, report).each
+    everything = estimate_costs(m, report).all
+    assert one.step_ms_saved == pytest.approx(5.0)  # rank 2 is then the slowest, at 25
+    assert two.step_ms_saved == pytest.approx(0.0)  # rank 1 still holds the step
+    # Both fixed: rank 1 to 22.5 (the median of 20 and 25), rank 2 stays at 25 (the
+    # median of 20 and 30): each is set to the median of the others as they are.
+    assert everything.step_ms_saved == pytest.approx(5.0)
+
+
+def test_a_fix_never_makes_a_rank_slower() -> None:
+    # Rank 1 is slow at the last two steps only; at the first two it is the fastest.
+    m = _matrices(
+        {
+            "work": ("compute", [[20.0] * 4, [10.0, 10.0, 40.0, 40.0], [20.0] * 4]),
+            "sync": ("comm", [[1.0] * 4] * 3),
+        },
+        STEPS,
+    )
+    (cost,) = estimate_costs(m, _report(m, ["sync"], [_finding(1, "work")])).each
+    assert cost.step_ms_saved == pytest.approx((0 + 0 + 20 + 20) / 4)
+
+
+def test_a_finding_since_a_step_is_costed_from_that_step() -> None:
+    m = _matrices(
+        {
+            "work": ("compute", [[20.0] * 4, [20.0, 20.0, 40.0, 40.0], [20.0] * 4]),
+            "sync": ("comm", [[1.0] * 4] * 3),
+        },
+        STEPS,
+    )
+    report = _report(m, ["sync"], [_finding(1, "work", since_step=20)])
+    (cost,) = estimate_costs(m, report).each
+    assert cost.step_ms_saved == pytest.approx(20.0)  # steps 20 and 30, not a mean over 4
+    assert cost.step_ms == pytest.approx(41.0)
+    assert cost.run_hours_saved == pytest.approx(20.0 * 20 / 3.6e6, rel=1e-3)
+
+
+def test_the_ranks_that_wait_gain_what_fixing_the_late_rank_saves() -> None:
+    m = _two_segments()
+    waits = _finding(0, "sync2", role="waits", waits_for=(1,))
+    report = _report(m, ["sync1", "sync2"], [_finding(1, "b"), waits])
+    slow, waiting = estimate_costs(m, report).each
+    assert waiting == slow  # fixing rank 1's work before sync2: its b
+    # A rank that waits at the first collective gains from the late rank's a, not its b.
+    early = _finding(2, "sync1", role="waits", waits_for=(0,))
+    (cost,) = estimate_costs(m, _report(m, ["sync1", "sync2"], [early])).each
+    assert cost.step_ms_saved == pytest.approx(4.0)
+
+
+def test_time_outside_the_phases_is_work_of_the_last_segment() -> None:
+    # The step record holds 10 ms more than rank 0's phases: rank 0 is the slowest at the end.
+    m = _matrices(
+        {
+            "work": ("compute", [[20.0] * 4, [30.0] * 4, [20.0] * 4]),
+            "sync": ("comm", [[11.0] * 4, [1.0] * 4, [11.0] * 4]),
+            "tail": ("compute", [[5.0] * 4] * 3),
+            STEP: ("step", [[46.0] * 4, [36.0] * 4, [36.0] * 4]),
+        },
+        STEPS,
+    )
+    costs = estimate_costs(m, _report(m, ["sync"], [_finding(1, "work")]))
+    (cost,) = costs.each
+    assert cost.step_ms_saved == pytest.approx(10.0)
+    assert cost.step_ms == pytest.approx(36.0)  # the step record's median over ranks
+    assert costs.model_step_ms == pytest.approx(30 + 1 + 15)
+
+
+def test_without_a_collective_the_step_is_the_slowest_ranks_whole_step() -> None:
+    m = _matrices(
+        {"a": ("compute", [[10.0] * 4, [30.0] * 4, [10.0] * 4]), "b": ("compute", [[5.0] * 4] * 3)},
+        STEPS,
+    )
+    (cost,) = estimate_costs(m, _report(m, [], [_finding(1, "a")])).each
+    assert cost.step_ms_saved == pytest.approx(20.0)
+
+
+def test_hosts_are_costed_by_the_findings_of_their_ranks() -> None:
+    m = _two_segments()
+    report = _report(m, ["sync1", "sync2"], [_finding(1, "b"), _finding(0, "a")])
+    hosts = {0: "node-a", 1: "node-b", 2: "node-b"}
+    found = estimate_costs(m, report, hosts).hosts
+    assert [(h.host, h.ranks, h.cost.step_ms_saved) for h in found] == [
+        ("node-b", (1,), pytest.approx(10.0)),
+        ("node-a", (0,), pytest.approx(4.0)),
+    ]
+
+
+def test_a_cost_in_words() -> None:
+    text = cost_text(
+        {
+            "step_ms_saved": 38.3,
+            "step_ms": 94.7,
+            "speedup": 1.68,
+            "run_hours_saved": 2.5,
+            "gpu_hours_saved": 0.05,
+        }
+    )
+    assert text == (
+        "fixing it saves 38.3 ms of a 94.7 ms step (1.68x as fast): 2.5 h over the run so far, "
+        "3.0 GPU-minutes"
+    )
+    assert cost_text({"step_ms_saved": None}) == "fixing it: no estimate"
+
+
+# -- through find_stragglers and the CLI --------------------------------------
+
+
+def test_stragglers_json_gives_each_finding_and_the_run_a_cost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_timings(tmp_path, ranks=4, steps=40, slowdowns=[Slowdown(2, "forward", 0.41)])
+    code, out, _ = run_cli(["stragglers", str(tmp_path), "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    keys = {"step_ms_saved", "run_hours_saved", "gpu_hours_saved", "speedup", "step_ms"}
+    assert data["findings"] and all(set(f["cost"]) == keys for f in data["findings"])
+    slow = next(f for f in data["findings"] if f["role"] == "slow")
+    waiting = [f for f in data["findings"] if f["role"] == "waits"]
+    assert slow["cost"]["step_ms_saved"] > 0
+    assert all(f["cost"] == slow["cost"] for f in waiting)  # they gain what fixing rank 2 saves
+    assert set(data["cost"]) == keys
+    assert data["cost"]["step_ms_saved"] >= slow["cost"]["step_ms_saved"]
+    assert data["cost"]["speedup"] > 1
+    assert math.isclose(
+        data["cost"]["gpu_hours_saved"], data["cost"]["run_hours_saved"] * 4, rel_tol=1e-3
+    )
+    assert data["model_step_ms"] == pytest.approx(data["cost"]["step_ms"], rel=0.1)
+    code, out, _ = run_cli(["stragglers", str(tmp_path)], capsys)
+    assert code == 0 and "fixing every finding saves" in out
+
+
+def test_a_clean_run_has_no_cost(tmp_path: Path) -> None:
+    write_timings(tmp_path, ranks=4, steps=40)
+    found = find_stragglers(matrices_of(read_run_records(tmp_path)))
+    assert not found.findings and found.cost is None and found.host_costs == []
+
+
+# -- held against a real job ---------------------------------------------------
+
+WORLD = 4
+SLOW_RANK = 2
+SLOW_MS = 40.0
+
+
+def _run(root: Path, slow_ms: float) -> float:
+    root.mkdir()
+    mp.spawn(
+        train_with_a_slow_rank,
+        args=(WORLD, f"file://{root}/rendezvous", str(root), (SLOW_RANK, slow_ms)),
+        nprocs=WORLD,
+        join=True,
+    )
+    return float((root / "measured_ms").read_text())
+
+
+@pytest.mark.slow
+def test_the_estimated_saving_holds_against_the_job_run_without_its_slow_rank(
+    tmp_path: Path,
+) -> None:
+    """A 4-rank gloo job with rank 2 slow in forward, then the same job without: the
+    saving the analysis estimates from the first run is within 25% of the difference in
+    mean step time the two runs measured."""
+    slow_ms = _run(tmp_path / "slow", SLOW_MS)
+    clean_ms = _run(tmp_path / "clean", 0.0)
+    run = tmp_path / "slow"
+    found = find_stragglers(matrices_of(read_run_records(run)), hosts=read_run_meta(run).hosts)
+    slow = [f for f in found.findings if f.role == "slow"]
+    assert [(f.rank, f.phase) for f in slow] == [(SLOW_RANK, "forward")]
+    assert slow[0].cost is not None and found.cost is not None
+    measured = slow_ms - clean_ms
+    assert measured > SLOW_MS / 2  # the slow rank did slow the job
+    assert slow[0].cost.step_ms_saved == pytest.approx(measured, rel=0.25)
+    assert found.cost.step_ms_saved == pytest.approx(measured, rel=0.25)
+    assert found.cost.speedup == pytest.approx(slow_ms / clean_ms, rel=0.25)
