@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._collectives import CollectiveReport, find_collectives
     from ._hangs import HangFinding, HangReport, find_hangs
     from ._kernels import KernelReport, KernelTable, find_traces, kernel_report
     from ._matrix import PhaseMatrices, matrices_of, phase_matrices
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from .render._html import render_html
 
 __all__ = [
+    "CollectiveReport",
     "HangFinding",
     "HangReport",
     "KernelReport",
@@ -41,6 +43,7 @@ __all__ = [
     "StragglerFinding",
     "StragglerReport",
     "build_report",
+    "find_collectives",
     "find_hangs",
     "find_stragglers",
     "find_traces",
@@ -60,6 +63,8 @@ __all__ = [
 ]
 
 _WHERE = {
+    "CollectiveReport": "_collectives",
+    "find_collectives": "_collectives",
     "render_html": "render._html",
     "HangFinding": "_hangs",
     "HangReport": "_hangs",

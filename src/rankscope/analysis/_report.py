@@ -16,6 +16,7 @@ import numpy as np
 from .._errors import TraceError
 from .._layout import SIGNAL_TAG, RunDir, leftovers, window_key
 from .._text import format_ranks, format_steps
+from ._collectives import collectives_of_run
 from ._hangs import hangs_of
 from ._kernels import find_traces, kernel_report
 from ._matrix import STEP, PhaseMatrices, matrices_of
@@ -127,6 +128,7 @@ def build_report(
         )
     if "kernels" in report:
         skipped.extend(report["kernels"].pop("skipped"))
+    report["collectives"] = collectives_of_run(root, skipped)  # None: no window of two ranks
     skipped.extend(
         f"{path}: a temporary, not read (a write in progress, or one a killed process left: "
         "its rank removes it when it starts again)"

@@ -30,6 +30,7 @@ from ..._text import format_ranks, number_ranges
 from .._findings import cost_text, ratio_text
 from ._breakdown import breakdown_section
 from ._charts import charts_section
+from ._collectives import collectives_section
 from ._hangs import hangs_section
 from ._values import (
     as_float,
@@ -79,6 +80,7 @@ def render_html(report: Mapping[str, Any]) -> str:
             charts_section(report, findings),
             breakdown_section(report, findings),
             _kernels(report),
+            collectives_section(report),
             _skipped(report),
         ]
     )
@@ -106,12 +108,14 @@ def _header(report: Mapping[str, Any], run_dir: str) -> str:
     if version is not None:
         meta.append(f"report schema v{esc(as_text(version))}")
     hangs = '<a href="#hangs">hangs</a>' if "hangs" in report else ""
+    collectives = '<a href="#collectives">collectives</a>' if report.get("collectives") else ""
     return (
         "<header>\n<h1>rankscope report</h1>\n"
         f'<p class="run"><code>{esc(run_dir)}</code></p>\n'
         f'<p class="meta">{" · ".join(meta)}</p>\n'
         f'<nav><a href="#summary">summary</a>{hangs}<a href="#heatmap">heatmap</a>'
         '<a href="#over-steps">phases over steps</a><a href="#breakdown">breakdown</a><a href="#kernels">kernels</a>'
+        f"{collectives}"
         '<a href="#skipped">skipped input</a></nav>\n</header>'
     )
 

@@ -1,0 +1,125 @@
+"""`rankscope collectives`: who arrives last at each collective of a window
+(analysis/_collectives.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ._output import print_json, terminal
+
+__all__ = ["add_commands"]
+
+
+def add_commands(commands: Any) -> None:
+    parser = commands.add_parser(
+        "collectives",
+        help="who arrives last at each collective, from the traces of one window",
+        description=(
+            "Match each collective across the ranks of one captured window (NCCL kernels "
+            "on GPU, c10d calls on CPU), put the ranks on one clock, and say per rank how "
+            "often it arrived last and by how much (its arrival less the median arrival "
+            "of the others), and per collective its skew (last arrival less first). Give "
+            "the window's folder, RUN_DIR/traces/<window>, or trace files of one window."
+        ),
+    )
+    parser.add_argument("sources", nargs="+", type=Path, metavar="WINDOW_DIR_OR_TRACE")
+    parser.add_argument(
+        "--rows", type=_positive, default=20, help="ranks and collectives shown (default: 20)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.set_defaults(run=_collectives)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text}")
+    return value
+
+
+def _collectives(args: argparse.Namespace) -> int:
+    from ..analysis._collectives import find_collectives
+
+    if not args.json:
+        terminal("collectives")  # says which extra brings rich, where it is missing
+    found = find_collectives(args.sources).to_dict()
+    if args.json:
+        print_json(found)
+    else:
+        _show(found, args.rows)
+    return 0
+
+
+def _show(found: dict[str, Any], rows: int) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    source = "NCCL kernels (GPU)" if found["source"] == "gpu" else "c10d calls (CPU)"
+    window = f"window {found['window']}" if found["window"] else "the traces given"
+    console.print(
+        Text(
+            f"Collectives of {window}: {len(found['collectives'])} matched across "
+            f"{len(found['ranks'])} ranks, from {source}",
+            style="bold",
+        )
+    )
+    console.print(Text(found["summary"]))
+    ranks = sorted(found["ranks"], key=lambda r: (-r["arrived_last"], -r["late_ms"], r["rank"]))
+    table = Table(
+        box=box.SIMPLE_HEAD, title="Ranks, the most often last first", title_justify="left"
+    )
+    for column in ("rank", "host", "collectives", "last at", "late ms", "mean", "max", "vs median"):
+        table.add_column(column, justify="left" if column == "host" else "right")
+    for r in ranks[:rows]:
+        table.add_row(
+            str(r["rank"]),
+            Text(r["host"] or "?"),
+            str(r["collectives"]),
+            str(r["arrived_last"]),
+            _ms(r["late_ms"]),
+            _ms(r["late_ms_mean"]),
+            _ms(r["late_ms_max"]),
+            _ms(r["vs_median_ms"], signed=True),
+        )
+    console.print(table)
+    if len(ranks) > rows:
+        console.print(f"  ... {len(ranks) - rows} more ranks (--rows N, or --json)")
+    skewed = sorted(found["collectives"], key=lambda c: -c["skew_ms"])[:rows]
+    if skewed:
+        table = Table(
+            box=box.SIMPLE_HEAD, title="Collectives, the largest skew first", title_justify="left"
+        )
+        for column in ("at ms", "collective", "group", "#", "skew ms", "first", "last", "late ms"):
+            table.add_column(
+                column, justify="left" if column in ("collective", "group") else "right"
+            )
+        for c in skewed:
+            table.add_row(
+                _ms(c["at_ms"]),
+                Text(c["name"]),
+                Text(c["group"] or ""),
+                str(c["index"] if c["seq"] is None else c["seq"]),
+                _ms(c["skew_ms"]),
+                str(c["first_rank"]),
+                "tie" if c["last_rank"] is None else str(c["last_rank"]),
+                _ms(c["late_ms"]),
+            )
+        console.print(table)
+    for entry in found["unmatched"]:
+        console.print(Text(f"unmatched: {entry['reason']}", style="yellow"))
+    for note in found["notes"]:
+        console.print(Text(f"note: {note}", style="yellow"))
+    for line in found["skipped"]:
+        console.print(Text(f"skipped: {line}", style="yellow"))
+
+
+def _ms(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.3f}" if signed else f"{value:.3f}"
