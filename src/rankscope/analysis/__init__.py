@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._collectives import CollectiveReport, find_collectives
     from ._hangs import HangFinding, HangReport, find_hangs
+    from ._hosts import HostRecord, HostReport, find_recurring_hosts
     from ._kernels import KernelReport, KernelTable, find_traces, kernel_report
     from ._matrix import PhaseMatrices, matrices_of, phase_matrices
     from ._report import build_report
@@ -32,6 +33,8 @@ __all__ = [
     "CollectiveReport",
     "HangFinding",
     "HangReport",
+    "HostRecord",
+    "HostReport",
     "KernelReport",
     "KernelTable",
     "MergeResult",
@@ -45,6 +48,7 @@ __all__ = [
     "build_report",
     "find_collectives",
     "find_hangs",
+    "find_recurring_hosts",
     "find_stragglers",
     "find_traces",
     "kernel_report",
@@ -63,6 +67,9 @@ __all__ = [
 ]
 
 _WHERE = {
+    "HostRecord": "_hosts",
+    "HostReport": "_hosts",
+    "find_recurring_hosts": "_hosts",
     "CollectiveReport": "_collectives",
     "find_collectives": "_collectives",
     "render_html": "render._html",

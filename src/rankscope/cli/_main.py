@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from .._errors import ConfigError, RankscopeError, TraceError
 from .._layout import HANGS, LIVE, REPORT, TRIGGERS, RunDir
 from .._version import __version__
-from . import _collectives, _sql
+from . import _collectives, _hosts, _sql
 from ._output import EXIT_BAD_INPUT, print_json, terminal
 
 __all__ = ["main"]
@@ -272,6 +272,7 @@ def _hang_command(commands: Any) -> None:
     top.set_defaults(run=_top)
     _sql.add_commands(commands)
     _collectives.add_commands(commands)
+    _hosts.add_commands(commands)
 
 
 def _straggler_options(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,173 @@
+"""`rankscope hosts`: which host keeps holding a slow rank (analysis/_hosts.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..analysis._hosts import FEWEST_PER_WINDOW, WINDOWS
+from ._output import print_json, terminal
+
+__all__ = ["add_commands"]
+
+_SHOWN = 20
+"""Hosts the terminal table shows; --json gives every one."""
+
+
+def add_commands(commands: Any) -> None:
+    hosts = commands.add_parser(
+        "hosts",
+        help="which host keeps holding a slow rank: across runs, attempts and windows",
+        description=(
+            "Find the slow ranks of each run directory (each attempt of a restarted run on "
+            "its own, and each window of consecutive sampled steps), place them on the hosts "
+            "their meta files name, and say which host holds a slow rank again and again, "
+            'e.g. "node-17 held a slow rank in 3 of 4 runs: consider draining it". Only the '
+            "slow ranks count, never the ranks that wait for them."
+        ),
+    )
+    hosts.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    hosts.add_argument(
+        "--windows",
+        type=_positive,
+        default=WINDOWS,
+        metavar="N",
+        help=f"split each attempt's sampled steps into N windows (default: {WINDOWS}; fewer "
+        f"where a window would have under {FEWEST_PER_WINDOW} sampled steps; 1: none)",
+    )
+    hosts.add_argument(
+        "--same-hosts",
+        action="store_true",
+        help="take each rank's host from its meta file for every attempt (a meta file holds "
+        "the rank's latest start: use this where restarts kept every rank on its host)",
+    )
+    hosts.add_argument(
+        "--threshold",
+        type=float,
+        default=1.10,
+        help="a rank's time over the reference that counts as slow (default: 1.10)",
+    )
+    hosts.add_argument(
+        "--min-persistence",
+        type=float,
+        default=0.5,
+        help="share of sampled steps above the threshold to report (default: 0.5)",
+    )
+    hosts.add_argument(
+        "--min-share",
+        type=float,
+        default=0.01,
+        help="ignore excess below this share of the step time (default: 0.01)",
+    )
+    hosts.add_argument(
+        "--time",
+        choices=("host", "device"),
+        default="host",
+        help="compare host times (cpu_ms) or device times (gpu_ms) (default: host)",
+    )
+    hosts.add_argument("--json", action="store_true", help="print JSON for scripts")
+    hosts.set_defaults(run=_hosts)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text}")
+    return value
+
+
+def _hosts(args: argparse.Namespace) -> int:
+    from ..analysis._hosts import find_recurring_hosts
+
+    if not args.json:
+        terminal("hosts")  # says which extra brings rich, where it is missing
+    found = find_recurring_hosts(
+        args.run_dirs,
+        windows=args.windows,
+        threshold=args.threshold,
+        min_persistence=args.min_persistence,
+        min_share=args.min_share,
+        time=args.time,
+        same_hosts=args.same_hosts,
+    )
+    data = found.to_dict()
+    if args.json:
+        print_json(data)
+    else:
+        _show(data)
+    return 0
+
+
+def _show(data: dict[str, Any]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    # Piped output has no width to fit: wide enough that the sentences stay whole.
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    counts, options = data["counts"], data["options"]
+    runs = len(data["runs"])
+    console.print(
+        Text(
+            f"Hosts that held a slow rank, over {_many(runs, 'run')} "
+            f"({_many(counts['attempts'], 'attempt')} and {_many(counts['windows'], 'window')} "
+            f"with hosts to compare; {options['time']} time, threshold {options['threshold']:.2f})",
+            style="bold",
+        )
+    )
+    for sentence in data["summary"]:
+        console.print(Text(f"  {sentence}", style="bold"))
+    if data["hosts"]:
+        table = Table(box=box.SIMPLE_HEAD, title_justify="left")
+        for column in ("host", "runs", "attempts", "windows", "ranks", "phases"):
+            table.add_column(column, justify="right" if column in _COUNTS else "left")
+        for host in data["hosts"][:_SHOWN]:
+            table.add_row(
+                Text(host["host"]),
+                f"{host['runs']}/{counts['runs']}",
+                f"{host['attempts']}/{counts['attempts']}",
+                f"{host['windows']}/{counts['windows']}",
+                Text(_ranks(host["ranks"], runs)),
+                Text(", ".join(host["phases"])),
+            )
+        console.print(table)
+        if len(data["hosts"]) > _SHOWN:
+            console.print(f"  ... {len(data['hosts']) - _SHOWN} more hosts (--json)")
+    for run in data["runs"]:
+        attempts = run["attempts"]
+        line = (
+            f"run {run['label']}: ranks {run['ranks']} on {_many(len(run['hosts']), 'known host')}"
+        )
+        if attempts > 1:
+            line += f", {attempts} attempts"
+        console.print(Text(line))
+        for note in run["notes"]:
+            console.print(Text(f"  {note}"))
+    skipped = data["skipped"]
+    if skipped:
+        console.print(Text(f"\nSkipped input ({len(skipped)}):", style="yellow"))
+        for line in skipped[:_SHOWN]:
+            console.print(Text(f"  {line}"))
+        if len(skipped) > _SHOWN:
+            console.print(f"  ... and {len(skipped) - _SHOWN} more (all of them in --json)")
+
+
+_COUNTS = ("runs", "attempts", "windows")
+
+
+def _many(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _ranks(ranks: list[dict[str, Any]], runs: int) -> str:
+    """'3, 5' in one run; '3 (a), 11 (b)' across runs; attempts named where there are several."""
+    parts = []
+    for r in ranks[:8]:
+        where = [r["run"]] if runs > 1 else []
+        if r["attempt"] > 1 or any(o["attempt"] > 1 for o in ranks if o["run"] == r["run"]):
+            where.append(f"attempt {r['attempt']}")
+        parts.append(f"{r['rank']} ({', '.join(where)})" if where else str(r["rank"]))
+    return ", ".join(parts) + (f", {len(ranks) - 8} more" if len(ranks) > 8 else "")
