@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._collectives import CollectiveReport, find_collectives
+    from ._diff import RunDiff, diff_runs
     from ._hangs import HangFinding, HangReport, find_hangs
     from ._hosts import HostRecord, HostReport, find_recurring_hosts
     from ._kernels import KernelReport, KernelTable, find_traces, kernel_report
@@ -40,12 +41,14 @@ __all__ = [
     "MergeResult",
     "PhaseMatrices",
     "RankTimings",
+    "RunDiff",
     "RunMeta",
     "RunRecords",
     "RunTimings",
     "StragglerFinding",
     "StragglerReport",
     "build_report",
+    "diff_runs",
     "find_collectives",
     "find_hangs",
     "find_recurring_hosts",
@@ -67,6 +70,8 @@ __all__ = [
 ]
 
 _WHERE = {
+    "RunDiff": "_diff",
+    "diff_runs": "_diff",
     "HostRecord": "_hosts",
     "HostReport": "_hosts",
     "find_recurring_hosts": "_hosts",

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from .._errors import ConfigError, RankscopeError, TraceError
 from .._layout import HANGS, LIVE, REPORT, TRIGGERS, RunDir
 from .._version import __version__
-from . import _collectives, _hosts, _sql
+from . import _collectives, _diff, _hosts, _sql
 from ._output import EXIT_BAD_INPUT, print_json, terminal
 
 __all__ = ["main"]
@@ -273,6 +273,7 @@ def _hang_command(commands: Any) -> None:
     _sql.add_commands(commands)
     _collectives.add_commands(commands)
     _hosts.add_commands(commands)
+    _diff.add_commands(commands)
 
 
 def _straggler_options(parser: argparse.ArgumentParser) -> None:
@@ -366,6 +367,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _stragglers(args: argparse.Namespace) -> int:
     from ..analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
+    from ..analysis.read._values import read_phase_values
 
     render = None if args.json else terminal("stragglers")
     meta = read_run_meta(args.run_dir)
@@ -376,12 +378,15 @@ def _stragglers(args: argparse.Namespace) -> int:
             attempt=args.attempt,
             progress=progress and (lambda d, t: progress("timings", d, t)),
         )
+    m = matrices_of(timings)
     found = find_stragglers(
-        matrices_of(timings),
+        m,
         threshold=args.threshold,
         min_persistence=args.min_persistence,
         min_share=args.min_share,
         hosts=meta.hosts,
+        groups=meta.groups,
+        values=lambda phases: read_phase_values(args.run_dir, m.ranks, m.steps, phases),
     )
     skipped = meta.skipped + timings.skipped + meta.say_missing(timings.ranks)
     attempts = timings.attempts
