@@ -7,21 +7,27 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ._errors import ConfigError
 from ._files import read_regular, write_atomic
 from ._layout import meta_path
 from ._ranks import RankInfo
 from ._version import __version__
 
-__all__ = ["previous_attempt", "write_meta"]
+__all__ = ["check_groups", "previous_attempt", "write_meta"]
 
 META_VERSION = 1
 
 
 def write_meta(
-    run_dir: str, info: RankInfo, config: dict[str, Any], attempt: dict[str, Any]
+    run_dir: str,
+    info: RankInfo,
+    config: dict[str, Any],
+    attempt: dict[str, Any],
+    groups: Mapping[str, int | str] | None = None,
 ) -> Path:
     """Write RUN_DIR/meta/rank-NNNNN.json atomically; OSError propagates to the caller."""
     path = meta_path(run_dir, info.rank)
@@ -37,6 +43,7 @@ def write_meta(
         "device": _device(),
         "config": config,
         "attempt": attempt,
+        "groups": dict(groups or {}),
         # One instant read on both clocks: wall time for cross-rank timelines,
         # perf_counter for the host durations the timer records.
         "clock": {"time_ns": time.time_ns(), "perf_counter_ns": time.perf_counter_ns()},
@@ -88,3 +95,32 @@ def _device() -> str:
     except Exception:
         return "unknown"
     return "cpu"
+
+
+def check_groups(groups: Mapping[str, int | str] | None) -> dict[str, int | str]:
+    """The parallel groups a rank names (Profiler's `groups`), checked: names to ints or
+    short strings; a ConfigError naming the bad entry otherwise."""
+    if groups is None:
+        return {}
+    if not isinstance(groups, Mapping):
+        raise ConfigError(
+            "groups",
+            groups,
+            'a mapping of group names to ints or strings, e.g. {"pipeline_stage": 3}',
+        )
+    out: dict[str, int | str] = {}
+    for name, value in groups.items():
+        if not isinstance(name, str) or not name or len(name) > _GROUP_TEXT:
+            raise ConfigError(
+                "groups", name, f"group names: strings of 1 to {_GROUP_TEXT} characters"
+            )
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if not (ok or (isinstance(value, str) and 0 < len(value) <= _GROUP_TEXT)):
+            raise ConfigError(
+                f"groups[{name!r}]", value, f"an int or a string of 1 to {_GROUP_TEXT} characters"
+            )
+        out[name] = value
+    return out
+
+
+_GROUP_TEXT = 64

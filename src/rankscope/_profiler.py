@@ -22,7 +22,7 @@ from ._attempt import Attempt, current_attempt
 from ._config import ProfileConfig
 from ._errors import ConfigError
 from ._files import remove_stale_temps
-from ._meta import previous_attempt, write_meta
+from ._meta import check_groups, previous_attempt, write_meta
 from ._ranks import RankInfo, detect_rank_info
 
 if TYPE_CHECKING:
@@ -53,7 +53,10 @@ class Profiler:
     The environment (RANKSCOPE_*) overrides `config`. `rank` and `world_size` override
     what is detected (Ray workers and tests pass them). `first_step` is the global step
     the loop starts at: a job resumed from a checkpoint passes the checkpoint's step, so
-    its steps keep their numbers across attempts. With trace.enable any rank may
+    its steps keep their numbers across attempts. `groups` names the parallel groups
+    this rank belongs to ({"pipeline_stage": 3, "tensor_parallel": 1}: names to ints or
+    strings); it goes to the meta file, and the analysis uses it to tell a group of ranks
+    slow together (the last pipeline stage) from slow machines. With trace.enable any rank may
     be asked for a window (a trigger, SIGUSR2, its own slow steps), so every rank that
     can be holds a capture, idle until asked. A rank that neither times, nor traces, nor
     can be asked holds no torch object; its step() and phase() cost an attribute check.
@@ -67,7 +70,9 @@ class Profiler:
         world_size: int | None = None,
         environ: Mapping[str, str] | None = None,
         first_step: int = 0,
+        groups: Mapping[str, int | str] | None = None,
     ) -> None:
+        self.groups = check_groups(groups)
         if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
             raise ConfigError("first_step", first_step, "an int >= 0 (the step the loop starts at)")
         self.first_step = first_step
@@ -152,7 +157,9 @@ class Profiler:
         if self.rank_info.rank == 0:
             _say_other_job(run_dir, attempt)
         try:
-            write_meta(run_dir, self.rank_info, self.config.to_dict(), attempt.to_dict())
+            write_meta(
+                run_dir, self.rank_info, self.config.to_dict(), attempt.to_dict(), self.groups
+            )
             remove_stale_temps(run_dir, self.rank_info.rank)  # what a killed process left
         except OSError as exc:
             what = f"cannot write to {self.config.output_dir} ({exc})"

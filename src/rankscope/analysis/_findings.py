@@ -15,6 +15,7 @@ from .._text import format_ranks
 from ._chance import FEWEST_STEPS
 
 __all__ = [
+    "Cause",
     "Cost",
     "HostCost",
     "RankPhase",
@@ -59,6 +60,20 @@ class Cost:
 
 
 @dataclass(frozen=True)
+class Cause:
+    """Why a rank is slow (analysis/_cause.py): its class and the evidence, in words."""
+
+    kind: str
+    """"data-driven", "partitioning", "persistent", "intermittent" or "unclear"."""
+    text: str
+    could_be: tuple[str, ...] = ()
+    """Where the evidence does not tell them apart: the classes that fit."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text, "could_be": list(self.could_be)}
+
+
+@dataclass(frozen=True)
 class HostCost:
     """What fixing the findings of one host's ranks would save."""
 
@@ -93,6 +108,8 @@ class StragglerFinding:
     """The ratio at every sampled step (None where the rank has no record)."""
     cost: Cost | None = None
     """What fixing it would save (analysis/_cost.py); for "waits", fixing whom it waits for."""
+    cause: Cause | None = None
+    """Why it is slow (analysis/_cause.py); None for "waits"."""
 
     def to_dict(self) -> dict[str, Any]:
         # Field by field: asdict deep-copies every ratio, seconds for thousands of ranks.
@@ -100,6 +117,7 @@ class StragglerFinding:
         out["waits_for"] = list(self.waits_for)
         out["ratios"] = list(self.ratios)
         out["cost"] = None if self.cost is None else self.cost.to_dict()
+        out["cause"] = None if self.cause is None else self.cause.to_dict()
         return out
 
 
@@ -156,6 +174,8 @@ class StragglerReport:
     """What fixing every finding at once would save (None without findings)."""
     host_costs: list[HostCost] = field(default_factory=list)
     """Per host that holds a finding, what fixing its ranks' findings would save."""
+    notes: list[str] = field(default_factory=list)
+    """What the causes could not use (per-step values left out), said."""
     model_step_ms: float | None = None
     """The step time the cost model gives for the run as it is (against `cost.step_ms`,
     measured): how far to trust the costs."""
@@ -177,6 +197,7 @@ class StragglerReport:
             "cost": None if self.cost is None else self.cost.to_dict(),
             "host_costs": [h.to_dict() for h in self.host_costs],
             "model_step_ms": self.model_step_ms,
+            "notes": self.notes,
         }
         if table:
             # Strict JSON: a ratio with no step to compare (a phase one rank alone has) is null.

@@ -23,6 +23,7 @@ from ._matrix import STEP, PhaseMatrices, matrices_of
 from ._stragglers import find_stragglers
 from .read._engine import read_run_records
 from .read._run import read_run_meta
+from .read._values import read_phase_values
 
 __all__ = ["REPORT_VERSION", "build_report"]
 
@@ -96,6 +97,10 @@ def build_report(
             min_persistence=min_persistence,
             min_share=min_share,
             hosts=meta.hosts,
+            groups=meta.groups,
+            values=lambda phases: read_phase_values(
+                root, m.ranks, m.steps, phases & timings.valued
+            ),
         )
         report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
         report["time"] = m.time

@@ -23,7 +23,7 @@ of its lateness in its own work.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from .._errors import ConfigError
 from .._text import format_ranks
+from ._cause import causes_of
 from ._chance import binomial_tail, steps_needed
 from ._cost import estimate_costs
 from ._findings import (
@@ -44,6 +45,7 @@ from ._findings import (
 )
 from ._matrix import STEP, PhaseMatrices, phase_matrices, quiet
 from .read._timings import RunTimings
+from .read._values import PhaseValues
 
 __all__ = [
     "StragglerFinding",
@@ -77,13 +79,20 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     min_share: float = 0.01,
     time: str = "host",
     hosts: Mapping[int, str] | None = None,
+    groups: Mapping[int, Mapping[str, object]] | None = None,
+    values: Callable[[set[str]], PhaseValues] | None = None,
 ) -> StragglerReport:
-    """Name the persistently slow (rank, phase) pairs and the ranks that wait for them.
+    """Name the persistently slow (rank, phase) pairs and the ranks that wait for them,
+    what fixing them would save (analysis/_cost.py) and why each slow rank is slow
+    (analysis/_cause.py).
 
     `min_share` drops findings whose median excess is below that share of the median
     step time (a 0.1 ms phase 20% slower costs nothing). Steps need two ranks or more.
     `hosts` (rank -> host name, from the meta files) says which ranks share a clock;
-    without it every rank's clock may be off.
+    without it every rank's clock may be off. `groups` (rank -> the parallel groups it
+    named) and `values` (given the phases with a slow rank, their per-step values:
+    read/_values.py read_phase_values) serve the causes; `values` is called only where
+    there is a slow rank.
     """
     _check(threshold, min_persistence, min_share)
     m = timings if isinstance(timings, PhaseMatrices) else phase_matrices(timings, time)
@@ -107,6 +116,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     # first phase, then the end of each phase that ends in a collective.
     since = _first_arrival(m, arrive)
     unconfirmed: list[StragglerFinding] = []
+    steady: set[tuple[int, str]] = set()  # slow rows slow at their fastest steps too
     for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True)):
         if phase == STEP:
             continue
@@ -176,6 +186,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
                 ratios=rounded(ratio[r]),
             )
             if sync or _slow_at_its_best(d, r, row.valid[onset:], threshold):
+                steady.add((rank, phase))
                 report.findings.append(finding)
             else:
                 unconfirmed.append(finding)
@@ -188,9 +199,22 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     report.summary = sentences(report)
     if report.findings:
         costs = estimate_costs(m, report, hosts)
+        slow = {f.phase for f in report.findings if f.role == "slow"}
+        known = values(slow) if values is not None and slow else None
+        causes = causes_of(
+            m,
+            report.findings,
+            threshold=threshold,
+            steady=steady,
+            values=known,
+            hosts=hosts,
+            groups=groups,
+        )
         report.findings = [
-            replace(f, cost=c) for f, c in zip(report.findings, costs.each, strict=True)
+            replace(f, cost=c, cause=why)
+            for f, c, why in zip(report.findings, costs.each, causes, strict=True)
         ]
+        report.notes = known.notes if known is not None else []
         report.cost, report.host_costs = costs.all, costs.hosts
         report.model_step_ms = costs.model_step_ms
     return report

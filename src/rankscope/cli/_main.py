@@ -386,7 +386,9 @@ def _stragglers(args: argparse.Namespace) -> int:
         min_share=args.min_share,
         hosts=meta.hosts,
         groups=meta.groups,
-        values=lambda phases: read_phase_values(args.run_dir, m.ranks, m.steps, phases),
+        values=lambda phases: read_phase_values(
+            args.run_dir, m.ranks, m.steps, phases & timings.valued
+        ),
     )
     skipped = meta.skipped + timings.skipped + meta.say_missing(timings.ranks)
     attempts = timings.attempts

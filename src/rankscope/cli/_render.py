@@ -125,12 +125,31 @@ def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int |
     return table
 
 
+def _causes(findings: list[dict[str, Any]], notes: list[str]) -> None:
+    """Why each slow rank is slow (the first few), and what the causes could not use."""
+    slow = [f for f in findings if f.get("cause")]
+    for f in slow[:_CAUSES]:
+        _console.print(
+            Text(f"  why rank {f['rank']} is slow in {f['phase']}: {f['cause']['text']}")
+        )
+    if len(slow) > _CAUSES:
+        _console.print(f"  ... {len(slow) - _CAUSES} more slow ranks (--json has each one's cause)")
+    for note in notes:
+        _console.print(Text(f"  note: {note}", style="yellow"))
+
+
+_CAUSES = 5
+
+
 def _costs(strag: dict[str, Any]) -> None:
     """What fixing the findings would save: all of them, then per host."""
     if not strag.get("cost"):
         return
     _console.print(Text(f"  {cost_text(strag['cost'], 'fixing every finding')}"))
-    for entry in strag.get("host_costs", [])[:5]:
+    hosts = strag.get("host_costs", [])
+    if len(hosts) == 1 and hosts[0]["cost"] == strag["cost"]:
+        hosts = []  # one host holds every finding: its line would say the same again
+    for entry in hosts[:5]:
         what = f"fixing host {entry['host']} ({_rank_list(entry['ranks'])})"
         _console.print(Text(f"  {cost_text(entry['cost'], what)}"))
     model, measured = strag.get("model_step_ms"), strag["cost"].get("step_ms")
@@ -184,6 +203,7 @@ def report(data: dict[str, Any], html: Path | None) -> None:
         strag = data["stragglers"]
         _console.print("[bold]Stragglers[/bold]")
         _sentences(strag["summary"], strag["threshold"], strag["min_persistence"])
+        _causes(strag["findings"], strag.get("notes", []))
         _costs(strag)
         if strag["findings"]:
             _console.print(_findings_table(strag["findings"], strag["reference"], 10))
@@ -242,6 +262,7 @@ def stragglers(
             }
         )
         rows = [f.to_dict() for f in found.findings]
+        _causes(rows, found.notes)
         _console.print(_findings_table(rows, found.reference, limit))
         if limit is not None and len(rows) > limit:
             _console.print(f"  ... {len(rows) - limit} more findings (--all, or --json)")

@@ -76,18 +76,19 @@ _WHOLE = (
 )
 
 
-def lines_sql(files: str = "$files", columns: str = "$columns") -> str:
+def lines_sql(files: str = "$files", columns: str = "$columns", extra: str = "") -> str:
     """The `values` and `lines` of a WITH clause over the timings files `files` (a SQL
     list, or a parameter): one row per line, its values cast, and whether it is a
     record (`known AND record`), an attempt line (`known AND opens`) or neither (a line
-    the fast path cannot take). Each flag is true or false, never NULL."""
+    the fast path cannot take). Each flag is true or false, never NULL. `extra`: more
+    columns of `columns` to pass through as read (", meta")."""
     return f"""values AS (
-    SELECT filename, phase, kind, v, error, attempt,
+    SELECT filename, phase, kind, v, error, attempt{extra},
         {_CAST}
     FROM read_json({files}, format = 'newline_delimited', ignore_errors = true,
                    filename = true, columns = {columns})
 ), lines AS (
-    SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth,
+    SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth{extra},
         coalesce((v IS NULL OR CAST(v AS VARCHAR) = '1') AND rank >= 0 AND {_WHOLE}, false)
             AS known,
         coalesce({_RECORD}, false) AS record,

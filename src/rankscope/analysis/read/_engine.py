@@ -62,8 +62,9 @@ Int64s = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
 
 _SCAN = f"""
-WITH {lines_sql()}
+WITH {lines_sql(extra=", meta")}
 SELECT filename, phase, kind,
+    count(meta) FILTER (WHERE known AND record) AS valued,
     count(*) FILTER (WHERE NOT (known AND (record OR opens))) AS bad,
     count(*) FILTER (WHERE known AND opens) AS opens,
     count(*) FILTER (WHERE known AND record) AS records,
@@ -78,6 +79,7 @@ SELECT filename, phase, kind,
 FROM lines
 GROUP BY filename, phase, kind
 """
+_COLUMNS = {**COLUMNS, "meta": "JSON"}
 _HOST = ",\n    list(cpu_ms) FILTER (WHERE known AND record AND NOT error) AS host_ms"
 
 
@@ -124,6 +126,8 @@ class RunRecords:
     attempts: Attempts = field(default_factory=Attempts)
     last_step: dict[int, int] = field(default_factory=dict)
     """Each rank's latest step with a record."""
+    valued: set[str] = field(default_factory=set)
+    """Phases a record of which holds user values ("meta"), read by read/_values.py."""
 
     def phase(self, name: str) -> PhaseRecords:
         return self.phases.setdefault(name, PhaseRecords())
@@ -134,6 +138,7 @@ class RunRecords:
             return
         self.ranks.add(timings.rank)
         self.last_step[timings.rank] = int(timings.step.max())
+        self.valued |= timings.valued
         dur = timings.cpu_ms if self.time == "host" else timings.gpu_ms
         for index, name in enumerate(timings.names):
             mine = timings.phase == index
@@ -273,6 +278,8 @@ class _Scan:
         self.slow: list[Path] = []
         self.names: dict[str, int] = {}
         self.batches: list[_Batch] = []
+        self.valued: set[str] = set()
+        """Phases a record of which (in a whole file) holds user values."""
 
     def read_all(self, progress: Callable[[int, int], None] | None, extra: int) -> None:
         done = 0
@@ -285,7 +292,7 @@ class _Scan:
     def read(self, files: list[Path]) -> None:
         index = {str(path): i for i, path in enumerate(files)}
         try:
-            table = self.con.execute(self.query, {"files": list(index), "columns": COLUMNS})
+            table = self.con.execute(self.query, {"files": list(index), "columns": _COLUMNS})
             table = table.fetchnumpy()
         except Exception:  # DuckDB's own errors: the line-by-line reader says what is wrong
             self.slow.extend(files)
@@ -304,6 +311,7 @@ class _Scan:
         whole = self._whole_files(files, file, table, unnamed & (records > 0))
         keep = whole[file] & (records > 0)
         picked = np.flatnonzero(keep).tolist()
+        self.valued.update(phase[i] for i in np.flatnonzero(keep & (table["valued"] > 0)).tolist())
         rank_of_file = np.array([self.rank_of[path] for path in files], np.int64)
         ids = np.array([self.names.setdefault(phase[i], len(self.names)) for i in picked], np.int64)
         used = table["used"].astype(np.int64)[keep]
@@ -366,6 +374,7 @@ class _Scan:
         alive = np.zeros(max(self.rank_of.values(), default=0) + 1, np.bool_)  # any file's rank
         alive[list(ranks)] = True
         names = list(self.names)
+        out.valued |= self.valued
         while self.batches:
             batch = self.batches.pop(0)  # released as its records find their phases
             rank, ids, kinds, depths, last = batch.groups

@@ -36,6 +36,23 @@ class RunMeta:
     def hosts(self) -> dict[int, str]:
         return {r: str(m["host"]) for r, m in self.meta.items() if isinstance(m.get("host"), str)}
 
+    @property
+    def groups(self) -> dict[int, dict[str, int | str]]:
+        """Each rank's parallel groups (Profiler's `groups`): names to ints or strings;
+        any other entry of an untrusted file is left out."""
+        out: dict[int, dict[str, int | str]] = {}
+        for rank, data in self.meta.items():
+            named = data.get("groups")
+            if isinstance(named, dict):
+                kept = {
+                    k: v
+                    for k, v in named.items()
+                    if isinstance(k, str) and isinstance(v, (int, str)) and not isinstance(v, bool)
+                }
+                if kept:
+                    out[rank] = kept
+        return out
+
     def missing(self, present: set[int] | list[int]) -> list[int]:
         """Ranks below the world size that `present` lacks (below max+1 without meta)."""
         have = set(present)

@@ -96,6 +96,8 @@ class RankTimings:
     """This rank's attempts in the order they started (read/_attempts.py)."""
     skipped: list[str] = field(default_factory=list)
     """What was left out of this file and why, one line each (a torn last line, a bad line)."""
+    valued: set[str] = field(default_factory=set)
+    """Phases a record of which holds user values ("meta": read/_values.py reads them)."""
 
     def __len__(self) -> int:
         return len(self.step)
@@ -411,6 +413,8 @@ def _read_any_lines(body: bytes, rank: int, path: Path) -> RankTimings:
                 problem = _problem(record, rank)
                 if problem is None:
                     columns.add(record)
+                    if isinstance(record.get("meta"), dict):
+                        out.valued.add(record["phase"])
             if problem is not None:
                 out.skipped.append(f"{path}:{number}: {problem}")
     for version, count in versions.items():

@@ -237,10 +237,28 @@ def _stragglers(
     words = "".join(f"<li>{esc(s)}</li>" for s in sentences)
     out = head + (f'<ul class="findings">{words}</ul>\n' if words else "")
     out += f'<p class="rule">Rule: {rule}.</p>\n'
+    out += _causes(findings)
     out += _costs(stragglers)
     if findings:
         out += _findings_table(findings, hosts, reference)
     return out
+
+
+def _causes(findings: list[Mapping[str, Any]]) -> str:
+    """Why each slow rank is slow, with its evidence (the first few)."""
+    lines: list[str] = []
+    for f in findings:
+        cause = as_map(f.get("cause"))
+        text = as_text(cause.get("text"))
+        if text and len(lines) < _MAX_CAUSES:
+            lines.append(
+                f"<li>why rank {esc(as_text(f.get('rank')))} is slow in "
+                f"{esc(as_text(f.get('phase')))}: {esc(text)}</li>"
+            )
+    return f'<ul class="causes">{"".join(lines)}</ul>\n' if lines else ""
+
+
+_MAX_CAUSES = 8
 
 
 def _costs(stragglers: Mapping[str, Any]) -> str:
