@@ -3,6 +3,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,15 @@ def test_the_installed_command_exits_0_alone_and_2_misspelled() -> None:
     wrong = run("stragler")
     assert (wrong.returncode, wrong.stdout) == (2, "")
     assert wrong.stderr == "rankscope: unknown command 'stragler'; did you mean 'stragglers'?\n"
+
+
+@pytest.mark.parametrize("msgspec_present", [True, False])
+def test_json_is_strict_with_msgspec_and_without(
+    msgspec_present: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rankscope.cli._output import print_json
+
+    if not msgspec_present:
+        monkeypatch.setitem(sys.modules, "msgspec", None)  # import msgspec now fails
+    print_json({"a": float("nan"), "b": (1.5, float("inf")), 3: ["x", None, True]})
+    assert capsys.readouterr().out == '{"a":null,"b":[1.5,null],"3":["x",null,true]}\n'
