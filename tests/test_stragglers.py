@@ -16,6 +16,8 @@ from rankscope.analysis._matrix import phase_matrices
 from rankscope.analysis._stragglers import (
     _late_by_own_work,
     _medians_without,
+    _row,
+    _rows,
     _slow_at_its_best,
     find_stragglers,
     format_ranks,
@@ -446,3 +448,27 @@ def test_the_median_of_the_others_is_each_entrys_own_median(n: int) -> None:
         values = rng.integers(0, 4, n) / rng.integers(1, 5)
         want = [np.median(np.delete(values, i)) if n > 1 else np.nan for i in range(n)]
         assert np.array_equal(_medians_without(values), np.array(want), equal_nan=True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rows_worked_out_together_equal_rows_worked_out_one_by_one(seed: int) -> None:
+    """_rows does at once, for rows valid at every step, what _row does for one row."""
+    rng = np.random.default_rng(seed)
+    ranks, steps = 40, 30
+    ratio = rng.lognormal(0.05, 0.1, (ranks, steps))
+    ratio[rng.random((ranks, steps)) < 0.3 * (seed % 2)] = np.nan  # some rows with gaps
+    ratio[:8, : steps // 2] = 1.0  # rows slow only from the middle on
+    ratio[:8, steps // 2 :] = rng.lognormal(0.4, 0.1, (8, steps - steps // 2))
+    excess = (ratio - 1) * 10
+    rows = np.arange(ranks)
+    together = _rows(ratio, excess, rows, threshold=1.1, floor=0.1, min_persistence=0.5)
+    for r in rows.tolist():
+        alone = _row(ratio[r], excess[r], 1.1, 0.1)
+        onset = alone.onset(0.5)
+        assert together[r].onset(0.5) == onset
+        if onset is not None:
+            assert together[r].median_ratio(onset) == alone.median_ratio(onset)
+            assert together[r].median_excess(onset) == alone.median_excess(onset)
+            assert together[r].share(onset) == alone.share(onset)
+            assert together[r].lost(onset) == alone.lost(onset)
+    assert {together[r].onset(0.5) for r in range(8)} - {None, 0}  # onsets part-way, too

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -144,9 +145,19 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         shares = above / np.maximum(steps, 1)
         tests = len(m.ranks) * len(m.phases) * max(1, len(m.steps))
         chances = _medians_without(shares)
-        for r in np.flatnonzero(above >= needed).tolist():
+        candidates = np.flatnonzero(above >= needed)
+        rows = _rows(
+            ratio,
+            excess,
+            candidates,
+            threshold=threshold,
+            floor=floor,
+            min_persistence=min_persistence,
+        )
+        waits_memo: dict[tuple[int, int], Any] = {}  # rows whose steps and window agree
+        for r in candidates.tolist():
             rank = m.ranks[r]
-            row = _row(ratio[r], excess[r], threshold, floor)
+            row = rows[r]
             onset = row.onset(min_persistence)
             if onset is None or row.median_excess(onset) < floor:
                 continue
@@ -160,9 +171,20 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
                 continue
             waits_for: tuple[int, ...] = ()
             if sync:
-                waits_for, short = _waited_for(
-                    r, row.valid[onset:], last, late_ns, made_ns, ranks=len(m.ranks), tests=tests
-                )
+                # Waiting differs between rows only by the row's own rank leaving the
+                # window: rows of every step that were never last there share an answer.
+                key = (onset, r if row.whole and r in row.last_at(last, onset) else -1)
+                if not row.whole or key not in waits_memo:
+                    waits_memo[key] = _waited_for(
+                        r,
+                        row.valid[onset:],
+                        last,
+                        late_ns,
+                        made_ns,
+                        ranks=len(m.ranks),
+                        tests=tests,
+                    )
+                waits_for, short = waits_memo[key]
                 if short is not None:
                     hits, more, late = short
                     n, ratio_r = len(row.valid) - onset, row.median_ratio(onset)
@@ -320,6 +342,18 @@ class _Row:
     ratio: Matrix
     excess: Matrix
     above: npt.NDArray[np.bool_]
+    whole: bool = False
+    """Every step is valid (so rows share their steps; see _rows)."""
+    known: dict[str, Any] = field(default_factory=dict)
+    """What _rows worked out for many rows at once: "onset", and at it the medians."""
+
+    def last_at(self, last: npt.NDArray[np.int64], onset: int) -> set[int]:
+        """The ranks last to arrive at the steps from `onset` on (for a whole row)."""
+        seen = self.known.setdefault("last_at", {})
+        if onset not in seen:
+            seen[onset] = set(last[self.valid[onset:]].tolist())
+        found: set[int] = seen[onset]
+        return found
 
     def onset(self, min_persistence: float) -> int | None:
         """Where a persistent excess began (0: from the start); None where there is none.
@@ -327,6 +361,9 @@ class _Row:
         The split that best separates steps above the threshold after it from steps
         below before it, keeping at least a fifth of the steps (and 3) after it.
         """
+        if "onset" in self.known:
+            found: int | None = self.known["onset"]
+            return found
         n = len(self.valid)
         shortest = max(3, math.ceil(0.2 * n))
         if n < shortest:
@@ -356,6 +393,8 @@ class _Row:
         return steps_needed(k, n, lambda m: max(chance, 1.0 / m), lambda m: tests * m / n)
 
     def median_ratio(self, onset: int) -> float:
+        if self.known.get("onset") == onset and "median_ratio" in self.known:
+            return round(float(self.known["median_ratio"]), 4)
         return round(float(np.median(self.ratio[onset:])), 4)
 
     def share(self, onset: int) -> float:
@@ -365,7 +404,64 @@ class _Row:
         return round(float(np.sum(np.clip(self.excess[onset:], 0, None))), 3)
 
     def median_excess(self, onset: int) -> float:
+        if self.known.get("onset") == onset and "median_excess" in self.known:
+            return float(self.known["median_excess"])
         return float(np.median(self.excess[onset:]))
+
+
+def _rows(
+    ratio: Matrix,
+    excess: Matrix,
+    rows: npt.NDArray[np.int64],
+    *,
+    threshold: float,
+    floor: float,
+    min_persistence: float,
+) -> dict[int, _Row]:
+    """The _Row of each of `rows`. Rows valid at every step (the common case: thousands
+    of ranks waiting for one) get their onset and medians in a few numpy calls for all
+    of them, the same figures _Row works out one row at a time."""
+    out: dict[int, _Row] = {}
+    if not len(rows):
+        return out
+    whole = rows[np.isfinite(ratio[rows]).all(axis=1)]
+    n = ratio.shape[1]
+    shortest = max(3, math.ceil(0.2 * n))
+    if len(whole) and n >= shortest:
+        r, e = ratio[whole], excess[whole]
+        above = (r > threshold) & (e >= floor)
+        cum: npt.NDArray[np.int64] = np.concatenate(
+            (np.zeros((len(whole), 1), np.int64), np.cumsum(above, axis=1, dtype=np.int64)), axis=1
+        )
+        starts = np.arange(n - shortest + 1)
+        after = (cum[:, n : n + 1] - cum[:, starts]) / (n - starts)
+        before = np.divide(
+            cum[:, starts], starts, out=np.zeros((len(whole), len(starts))), where=starts > 0
+        )
+        best = np.argmax(after - before, axis=1)
+        onsets = np.where(after[np.arange(len(whole)), best] >= min_persistence, best, -1)
+        medians: dict[int, tuple[Matrix, Matrix]] = {}
+        for onset in np.unique(onsets[onsets >= 0]).tolist():
+            sel = onsets == onset
+            medians[onset] = (
+                np.median(r[sel, onset:], axis=1),
+                np.median(e[sel, onset:], axis=1),
+            )
+        place: dict[int, int] = {}
+        valid = np.arange(n)
+        for i, index in enumerate(whole.tolist()):
+            onset = int(onsets[i])
+            row = _Row(valid, r[i], e[i], above[i], whole=True)
+            row.known["onset"] = None if onset < 0 else onset
+            if onset >= 0:
+                at = place[onset] = place.get(onset, -1) + 1
+                row.known["median_ratio"] = medians[onset][0][at]
+                row.known["median_excess"] = medians[onset][1][at]
+            out[index] = row
+    for index in rows.tolist():
+        if index not in out:
+            out[index] = _row(ratio[index], excess[index], threshold, floor)
+    return out
 
 
 def _row(ratio: Matrix, excess: Matrix, threshold: float, floor: float) -> _Row:
