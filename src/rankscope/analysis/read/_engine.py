@@ -377,21 +377,7 @@ class _Scan:
         out.valued |= self.valued
         while self.batches:
             batch = self.batches.pop(0)  # released as its records find their phases
-            rank, ids, kinds, depths, last = batch.groups
-            mine = alive[rank]
-            for r, p, k, d, s in zip(
-                rank[mine].tolist(),
-                ids[mine].tolist(),
-                [k for k, m in zip(kinds, mine.tolist(), strict=True) if m],
-                depths[mine].tolist(),
-                last[mine].tolist(),
-                strict=True,
-            ):
-                out.ranks.add(r)
-                out.last_step[r] = max(out.last_step.get(r, s), s)
-                phase = out.phase(names[p])
-                phase.kinds[k] += 1
-                phase.depth = min(phase.depth, d)
+            _add_groups(out, names, batch.groups, alive[batch.groups[0]])
             rank, ids, step, ms, start, host = batch.records
             mine = alive[rank]
             for p in np.unique(ids[mine]).tolist():
@@ -401,6 +387,40 @@ class _Scan:
                 out.phase(names[p]).parts.append(
                     (rank[sel], step[sel], picked_ms, start[sel], picked_host)
                 )
+
+
+def _add_groups(
+    out: RunRecords,
+    names: list[str],
+    groups: tuple[Int64s, Int64s, list[str], Int64s, Int64s],
+    mine: npt.NDArray[np.bool_],
+) -> None:
+    """What a batch's (file, phase, kind) groups tell the run: its ranks, each rank's last
+    step, each phase's kind votes (a vote per group) and smallest depth; by numpy, never
+    a Python step per group (28k of them at 4096 ranks). `mine`: the groups to add."""
+    rank, ids, depths, last = groups[0][mine], groups[1][mine], groups[3][mine], groups[4][mine]
+    kinds = [kind for kind, k in zip(groups[2], mine.tolist(), strict=True) if k]
+    if not len(rank):
+        return
+    ranks, at = np.unique(rank, return_inverse=True)
+    latest = np.full(len(ranks), np.iinfo(np.int64).min)
+    np.maximum.at(latest, at, last)
+    for r, step in zip(ranks.tolist(), latest.tolist(), strict=True):
+        out.ranks.add(r)
+        out.last_step[r] = max(out.last_step.get(r, step), step)
+    kind_names = sorted(set(kinds))
+    number = {name: i for i, name in enumerate(kind_names)}
+    kind_id = np.fromiter((number[k] for k in kinds), np.int64, len(kinds))
+    votes, counts = np.unique(ids * len(kind_names) + kind_id, return_counts=True)
+    for vote, count in zip(votes.tolist(), counts.tolist(), strict=True):
+        phase, kind = divmod(vote, len(kind_names))
+        out.phase(names[phase]).kinds[kind_names[kind]] += count
+    phases, at = np.unique(ids, return_inverse=True)
+    smallest = np.full(len(phases), np.iinfo(np.int64).max)
+    np.minimum.at(smallest, at, depths)
+    for phase, depth in zip(phases.tolist(), smallest.tolist(), strict=True):
+        record = out.phase(names[phase])
+        record.depth = min(record.depth, depth)
 
 
 def _flat(lists: Any, keep: npt.NDArray[np.bool_], dtype: type[np.generic]) -> Any:
