@@ -17,6 +17,7 @@ from rankscope import _attempt
 from rankscope._text import number_ranges
 from rankscope.analysis import build_report, read_timings
 from rankscope.analysis.read._attempts import AttemptMark
+from rankscope.analysis.read._engine import read_run_records
 from rankscope.cli import main
 
 from ._dist_workers import train_attempt
@@ -193,6 +194,56 @@ def test_a_bad_opening_line_is_said_and_its_records_are_kept(tmp_path: Path) -> 
     ]
 
 
+@pytest.mark.parametrize(
+    ("host", "problem"),
+    [
+        ("node-17", None),
+        ("", '"", not a host name'),
+        (12, "12, not a host name"),
+        (["node-17"], '["node-17"], not a host name'),
+        ("node\n17", '"node\\n17", not a host name'),
+        ("x" * 5000, "a name of 5000 characters, longer than any host's"),
+    ],
+)
+def test_an_attempt_line_s_host_is_kept_where_it_is_a_host_name(
+    tmp_path: Path, host: Any, problem: str | None
+) -> None:
+    """Every reader (the timer layout's, line by line, DuckDB's whole file) takes a bad host
+    as none, says why, and keeps the attempt and its records."""
+    for rank, extra in enumerate([{}, {"meta": {"tokens": 3}}]):  # the second: line by line
+        lines = _attempt_lines(rank, "one", range(2), 5.0, **extra)
+        lines[0] = lines[0][:-1] + f',"host":{json.dumps(host)}}}'
+        _write(tmp_path, rank, lines)
+    run = read_timings(tmp_path)
+    records = read_run_records(tmp_path)
+    assert run.skipped == [] and records.skipped == []
+    assert [len(t) for t in run.ranks.values()] == [4, 4]
+    said = AttemptMark(
+        token="one",
+        started_ns=1_700_000_000_000_000_000,
+        host=host if problem is None else None,
+        host_problem=problem,
+    )
+    assert [t.attempts for t in run.ranks.values()] == [[said], [said]]
+    assert run.attempts.marks == records.attempts.marks == [{0: said, 1: said}]
+    assert run.attempts.count == 1 and run.attempts.note is None
+
+
+def test_attempt_lines_without_a_host_read_as_before(tmp_path: Path) -> None:
+    _write(tmp_path, 0, _attempt_lines(0, "aaa", range(3), 10.0))
+    _write(tmp_path, 0, _attempt_lines(0, "bbb", range(3), 20.0))
+    lines = _attempt_lines(0, "ccc", range(3), 30.0)
+    lines[0] = lines[0][:-1] + ',"host":null}'  # said as null: no host either
+    _write(tmp_path, 0, lines)
+    run = read_timings(tmp_path)
+    assert run.skipped == [] and run.attempts.count == 3
+    assert [(m.token, m.host, m.host_problem) for m in run.ranks[0].attempts] == [
+        ("aaa", None, None),
+        ("bbb", None, None),
+        ("ccc", None, None),
+    ]
+
+
 # -- what the capture side writes ------------------------------------------------------
 
 
@@ -228,9 +279,11 @@ def test_meta_and_timings_say_the_attempt_the_launcher_gave(
     said = meta["attempt"]
     assert (said["launcher"], said["job"], said["restart"]) == ("torchelastic", "job7", 2)
     first = json.loads((tmp_path / "timings" / "rank-00000.jsonl").read_text().splitlines()[0])
-    assert first == {"v": 1, "rank": 0, **said}
+    # The line also names the host the meta file names (outside the attempt's identity).
+    assert first == {"v": 1, "rank": 0, **said, "host": meta["host"]}
     run = read_timings(tmp_path)
-    assert run.ranks[0].attempts[0].restart == 2
+    mark = run.ranks[0].attempts[0]
+    assert (mark.restart, mark.host, mark.host_problem) == (2, meta["host"], None)
 
 
 def test_rank_0_warns_once_when_another_job_writes_into_the_directory(

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+import rankscope
 from rankscope import ConfigError
+from rankscope import _attempt as attempt_module
 from rankscope._layout import meta_path, timing_path
 from rankscope._synthetic import Slowdown, write_timings
 from rankscope.analysis._hosts import find_recurring_hosts
@@ -189,22 +191,27 @@ def _attempt(n: int, started_ns: int, launcher: bool) -> dict[str, Any]:
     return said
 
 
-def _restarted(root: Path, parts: list[tuple[Path, dict[str, Any]]]) -> Path:
+def _restarted(
+    root: Path, parts: list[tuple[Path, dict[str, Any]]], hosts: list[list[Any]] | None = None
+) -> Path:
     """One run directory whose rank files hold each part's records, in order, each after the
-    line that opens its attempt (as a job restarted into one directory writes them)."""
-    for part, attempt in parts:
+    line that opens its attempt (as a job restarted into one directory writes them). The
+    lines name no host (as before they did), or hosts[part][rank]."""
+    for i, (part, attempt) in enumerate(parts):
         for source in sorted((part / "timings").iterdir()):
             rank = int(json.loads(source.read_text().splitlines()[0])["rank"])
             target = timing_path(root, rank)
             target.parent.mkdir(parents=True, exist_ok=True)
+            host = None if hosts is None else hosts[i][rank]
             with open(target, "a", encoding="utf-8") as out:
-                out.write(format_attempt(rank, attempt) + source.read_text())
+                out.write(format_attempt(rank, attempt, host) + source.read_text())
     return root
 
 
 def test_a_rank_s_host_in_an_earlier_attempt_is_not_guessed_from_the_latest_meta(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Attempt lines written before they named a host: the meta file alone places ranks."""
     parts, attempts = [], []
     for n in (1, 2, 3):
         part = tmp_path / f"part{n}"
@@ -269,6 +276,101 @@ def test_a_host_slow_in_two_attempts_as_different_ranks_is_found_from_each_attem
         "rank 1 in attempt 2; in forward): consider draining it"
     )
     assert data["runs"][0]["attempts"] == 2
+
+
+RESTART_STEPS = 12
+
+
+def _start_of(monkeypatch: pytest.MonkeyPatch, restart: int) -> None:
+    """Make this process a new start: torchelastic's restart `restart` of job1."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+    monkeypatch.setattr(attempt_module, "_current", None)
+
+
+def _profile(monkeypatch: pytest.MonkeyPatch, run: Path, hosts: list[str], slow: int) -> None:
+    """Each rank of len(hosts) in turn, on its host, with rank `slow` slow in forward."""
+    config = {"output_dir": str(run), "timer": {"enable": True, "every_n_steps": 1}}
+    for rank, host in enumerate(hosts):
+        monkeypatch.setattr(socket, "gethostname", lambda host=host: host)  # as if on `host`
+        with rankscope.Profiler(config, rank=rank, world_size=len(hosts)) as prof:
+            for _ in range(RESTART_STEPS):
+                with prof.phase("forward"):
+                    time.sleep(0.02 if rank == slow else 0)
+                prof.step()
+
+
+def test_a_restarted_job_s_attempts_each_name_the_host_they_ran_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart moved rank 2 off node-17 and rank 0 onto it; the meta files hold the latest
+    start only, so attempt 1's hosts come from its timings' attempt lines."""
+    run = tmp_path / "run"
+    _start_of(monkeypatch, 0)
+    _profile(monkeypatch, run, ["node-00", "node-01", "node-17", "node-03"], slow=2)
+    _start_of(monkeypatch, 1)
+    _profile(monkeypatch, run, ["node-17", "node-01", "node-02", "node-03"], slow=0)
+    assert json.loads(meta_path(run, 2).read_text())["host"] == "node-02"  # the latest start's
+    for argv in ([], ["--same-hosts"]):  # a host an attempt line names is never overridden
+        data = _json([str(run), "--windows", "1", *argv], capsys)
+        assert data["runs"][0]["attempts"] == 2 and data["counts"]["attempts"] == 2
+        assert data["unknown_hosts"] == [] and data["skipped"] == []
+        assert [h["host"] for h in data["hosts"]] == ["node-17"]
+        held = _host(data, "node-17")["ranks"]
+        assert [(r["attempt"], r["rank"]) for r in held] == [(1, 2), (2, 0)]
+        assert data["summary"][0] == (
+            "node-17 held a slow rank in 2 of 2 attempts of run run (rank 2 in attempt 1 and "
+            "rank 0 in attempt 2; in forward): consider draining it"
+        )
+
+
+def test_an_attempt_line_s_bad_host_is_said_and_the_host_is_not_known(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parts, attempts = [], []
+    for n in (1, 2):
+        part = tmp_path / f"part{n}"
+        slow = [Slowdown(2, "forward", 0.5)]
+        write_timings(part, ranks=8, steps=30, seed=n, slowdowns=slow, write_meta=False)
+        attempts.append(_attempt(n, n * HOUR_NS, launcher=True))
+        parts.append((part, attempts[-1]))
+    lines = [_hosts(r2=12), _hosts(r2="x" * 1000)]  # not a name; longer than any host's
+    run = _restarted(tmp_path / "run", parts, lines)
+    for rank, host in enumerate(_hosts(r2="node-17")):
+        _meta(run, rank, 8, host, attempts[-1])  # rank 2's meta file: attempt 2's start
+    data = _json([str(run), "--windows", "1"], capsys)
+    path = timing_path(run, 2)
+    assert data["skipped"] == [
+        f"{path}: the line that opens attempt 1 names no usable host (12, not a host name); "
+        "ignored",
+        f"{path}: the line that opens attempt 2 names no usable host (a name of 1000 "
+        "characters, longer than any host's); ignored",
+    ]
+    # Attempt 1: not known (the meta file is attempt 2's); attempt 2: from the meta file.
+    (unknown,) = data["unknown_hosts"]
+    assert (unknown["attempt"], unknown["rank"]) == (1, 2)
+    assert unknown["why"] == (
+        "its attempt line's host is 12, not a host name; its meta file is of attempt 2 (a "
+        "rank's meta file holds its latest start; --same-hosts takes that host for every "
+        "attempt)"
+    )
+    assert [(r["attempt"], r["rank"]) for r in _host(data, "node-17")["ranks"]] == [(2, 2)]
+    # One attempt, read whole by DuckDB; no meta files: the lines alone place the ranks.
+    one = _restarted(tmp_path / "one", parts[:1], [_hosts(r2=["node-17"])])
+    data = _json([str(one), "--windows", "1"], capsys)
+    assert data["runs"][0]["hosts"] == sorted(h for h in _hosts() if h != "node-02")
+    (unknown,) = data["unknown_hosts"]
+    assert (unknown["rank"], unknown["why"]) == (
+        2,
+        f'its attempt line\'s host is ["node-17"], not a host name; no usable meta file '
+        f"({meta_path(one, 2)})",
+    )
+    assert data["hosts"] == []
+    assert data["skipped"] == [
+        f'{timing_path(one, 2)}: the line that opens attempt 1 names no usable host (["node-17"], '
+        "not a host name); ignored"
+    ]
 
 
 # -- what cannot be told ------------------------------------------------------------------------

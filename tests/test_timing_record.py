@@ -1,4 +1,4 @@
-"""Timing records written by hand must read back as the JSON they claim to be."""
+"""Timing records and attempt lines written by hand must read back as the JSON they claim to be."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rankscope.timing._record import RECORD_VERSION, Span, format_record, meta_json
+from rankscope.analysis.read._attempts import AttemptMark, host_problem, mark_of
+from rankscope.analysis.read._timings import _ATTEMPT_LINE
+from rankscope.timing._record import (
+    RECORD_VERSION,
+    Span,
+    format_attempt,
+    format_record,
+    meta_json,
+)
 
 META = st.dictionaries(
     st.text(max_size=8),
@@ -96,3 +104,48 @@ def test_a_record_reads_back_as_what_was_recorded(
         assert got_meta == meta
     else:
         assert set(got_meta) == set(meta)  # kept, with the values JSON cannot hold as strings
+
+
+ATTEMPT = {
+    "attempt": "4f0c2a9e1b7d",
+    "started_ns": 1795432166401223980,
+    "launcher": "torchelastic",
+    "job": "exp1",
+    "restart": 1,
+    "pid": 12880,
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rank=st.integers(0, 100_000),
+    # any code points, lone surrogates too; names past what any host has
+    host=st.none() | st.text(st.characters(codec=None), max_size=300),
+)
+def test_an_attempt_line_names_its_host_and_reads_back(rank: int, host: str | None) -> None:
+    line = format_attempt(rank, ATTEMPT, host)
+    assert line.endswith("}\n") and "\n" not in line[:-1]
+    line.encode("utf-8")
+    # The timings reader's pattern for an attempt line takes it, with the host last.
+    assert _ATTEMPT_LINE.fullmatch(line.encode()) is not None
+    got = json.loads(line)
+    assert got == {
+        "v": RECORD_VERSION,
+        "rank": rank,
+        **ATTEMPT,
+        **({} if host is None else {"host": host}),
+    }
+    if host is None:
+        assert line == format_attempt(rank, ATTEMPT)  # a line as before hosts were named
+    mark = mark_of(got)
+    assert isinstance(mark, AttemptMark)
+    # The host is no part of the attempt: the same start on any host is the same attempt.
+    assert (mark.token, mark.started_ns, mark.launcher, mark.job, mark.restart) == (
+        "4f0c2a9e1b7d",
+        1795432166401223980,
+        "torchelastic",
+        "exp1",
+        1,
+    )
+    problem = None if host is None else host_problem(host)
+    assert (mark.host, mark.host_problem) == ((host, None) if problem is None else (None, problem))

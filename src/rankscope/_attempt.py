@@ -5,7 +5,9 @@ checkpoint, a person running the script again) writes into the files the earlier
 process started. Each process start gets an attempt: a fresh token, its start time, and
 what the launcher says (torchelastic's run id and restart count, or SLURM's job id and
 restart count). The timer writes it as one line ahead of its records and the meta file
-holds it, so the analysis can tell the attempts apart and never sum them.
+holds it, so the analysis can tell the attempts apart and never sum them. The timer's
+line also names the host the process runs on (the meta file, rewritten at each start,
+names only the latest start's); the host is no part of the attempt's identity.
 """
 
 from __future__ import annotations

@@ -4,14 +4,15 @@ attempts, and several runs.
 Each attempt of each run is analysed on its own (`find_stragglers` over that attempt's
 timings), and so is each window of it: a consecutive stretch of its sampled steps. Only
 findings of role "slow" count (the cause, never the ranks that wait for it), each placed
-on the host its rank's meta file names. Rank numbers differ between runs; hosts recur.
+on the host its rank ran on in that attempt. Rank numbers differ between runs; hosts recur.
 
-A rank's meta file is written at each start of the job, over the one before: it names
-the host of the rank's latest start. In a run of several attempts it therefore names a
-rank's host only in the attempt that wrote it; in the others the rank's host is not
-known and is said so (`same_hosts` takes it for every attempt, where restarts kept each
-rank on its host). An analysis whose ranks all ran on one host says nothing of one host
-against another: it is said, and left out of the counts.
+A rank's host in an attempt is the one its timings file's attempt line names. Lines
+written before they named a host leave the meta file, which is written at each start of
+the job over the one before: it names the host of the rank's latest start, so only in
+the attempt that wrote it (matched by its attempt token); in the others the rank's host
+is not known and is said so (`same_hosts` takes it for every attempt, where restarts
+kept each rank on its host). An analysis whose ranks all ran on one host says nothing
+of one host against another: it is said, and left out of the counts.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, TraceError
-from .._layout import meta_path
+from .._layout import meta_path, timing_path
 from .._text import format_ranks, number_ranges
 from ._matrix import PhaseMatrices, matrices_of
 from ._stragglers import StragglerFinding, find_stragglers
-from .read._attempts import _ONE_LAUNCH_NS, Attempts
+from .read._attempts import AttemptMark, host_problem
 from .read._engine import RunRecords, read_run_records
 from .read._run import RunMeta, read_run_meta
 
@@ -48,8 +49,6 @@ WINDOWS = 8
 """The windows an attempt's sampled steps are split into, by default."""
 FEWEST_PER_WINDOW = 10
 """Sampled steps a window needs: an attempt with fewer than that per window gets fewer."""
-_HOST_MAX = 255
-"""Longer than any host name: a meta file that says more names no host."""
 _LISTED = 6
 """Items a sentence lists before "and N more"."""
 _SAME_HOSTS = "--same-hosts takes that host for every attempt"
@@ -329,16 +328,16 @@ def _analyse_run(
     attempts = [first] + [
         read_run_records(root, time=time, attempt=n, workers=workers) for n in range(2, count + 1)
     ]
-    members = [set(records.ranks) for records in attempts]
-    everyone = sorted(set().union(*members))
+    everyone = sorted(set().union(*(records.ranks for records in attempts)))
+    places = _Places(meta, first.attempts.marks, settings.options["same_hosts"])
     skipped = _distinct(
         [
             *meta.skipped,
             *(line for records in attempts for line in records.skipped),
             *meta.say_missing(everyone),
+            *places.ignored(),
         ]
     )
-    places = _Places(meta, first.attempts, members, settings.options["same_hosts"])
     run = RunSummary(run=str(root), label=label, attempts=count, ranks=everyone, hosts=[])
     units: list[Unit] = []
     for n, records in enumerate(attempts, start=1):
@@ -436,69 +435,72 @@ def _window(m: PhaseMatrices, cols: slice) -> PhaseMatrices:
 
 
 class _Places:
-    """Each rank's host in each attempt of a run, from its meta file, or why it is not known."""
+    """Each rank's host in each attempt of a run: from its attempt line, else from its meta
+    file where that file is of the attempt (or `same_hosts`), else why it is not known."""
 
     def __init__(
-        self, meta: RunMeta, attempts: Attempts, members: list[set[int]], same_hosts: bool
+        self, meta: RunMeta, marks: list[dict[int, AttemptMark]], same_hosts: bool
     ) -> None:
         self._meta = meta
-        self._described = attempts.described
-        self._members = members
-        self._count = attempts.count
-        self._same = same_hosts
+        self._marks = marks  # per attempt, each rank's attempt line (read/_attempts.py)
+        self._same = same_hosts or len(marks) <= 1
 
     def hosts(self, attempt: int, ranks: list[int]) -> tuple[dict[int, str], dict[int, str]]:
         """(rank -> host, rank -> why its host is not known) for `ranks` in `attempt`."""
         known: dict[int, str] = {}
         unknown: dict[int, str] = {}
+        marks = self._marks[attempt - 1] if attempt <= len(self._marks) else {}
         for rank in ranks:
-            data = self._meta.meta.get(rank)
-            if data is None:
-                unknown[rank] = f"no usable meta file ({meta_path(self._meta.root, rank)})"
-                continue
-            host = data.get("host")
-            if not (isinstance(host, str) and 0 < len(host) <= _HOST_MAX and host.isprintable()):
-                unknown[rank] = f"its meta file names no host ({meta_path(self._meta.root, rank)})"
-                continue
-            if self._count == 1 or self._same:
+            mark = marks.get(rank, AttemptMark())
+            host, why = (mark.host, "") if mark.host else self._from_meta(attempt, rank)
+            if host is not None:
                 known[rank] = host
-                continue
-            wrote = self._attempt_of(rank, data.get("attempt"))
-            if wrote == attempt:
-                known[rank] = host
+            elif mark.host_problem is None:
+                unknown[rank] = why
             else:
-                said = f"of attempt {wrote}" if wrote else "of no attempt its timings hold"
-                unknown[rank] = (
-                    f"its meta file is {said} (a rank's meta file holds its latest start; "
-                    f"{_SAME_HOSTS})"
-                )
+                unknown[rank] = f"its attempt line's host is {mark.host_problem}; {why}"
         return known, unknown
 
+    def ignored(self) -> list[str]:
+        """The attempt lines whose host was ignored, each said with its file."""
+        return [
+            f"{timing_path(self._meta.root, rank)}: the line that opens attempt {n} names no "
+            f"usable host ({mark.host_problem}); ignored"
+            for n, marks in enumerate(self._marks, start=1)
+            for rank, mark in sorted(marks.items())
+            if mark.host_problem is not None
+        ]
+
+    def _from_meta(self, attempt: int, rank: int) -> tuple[str | None, str]:
+        """(the host the rank's meta file names, where it is of `attempt`; else why not)."""
+        data = self._meta.meta.get(rank)
+        path = meta_path(self._meta.root, rank)
+        if data is None:
+            return None, f"no usable meta file ({path})"
+        host = data.get("host")
+        if host_problem(host) is not None:
+            return None, f"its meta file names no host ({path})"
+        if self._same:
+            return host, ""
+        wrote = self._attempt_of(rank, data.get("attempt"))
+        if wrote == attempt:
+            return host, ""
+        said = f"of attempt {wrote}" if wrote else "of no attempt its timings hold"
+        return None, (
+            f"its meta file is {said} (a rank's meta file holds its latest start; {_SAME_HOSTS})"
+        )
+
     def _attempt_of(self, rank: int, said: object) -> int | None:
-        """The attempt (1-based) whose start of `rank` wrote its meta file; None where none
-        matches. A launcher's job and restart count name it; else its start time does, as
-        the attempts were told apart (a start within ten minutes of the attempt's first)."""
-        if not isinstance(said, dict):
+        """The attempt (1-based) whose start of `rank` wrote its meta file: the one whose
+        attempt line has the meta's token (both come from one start); None where none has."""
+        token = said.get("attempt") if isinstance(said, dict) else None
+        if not isinstance(token, str):
             return None
-        job, started = said.get("job"), said.get("started_ns")
-        found = None
-        for attempt, ranks in zip(self._described, self._members, strict=False):
-            if rank not in ranks:
-                continue
-            if job is not None:
-                same = all(
-                    attempt.get(key) == said.get(key) for key in ("launcher", "job", "restart")
-                )
-            else:
-                first = attempt.get("started_ns")
-                same = (
-                    isinstance(started, int)
-                    and isinstance(first, int)
-                    and 0 <= started - first < _ONE_LAUNCH_NS
-                )
-            if same:
-                found = int(attempt["n"])
-        return found
+        for n, marks in enumerate(self._marks, start=1):
+            mark = marks.get(rank)
+            if mark is not None and mark.token == token:
+                return n
+        return None
 
 
 # -- counting and saying ----------------------------------------------------------------

@@ -23,7 +23,8 @@ def add_commands(commands: Any) -> None:
         description=(
             "Find the slow ranks of each run directory (each attempt of a restarted run on "
             "its own, and each window of consecutive sampled steps), place them on the hosts "
-            "their meta files name, and say which host holds a slow rank again and again, "
+            "they ran on (from the timings' attempt lines, else the meta files), and say "
+            "which host holds a slow rank again and again, "
             'e.g. "node-17 held a slow rank in 3 of 4 runs: consider draining it". Only the '
             "slow ranks count, never the ranks that wait for them."
         ),
@@ -40,8 +41,9 @@ def add_commands(commands: Any) -> None:
     hosts.add_argument(
         "--same-hosts",
         action="store_true",
-        help="take each rank's host from its meta file for every attempt (a meta file holds "
-        "the rank's latest start: use this where restarts kept every rank on its host)",
+        help="for attempts whose timings name no host (an older rankscope's), take each "
+        "rank's host from its meta file (which holds the rank's latest start: use this where "
+        "restarts kept every rank on its host)",
     )
     hosts.add_argument(
         "--threshold",

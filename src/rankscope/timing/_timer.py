@@ -51,6 +51,7 @@ class PhaseTimer:
         torch: ModuleType = import_torch("the phase timer")
         self._config = config
         self._rank = rank_info.rank
+        self._host = rank_info.host
         self._run_dir = run_dir
         self.path = timing_path(run_dir, rank_info.rank)
         """Where this rank's records go: RUN_DIR/timings/rank-NNNNN.jsonl."""
@@ -77,9 +78,8 @@ class PhaseTimer:
         self._sampled: int | None = None  # the current step while it is sampled, else None
         self._step_span: Span | None = None
         self._file: Any = None
-        # The line that says which attempt wrote the records after it: written with the
-        # first records, so a start that records nothing adds nothing.
-        self._opening = format_attempt(self._rank, current_attempt().to_dict()).encode()
+        # Written with the first records, so a start that records nothing adds nothing.
+        self._opening = self._attempt_line()
         self._watch: str | None = None  # the phase whose times `take_watched` hands out
         self._watched: list[tuple[int, float]] = []
         self._warned = False
@@ -324,13 +324,17 @@ class PhaseTimer:
             logger.warning("rankscope: %s was removed during the run; writing a new one", self.path)
             self._close()
             file = self._file = open_append(self._run_dir, self.path)
-            self._opening = format_attempt(self._rank, current_attempt().to_dict()).encode()
+            self._opening = self._attempt_line()
         if self._opening:
             data, self._opening = self._opening + data, b""
         view = memoryview(data)
         while view:
             written = file.write(view)
             view = view[written:]
+
+    def _attempt_line(self) -> bytes:
+        """The line that says which attempt wrote the records after it, and on which host."""
+        return format_attempt(self._rank, current_attempt().to_dict(), self._host).encode()
 
     def _end_torn_line(self) -> None:
         """A crash may have left half a line at the end: start ours on a line of their own."""

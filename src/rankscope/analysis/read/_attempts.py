@@ -16,11 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from ..._text import format_ranks, number_ranges
+from ..._text import format_ranks, number_ranges, shown
 
 __all__ = [
+    "HOST_MAX",
     "AttemptMark",
     "Attempts",
+    "host_problem",
     "latest_rows",
     "mark_of",
     "resolve_attempts",
@@ -37,22 +39,46 @@ class AttemptMark:
     launcher: str | None = None
     job: str | None = None
     restart: int | None = None
+    host: str | None = None
+    """The host the start ran on; None where the line names none (an older rankscope's) or
+    none usable (`host_problem` says why). No part of the attempt's identity."""
+    host_problem: str | None = None
+    """Why the line's host was ignored ("12, not a host name"); None where it was not."""
+
+
+HOST_MAX = 255
+"""Longer than any host name: a file that says more names no host."""
+
+
+def host_problem(value: object) -> str | None:
+    """Why `value`, a host as a file gives it, names no host; None where it names one."""
+    if isinstance(value, str) and 0 < len(value) <= HOST_MAX and value.isprintable():
+        return None
+    if isinstance(value, str) and len(value) > HOST_MAX:
+        return f"a name of {len(value)} characters, longer than any host's"
+    return f"{shown(value)}, not a host name"
 
 
 def mark_of(record: dict[str, Any]) -> AttemptMark | str:
-    """The attempt a file's attempt line states, or why it cannot be one."""
+    """The attempt a file's attempt line states, or why it cannot be one. A host the line
+    names that is no host name is left out, and `host_problem` says why: the attempt
+    stands without it."""
     token, started = record.get("attempt"), record.get("started_ns")
     if not isinstance(token, str) or not token:
         return "an attempt line without an attempt token"
     if started is not None and not (_is_int(started) and 0 <= started < 1 << 63):
         return "an attempt line whose started_ns is not an integer >= 0"
     launcher, job, restart = record.get("launcher"), record.get("job"), record.get("restart")
+    host = record.get("host")
+    problem = None if host is None else host_problem(host)
     return AttemptMark(
         token=token,
         started_ns=started,
         launcher=launcher if isinstance(launcher, str) else None,
         job=job if isinstance(job, str) else None,
         restart=restart if isinstance(restart, int) and _is_int(restart) and restart >= 0 else None,
+        host=host if problem is None else None,
+        host_problem=problem,
     )
 
 
@@ -74,6 +100,9 @@ class Attempts:
     """Records left out because another attempt's record of their step is used."""
     without: list[int] = field(default_factory=list)
     """Ranks with no record in the picked attempt."""
+    marks: list[dict[int, AttemptMark]] = field(default_factory=list)
+    """Per attempt (0-based), each of its ranks' marks: what its attempt line said (its
+    start, its host). Not in to_dict."""
 
     @property
     def note(self) -> str | None:
@@ -117,6 +146,7 @@ def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
     """
     groups, of_rank = run_attempts(ranks)
     out = Attempts(count=max(len(groups), 1), described=_describe(groups))
+    out.marks = [dict(group) for group in groups]  # a rank starts once per attempt
     rerun: set[int] = set()
     for rank, timings in list(ranks.items()):
         if len(timings.attempts) == 1:  # every record is of the rank's one attempt
