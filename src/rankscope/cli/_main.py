@@ -21,6 +21,7 @@ from .._errors import ConfigError, RankscopeError, TraceError
 from .._layout import HANGS, LIVE, REPORT, TRIGGERS, RunDir
 from .._version import __version__
 from . import _collectives, _diff, _hosts, _sql
+from ._options import json_option, positive, straggler_options
 from ._output import EXIT_BAD_INPUT, print_json, terminal
 
 __all__ = ["main"]
@@ -169,25 +170,25 @@ def _parser() -> _Parser:
     report.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     report.add_argument("--no-html", action="store_true", help="do not write the HTML report")
     report.add_argument("-o", "--output", type=Path, help=f"HTML path (default: RUN_DIR/{REPORT})")
-    _straggler_options(report)
-    _json_option(report)
+    straggler_options(report)
+    json_option(report)
     report.set_defaults(run=_report)
 
     stragglers = commands.add_parser(
         "stragglers", help="which rank is slow in which phase, and who waits for it"
     )
     stragglers.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    _straggler_options(stragglers)
+    straggler_options(stragglers)
     stragglers.add_argument("--all", action="store_true", help="list every finding (default: 20)")
-    _json_option(stragglers)
+    json_option(stragglers)
     stragglers.set_defaults(run=_stragglers)
 
     kernels = commands.add_parser("kernels", help="the top kernels (or CPU ops) of traces")
     kernels.add_argument("sources", nargs="+", type=Path, metavar="TRACE_OR_DIR")
-    kernels.add_argument("--top", type=_positive, default=20, help="rows to show (default: 20)")
+    kernels.add_argument("--top", type=positive, default=20, help="rows to show (default: 20)")
     kernels.add_argument("--by", choices=("name", "category"), default="name")
     kernels.add_argument("--window", help="only traces of this window (step-000003-000004)")
-    _json_option(kernels)
+    json_option(kernels)
     kernels.set_defaults(run=_kernels)
 
     merge = commands.add_parser("merge", help="one timeline from several ranks' traces")
@@ -195,7 +196,7 @@ def _parser() -> _Parser:
     merge.add_argument(
         "-o", "--output", type=Path, required=True, help="the merged trace (.json or .json.gz)"
     )
-    _json_option(merge)
+    json_option(merge)
     merge.set_defaults(run=_merge)
 
     _hang_command(commands)
@@ -212,7 +213,7 @@ def _parser() -> _Parser:
     trigger.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     trigger.add_argument(
         "--steps",
-        type=_positive,
+        type=positive,
         help="steps to record (default: 2, at most trace.trigger_max_steps)",
     )
     trigger.add_argument(
@@ -223,7 +224,7 @@ def _parser() -> _Parser:
     when.add_argument(
         "--in",
         dest="in_steps",
-        type=_positive,
+        type=positive,
         metavar="N",
         help="start N steps after the latest step in the run's timings "
         "(default: far enough ahead for every rank to see the trigger in time)",
@@ -231,7 +232,7 @@ def _parser() -> _Parser:
     trigger.add_argument(
         "--status", action="store_true", help="list the run's triggers and which ranks answered"
     )
-    _json_option(trigger)
+    json_option(trigger)
     trigger.set_defaults(run=_trigger)
     return parser
 
@@ -248,7 +249,7 @@ def _hang_command(commands: Any) -> None:
         ),
     )
     hang.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    _json_option(hang)
+    json_option(hang)
     hang.set_defaults(run=_hang)
     top = commands.add_parser(
         "top",
@@ -263,62 +264,17 @@ def _hang_command(commands: Any) -> None:
     top.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     top.add_argument("--once", action="store_true", help="print the table once and exit")
     top.add_argument(
-        "--rows", type=_positive, default=40, help="ranks shown (default: 40; the rest counted)"
+        "--rows", type=positive, default=40, help="ranks shown (default: 40; the rest counted)"
     )
     top.add_argument(
         "--interval", type=float, default=1.0, help="seconds between refreshes (default: 1)"
     )
-    _json_option(top)
+    json_option(top)
     top.set_defaults(run=_top)
     _sql.add_commands(commands)
     _collectives.add_commands(commands)
     _hosts.add_commands(commands)
     _diff.add_commands(commands)
-
-
-def _straggler_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--threshold",
-        type=float,
-        default=1.10,
-        help="a rank's time over the reference that counts as slow (default: 1.10)",
-    )
-    parser.add_argument(
-        "--min-persistence",
-        type=float,
-        default=0.5,
-        help="share of sampled steps above the threshold to report (default: 0.5)",
-    )
-    parser.add_argument(
-        "--min-share",
-        type=float,
-        default=0.01,
-        help="ignore excess below this share of the step time (default: 0.01)",
-    )
-    parser.add_argument(
-        "--time",
-        choices=("host", "device"),
-        default="host",
-        help="compare host times (cpu_ms) or device times (gpu_ms) (default: host)",
-    )
-    parser.add_argument(
-        "--attempt",
-        type=_positive,
-        metavar="N",
-        help="use only attempt N of a run that restarted into one directory "
-        "(default: the latest record of each step)",
-    )
-
-
-def _json_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text}")
-    return value
 
 
 def _step(text: str) -> int:
