@@ -50,6 +50,7 @@ from .read._values import PhaseValues
 
 __all__ = [
     "StragglerFinding",
+    "clock_offsets",
     "StragglerReport",
     "Undecided",
     "find_stragglers",
@@ -284,14 +285,14 @@ def _arrivals(
             if depth == 0 and m.phases[p] != STEP:
                 before = before + d
         return arrive, leave
-    offset = _clock_offsets(m, hosts)
+    offset = clock_offsets(m, hosts)
     return (
         [s - offset[:, None] for s in m.start_ns],
         [e - offset[:, None] for e in m.end_ns],
     )
 
 
-def _clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Vector:
+def clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Vector:
     """Each rank's clock offset (ns), from collectives, which all ranks leave together.
 
     Ranks on one host read one clock: they get one offset, the median of theirs, so a
