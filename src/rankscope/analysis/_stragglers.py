@@ -50,9 +50,9 @@ from .read._values import PhaseValues
 
 __all__ = [
     "StragglerFinding",
-    "clock_offsets",
     "StragglerReport",
     "Undecided",
+    "clock_offsets",
     "find_stragglers",
     "format_ranks",
     "ratio_text",
