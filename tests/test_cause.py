@@ -183,3 +183,20 @@ def test_a_rank_given_more_tokens_is_data_driven_in_a_real_job(tmp_path: Path) -
     blind = _found(tmp_path, values=False)
     (guess,) = [f.cause for f in blind.findings if f.cause is not None]
     assert guess is not None and "data-driven" in guess.could_be
+
+
+def test_values_that_cannot_tell_are_said_as_such(tmp_path: Path) -> None:
+    write_timings(tmp_path, ranks=4, steps=40, slowdowns=[Slowdown(2, "forward", 0.5)])
+    m = matrices_of(read_run_records(tmp_path))
+    zeros = PhaseValues({"forward": {"tokens": np.zeros((4, len(m.steps)))}})
+    found = find_stragglers(m, values=lambda phases: zeros)
+    cause = next(f.cause for f in found.findings if f.cause is not None)
+    assert "its tokens cannot tell: fewer than 3 of its steps have a value above 0" in cause.text
+    assert "no per-step value is recorded" not in cause.text
+    assert "data-driven" in cause.could_be  # not ruled out
+
+
+def test_a_ratio_just_below_one_reads_as_no_change() -> None:
+    from rankscope.analysis._findings import ratio_text
+
+    assert ratio_text(0.998) == "+0%" and ratio_text(0.99) == "-1%" and ratio_text(1.004) == "+0%"

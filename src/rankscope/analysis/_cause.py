@@ -74,17 +74,18 @@ def causes_of(
     return out
 
 
-def _machine(f: StragglerFinding, steady: bool, data: str | None) -> Cause:
-    """Persistent or intermittent; with what a recorded value would add (`data`: what
-    the values said, None where none was recorded)."""
+def _machine(f: StragglerFinding, steady: bool, evidence: tuple[str, bool] | None) -> Cause:
+    """Persistent or intermittent; with what the recorded values said (`evidence`: the
+    words, whether they rule the data out; None where none was recorded)."""
     since = f" since step {f.since_step}" if f.since_step else ""
-    unsure: tuple[str, ...] = ()
-    if data is None:
-        unsure = ("data-driven",)
-        data = (
+    if evidence is None:
+        evidence = (
             "no per-step value is recorded with this phase, so uneven work (longer "
-            f'sequences) is not ruled out: record one, e.g. prof.phase("{f.phase}", tokens=n)'
+            f'sequences) is not ruled out: record one, e.g. prof.phase("{f.phase}", tokens=n)',
+            False,
         )
+    data, ruled_out = evidence
+    unsure: tuple[str, ...] = () if ruled_out else ("data-driven",)
     if f.share_above >= PERSISTENT_SHARE and steady:
         text = (
             f"persistent: slow at {f.share_above:.0%} of sampled steps{since}, its fastest "
@@ -101,16 +102,17 @@ def _machine(f: StragglerFinding, steady: bool, data: str | None) -> Cause:
 
 def _data_driven(
     m: PhaseMatrices, f: StragglerFinding, threshold: float, values: PhaseValues | None
-) -> Cause | str | None:
+) -> Cause | tuple[str, bool] | None:
     """A data-driven cause where a value recorded with the phase explains the excess;
-    else what the values said (a reason they do not explain it), None without values."""
+    else (what the values said, whether they rule the data out); None without values."""
     recorded = values.of(f.phase) if values is not None else {}
     if not recorded:
         return None
     p, r = m.index(f.phase), m.ranks.index(f.rank)
     after = np.asarray(m.steps) >= f.since_step
     d = m.ms[p][:, after]
-    said = []
+    said: list[str] = []
+    unjudged: list[str] = []
     for name, matrix in sorted(recorded.items()):
         v = matrix[:, after]
         with quiet():
@@ -123,6 +125,7 @@ def _data_driven(
             more = v[r] / others_value
         judged = np.isfinite(unit) & np.isfinite(more)
         if int(judged.sum()) < _FEWEST:
+            unjudged.append(name)
             continue
         unit_ratio = float(np.median(unit[judged]))
         at_slow = judged & slow
@@ -134,8 +137,18 @@ def _data_driven(
                 f"ranks', and per {name} it runs at {ratio_text(unit_ratio)} vs them: the "
                 "work it is given, not the rank, makes it slow (balance the data across ranks)",
             )
-        said.append(f"per {name} it is still {ratio_text(unit_ratio)} vs the others")
-    return "; ".join(said) if said else None
+        if unit_ratio > threshold:
+            said.append(f"per {name} it is still {ratio_text(unit_ratio)} vs the others")
+        else:
+            said.append(f"its {name} was no larger than the others' at its slow steps")
+    if said:
+        return "; ".join(said), True
+    names = ", ".join(unjudged)
+    return (
+        f"its {names} cannot tell: fewer than {_FEWEST} of its steps have a value above 0 "
+        "beside the other ranks'",
+        False,
+    )
 
 
 def _partition(

@@ -36,7 +36,7 @@ def ratio_text(ratio: float | None) -> str:
     if ratio is None or not math.isfinite(ratio):
         return "none"
     if ratio < 2:
-        return f"{(ratio - 1) * 100:+.0f}%"
+        return f"{(ratio - 1) * 100:+.0f}%".replace("-0%", "+0%")
     return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:,.0f}x"
 
 

@@ -237,7 +237,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             replace(f, cost=c, cause=why)
             for f, c, why in zip(report.findings, costs.each, causes, strict=True)
         ]
-        report.notes = known.notes if known is not None else []
+        report.notes = costs.notes + (known.notes if known is not None else [])
         report.cost, report.host_costs = costs.all, costs.hosts
         report.model_step_ms = costs.model_step_ms
     return report

@@ -6,8 +6,8 @@ checked lines the timings engine takes (read/_duck.py). A value is a number a re
 meta holds at its top level; a phase that runs several times in a step gets the sum of
 its values there, as its time is the sum of its times. A file that holds several
 attempts is left out (which attempt's value belongs to a step is what the line order
-says, and DuckDB does not give it), and so is a record whose rank is not its file's:
-they are said in `notes`, never mixed in.
+says, and DuckDB does not give it) and said in `notes`; a record whose rank is not its
+file's is left out too (the timings reader has said it among the skipped lines).
 """
 
 from __future__ import annotations
