@@ -188,7 +188,9 @@ class _StepModel:
             if hidden is None:
                 total += np.max(work[k], axis=0)
             else:
-                total += np.mean(np.max(work[k][None] + hidden, axis=1), axis=0)
+                # a draw at a time: one rank x step array at a time, not all the draws'
+                slowest = [np.max(work[k] + draw, axis=0) for draw in hidden]
+                total += np.mean(slowest, axis=0)
         return total
 
     def modelled_step_ms(self, since_step: int) -> float:
