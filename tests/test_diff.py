@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -161,6 +162,43 @@ def test_a_window_of_a_second_run_shows_no_change_despite_spikes(
     assert data["changes"] == [] and data["a"]["sampled_steps"] == width
 
 
+def test_the_step_line_and_a_phase_row_show_one_quantity_on_both_sides(
+    tmp_path: Path, cli: Cli
+) -> None:
+    """Two ranks that moved apart, with no collective to tie their steps: rank 0 30% slower,
+    rank 1 from 60% slower to not at all. The median of every cell fell while the change
+    most ranks share (rank 0's) rose: each line's A and B are of the ranks its delta is of."""
+    phases = (PhaseSpec("work", "compute", 30.0),)
+    a = write_timings(
+        tmp_path / "a", ranks=2, steps=STEPS, seed=1, phases=phases,
+        slowdowns=[Slowdown(1, "work", 0.6)],
+    )  # fmt: skip
+    b = write_timings(
+        tmp_path / "b", ranks=2, steps=STEPS, seed=2, phases=phases,
+        slowdowns=[Slowdown(0, "work", 0.3)],
+    )  # fmt: skip
+    data = _diff_json(cli, a, b)
+    step = data["step"]
+    assert step["b_ms"] < step["a_ms"]
+    assert step["delta_ms"] == pytest.approx(step["b_ms"] - step["a_ms"])
+    assert step["ranks"] == 2
+    assert _named(data["changes"]) == [("work", 1), ("work", None)]
+    rank, phase = data["changes"]
+    assert 8 < phase["delta_ms"] < 10.5  # rank 0's +9 ms: the phase's figures are rank 0's
+    assert phase["a"]["ranks"] == phase["b"]["ranks"] == 1
+    moved = phase["b"]["median_ms"] - phase["a"]["median_ms"]
+    assert moved == pytest.approx(phase["delta_ms"], abs=phase["noise_ms"])
+    assert rank["delta_ms"] < -20 and rank["others_delta_ms"] == phase["delta_ms"]
+    out = cli("diff", a, b)[1]
+    (line,) = [line for line in out.splitlines() if line.startswith("step time")]
+    found = re.search(r": ([0-9.]+) ms -> ([0-9.]+) ms \(([-+][0-9.]+) ms", line)
+    assert found is not None, line
+    a_ms, b_ms, delta_ms = map(float, found.groups())
+    assert a_ms + delta_ms == pytest.approx(b_ms, abs=0.002) and delta_ms < 0, line
+    # A rank's row says the others' change its delta is beyond: A + others + delta = B.
+    assert f"rank 1 in phase work (others +{phase['delta_ms']:.3f})" in out
+
+
 def test_a_run_against_itself_changes_nothing(tmp_path: Path, cli: Cli) -> None:
     a = write_timings(tmp_path / "a", ranks=RANKS, steps=STEPS)
     data = _diff_json(cli, a, a)
@@ -195,10 +233,12 @@ def test_device_times_are_compared_with_time_device(tmp_path: Path, cli: Cli) ->
 # -- windows and kernels --------------------------------------------------------------------
 
 
-def _window(run: Path, window: str, kernels: dict[str, tuple[int, float]]) -> None:
-    """A captured window of every rank: a trace, and its summary in the documented format
+def _window(
+    run: Path, window: str, kernels: dict[str, tuple[int, float]], ranks: int = RANKS
+) -> None:
+    """A captured window of `ranks` ranks: a trace, and its summary in the documented format
     (`kernels`: name -> (count, total us) per rank, a little more on higher ranks)."""
-    for rank in range(RANKS):
+    for rank in range(ranks):
         trace = trace_path(run, window, rank, gzip=False)
         trace.parent.mkdir(parents=True, exist_ok=True)
         trace.write_text('{"traceEvents": []}', encoding="utf-8")
@@ -259,6 +299,27 @@ def test_runs_with_windows_compare_their_kernels_too(tmp_path: Path, cli: Cli) -
     _window(b, "step-000010-000011", {GEMM: (10, 20_000.0)})
     data = _diff_json(cli, a, b)
     assert data["changes"] == [] and data["compared"]["kernels"] == 1
+
+
+def test_two_windows_of_one_job_with_a_trace_a_side_list_no_kernel_change(
+    tmp_path: Path, cli: Cli
+) -> None:
+    """One trace a side has no spread to judge noise by: two windows of the same job differ
+    in their ops as chance makes them (here addmm by 30%), and that is no change."""
+    run = write_timings(tmp_path / "run", ranks=RANKS, steps=STEPS, seed=1)
+    ops = {"aten::addmm": (40, 18_000.0), "aten::mm": (20, 4_000.0)}
+    _window(run, WINDOW, ops, ranks=1)
+    _window(run, "step-000020-000021", {**ops, "aten::addmm": (40, 24_000.0)}, ranks=1)
+    data = _diff_json(cli, run / "traces" / WINDOW, run / "traces" / "step-000020-000021")
+    assert [c for c in data["changes"] if c["what"] == "kernel"] == []
+    (addmm,) = data["unjudged"]  # aten::mm moved less than the floor
+    assert addmm["kernel"] == "aten::addmm" and addmm["noise_ms"] is None
+    assert addmm["delta_ms"] == pytest.approx(3.0)  # 6 ms more over a window of 2 steps
+    assert data["compared"]["kernels"] == 2
+    assert any("too few (3 a side) to judge their noise" in note for note in data["notes"])
+    code, out, _ = cli("diff", run / "traces" / WINDOW, run / "traces" / "step-000020-000021")
+    assert code == 0 and "not judged against noise" in out and "kernel aten::addmm" in out
+    assert "1 kernel change(s) not judged (too few traces)" in out
 
 
 def test_a_window_whose_steps_were_not_sampled_compares_kernels_alone(

@@ -36,10 +36,18 @@ def _meta(
 
 
 def _run(
-    path: Path, hosts: list[str], slow: list[Slowdown], *, steps: int = 40, seed: int = 0
+    path: Path,
+    hosts: list[str],
+    slow: list[Slowdown],
+    *,
+    steps: int = 40,
+    seed: int = 0,
+    gpu: bool = False,
 ) -> Path:
-    """A run of len(hosts) ranks, rank r on hosts[r]."""
-    write_timings(path, ranks=len(hosts), steps=steps, seed=seed, slowdowns=slow, write_meta=False)
+    """A run of len(hosts) ranks, rank r on hosts[r] (`gpu`: its records have device times)."""
+    write_timings(
+        path, ranks=len(hosts), steps=steps, seed=seed, slowdowns=slow, gpu=gpu, write_meta=False
+    )
     for rank, host in enumerate(hosts):
         _meta(path, rank, len(hosts), host)
     return path
@@ -417,6 +425,37 @@ def test_ranks_all_on_one_host_name_no_host_and_are_left_out_of_the_counts(
         "run box: every rank ran on node-1, so its slow ranks (rank 2 in forward) say nothing "
         "of one host against another"
     )
+
+
+def test_device_time_says_which_runs_have_none_and_leaves_them_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slow = [Slowdown(3, "forward", 0.5)]
+    gpu = _run(tmp_path / "gpu", _hosts(r3="node-17"), slow, gpu=True)
+    cpu = _run(tmp_path / "cpu", _hosts(r3="node-17"), slow, seed=1)
+    data = _json([str(gpu), str(cpu), "--windows", "1", "--time", "device"], capsys)
+    assert data["counts"] == {"runs": 1, "attempts": 1, "windows": 0}
+    assert [(r["label"], r["no_device_times"]) for r in data["runs"]] == [("gpu", []), ("cpu", [1])]
+    assert _host(data, "node-17")["in_runs"] == ["gpu"]
+    assert (
+        "run cpu: no device times (gpu_ms) in the timings, so left out (--time host compares "
+        "host times)"
+    ) in data["summary"]
+    # Host time finds node-17 in both.
+    assert _host(_json([str(gpu), str(cpu), "--windows", "1"], capsys), "node-17")["runs"] == 2
+
+
+def test_device_time_of_runs_without_a_gpu_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = [
+        _run(tmp_path / n, _hosts(), [Slowdown(1, "forward", 0.5)], seed=s)
+        for s, n in enumerate("ab")
+    ]
+    code, out, err = run_cli(["hosts", *map(str, runs), "--time", "device"], capsys)
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "nothing to compare: no device times (gpu_ms) in the timings of" in err
+    assert str(runs[0]) in err and str(runs[1]) in err
 
 
 # -- bad input and the terminal ---------------------------------------------------------------

@@ -7,20 +7,18 @@
   arrival. Where some rank's trace holds no such kernel (gloo, CPU-only capture), the
   c10d op each rank called (`c10d::allreduce_`, `_c10d_functional::all_reduce`): its
   start is when the rank's program reached the collective. A c10d op inside another is
-  part of it; point-to-point ops (send, recv) and waits are left out.
+  part of it; point-to-point ops (send, recv) and waits are left out. NCCL's SendRecv
+  kernel runs send/recv and all_to_all alike: it is named by what launched it where the
+  trace tells, else kept as "SendRecv" and said.
 - Matching. Per process group where the trace names it (`Process Group Name` in the
   kernel's args or in the `record_param_comms` inside the c10d op), by its `Seq` where
-  every event of the group has one, else by order. Where no group is named (gloo,
-  older torch), by the order of each collective name on each rank. A rank whose count
-  differs from the count most ranks have is left out of that group's rows, and said; so
-  is the rest of a group from the first place its ranks disagree on the name.
-- Clocks. A rank's time is its trace's `baseTimeNanoseconds` plus `ts`, as `rankscope
-  merge` reads it. torch writes wall-clock times; a trace on the monotonic clock (its
-  times near the `perf_counter_ns` of the rank's meta clock pair, not its `time_ns`) is
-  moved onto the wall clock with its host's pair (one offset per host, the median of
-  its ranks'), so the ranks of a host stay exact against each other. Ranks of
-  different hosts are compared on their hosts' wall clocks, which differ by what NTP
-  leaves; no file here measures it.
+  every event of the group has one and no rank repeats one, else by order. Where no
+  group is named (gloo, older torch), by the order of each collective name on each
+  rank. A rank whose count differs from the count most ranks have is left out of that
+  group's rows, and said; so is the rest of a group from the first place its ranks
+  disagree on the name.
+- Clocks: `_collective_clocks.py` (each host's offset from the run's timings, where the
+  ranks span hosts).
 - Figures. A collective's skew is its last arrival less its first. The last rank's
   lateness (`late_ms`) is its arrival less the median arrival of the other ranks;
   `gap_ms` is its arrival less the second-to-last's (how long the collective waited on
@@ -41,20 +39,21 @@ from typing import Any, NamedTuple
 from .._errors import TraceError
 from .._layout import TRACES, RunDir, is_run_dir, is_window_folder, window_key
 from .._text import format_ranks, format_steps, shown
+from ._collective_clocks import Clock, HostOffsets, align_clocks, host_clock_offsets
 from ._kernels import find_traces
 from ._parallel import file_size, ordered_map
-from .merge._plan import _base_of
+from .merge._plan import base_of
 from .read._collective_events import Arrival, RankCollectives, read_rank_collectives
 from .read._run import RunMeta, read_run_meta
 
-__all__ = ["CollectiveReport", "collectives_of_run", "find_collectives"]
+__all__ = ["CollectiveReport", "HostOffsets", "collectives_of_run", "find_collectives"]
 
-_YEAR_NS = 366 * 86_400 * 10**9
 _RANK_LIMIT = 1 << 31
 _MOST = 0.5
 """A rank last at more than this share of its collectives arrives last "at most"."""
-_REPORT_WINDOWS = 4
-"""Windows the report covers, the latest: each costs a read of its traces."""
+_REPORT_BYTES = 2 << 30
+"""Traces of the report's window past this size are not read: `rankscope collectives`
+reads them on request."""
 
 
 @dataclass
@@ -66,9 +65,14 @@ class CollectiveReport:
     source: str
     """"gpu" (NCCL kernels) or "cpu" (c10d calls)."""
     summary: str
+    alignment: str
+    """How ranks of different hosts were put on one clock: "one host", "timings" (each
+    host's offset from the run's timings taken off), "wall clocks" (as written, the
+    offset not measured) or "as written" (no meta files: hosts not known)."""
     ranks: list[dict[str, Any]]
-    """Per rank: host, clock, collectives, arrived_last, late_ms (total), its mean and
-    max, and vs_median_ms (its mean arrival against each collective's median)."""
+    """Per rank: host, clock, offset_ms (its host's, taken off), collectives,
+    arrived_last, late_ms (total), its mean and max, and vs_median_ms (its mean arrival
+    against each collective's median)."""
     collectives: list[dict[str, Any]]
     """Per matched collective, in order of arrival: group, name, index, seq, ranks,
     at_ms, skew_ms, first_rank, last_rank, late_ms, gap_ms."""
@@ -82,6 +86,7 @@ class CollectiveReport:
             "window": self.window,
             "source": self.source,
             "summary": self.summary,
+            "alignment": self.alignment,
             "ranks": self.ranks,
             "collectives": self.collectives,
             "unmatched": self.unmatched,
@@ -91,21 +96,26 @@ class CollectiveReport:
 
 
 def find_collectives(
-    sources: Sequence[str | os.PathLike[str]], *, workers: int | None = None
+    sources: Sequence[str | os.PathLike[str]],
+    *,
+    workers: int | None = None,
+    offsets: HostOffsets | None = None,
 ) -> CollectiveReport:
     """Match the collectives in the traces of one window (its folder, or trace files).
 
     A trace that cannot be read, whose rank cannot be told, that says another rank than
     its name, or that shares its rank with another is skipped and said. TraceError
     where fewer than two ranks are left with collectives to match, or where `sources`
-    is a whole run directory or spans several windows.
+    is a whole run directory or spans several windows. Where the ranks span hosts, each
+    host's clock offset is read from the run's timings, unless `offsets` gives them
+    (`host_clock_offsets` of timings already read).
     """
     skipped: list[str] = []
     paths = _traces_of(sources, skipped)
     size = sum(file_size(path) for path in paths)
     read = ordered_map(read_rank_collectives, [str(p) for p in paths], size=size, workers=workers)
     traces = _ranked(read, skipped)
-    where = str(paths[0].parent) if len({p.parent for p in paths}) == 1 else "the traces"
+    where = _named(sources)
     if len(traces) < 2:
         ranks = f" (only {format_ranks(traces)})" if traces else ""
         said = f"; skipped: {'; '.join(skipped[:4])}" if skipped else ""
@@ -131,9 +141,24 @@ def find_collectives(
         )
     if silent:
         notes.append(f"{format_ranks(silent)}: no collectives in their traces")
+    notes.extend(_sendrecv_notes(traces, gpu))
     window = paths[0].parent if is_window_folder(paths[0].parent) else None
     meta = _meta(window, skipped)
-    clocks = _clocks(traces, arrivals, meta, notes)
+    first_ns = {
+        rank: (t.base or 0) + round(min(a.ts for a in arrivals[rank]) * 1000)
+        if arrivals[rank]
+        else None
+        for rank, t in traces.items()
+    }
+
+    def timings() -> HostOffsets:  # called only where the ranks span hosts
+        if offsets is not None:
+            return offsets
+        if window is None or meta is None:
+            return HostOffsets(why_none="no run directory around the traces, so no timings")
+        return _run_offsets(window.parent.parent, meta, skipped, workers)
+
+    clocks, alignment = align_clocks(first_ns, meta, timings, notes)
     origin = min((t.base or 0) + clocks[rank].shift_ns for rank, t in traces.items())
     shift_us = {
         rank: ((t.base or 0) + clocks[rank].shift_ns - origin) / 1000 for rank, t in traces.items()
@@ -143,6 +168,7 @@ def find_collectives(
         for group, listed in t.members.items():
             members.setdefault(group, listed)
     matcher = _match(arrivals, shift_us, members)
+    notes.extend(matcher.notes)
     notes.extend(_group_notes(traces, arrivals))
     rows = sorted(matcher.rows, key=lambda row: (min(row.arrivals.values()), row.name))
     start = min((min(row.arrivals.values()) for row in rows), default=0.0)
@@ -151,6 +177,7 @@ def find_collectives(
         window=None if window is None else window.name,
         source="gpu" if gpu else "cpu",
         summary=_summary(per_rank, len(rows)),
+        alignment=alignment,
         ranks=per_rank,
         collectives=[_row_dict(row, start) for row in rows],
         unmatched=matcher.unmatched,
@@ -160,12 +187,18 @@ def find_collectives(
 
 
 def collectives_of_run(
-    run_dir: str | os.PathLike[str], skipped: list[str]
+    run_dir: str | os.PathLike[str],
+    skipped: list[str],
+    *,
+    offsets: HostOffsets | None = None,
 ) -> dict[str, Any] | None:
-    """The report's part: `find_collectives` over the latest windows of a run that hold
-    the traces of two ranks or more; None where none does. What a window's reading
-    skips is added to `skipped` (a line already there is not said twice); a window
-    that cannot be matched at all is listed with its error."""
+    """The report's part: `find_collectives` over the latest window of a run that holds
+    the traces of two ranks or more; None where none does. One window only, and not
+    past _REPORT_BYTES of traces: the report reads a run, and a window's traces can be
+    the largest files in it. What the reading skips is added to `skipped` (a line
+    already there is not said twice); a window that cannot be matched at all is listed
+    with its error, one too large to read with `not_read`. `offsets` as for
+    `find_collectives` (the report has read the timings already)."""
     run = RunDir(run_dir)
     windows = [
         name
@@ -175,17 +208,26 @@ def collectives_of_run(
     if not windows:
         return None
     windows.sort(key=lambda name: (window_key(name) or (1 << 62, ""), name))
-    out: list[dict[str, Any]] = []
-    for name in windows[-_REPORT_WINDOWS:]:
+    latest = windows[-1]
+    folder = run.root / TRACES / latest
+    size = sum(file_size(t.path) for t in run.traces(latest))
+    entry: dict[str, Any]
+    if size > _REPORT_BYTES:
+        entry = {
+            "window": latest,
+            "not_read": f"{size / 2**20:,.1f} MiB of traces, more than the report reads "
+            f"({_REPORT_BYTES / 2**20:,.0f} MiB): rankscope collectives {folder} reads them",
+        }
+    else:
         try:
-            found = find_collectives([run.root / TRACES / name]).to_dict()
+            entry = find_collectives([folder], offsets=offsets).to_dict()
         except TraceError as exc:
-            out.append({"window": name, "error": str(exc)})
-            continue
-        said = set(skipped)
-        skipped.extend(line for line in found.pop("skipped") if line not in said)
-        out.append(found)
-    return {"windows": out, "left_out": windows[:-_REPORT_WINDOWS]}
+            entry = {"window": latest, "error": str(exc)}
+        else:
+            said = set(skipped)
+            skipped.extend(line for line in entry.pop("skipped") if line not in said)
+    entry["folder"] = str(folder)
+    return {"windows": [entry], "left_out": windows[:-1]}
 
 
 # -- the traces of one window --------------------------------------------------------------
@@ -222,7 +264,7 @@ def _ranked(
         if trace is None:
             continue
         try:
-            trace.base = _base_of(trace.path, trace.base)
+            trace.base = base_of(trace.path, trace.base)
         except TraceError as exc:
             skipped.append(str(exc))
             continue
@@ -253,6 +295,12 @@ def _ranked(
     return out
 
 
+def _named(sources: Sequence[str | os.PathLike[str]]) -> str:
+    """The sources as the user gave them, for a message."""
+    named = [str(source) for source in sources]
+    return ", ".join(named[:3]) + (f", ... ({len(named)} given)" if len(named) > 3 else "")
+
+
 def _meta(window: Path | None, skipped: list[str]) -> RunMeta | None:
     """The meta files of the run around `window`; None outside a run directory."""
     if window is None:
@@ -264,6 +312,52 @@ def _meta(window: Path | None, skipped: list[str]) -> RunMeta | None:
         return None
     skipped.extend(meta.skipped)
     return meta
+
+
+def _run_offsets(root: Path, meta: RunMeta, skipped: list[str], workers: int | None) -> HostOffsets:
+    """Each host's clock offset from the run's timings; none, and why, without them."""
+    from ._matrix import matrices_of  # numpy and the timings' engine: only here
+    from .read._engine import read_run_records
+
+    try:
+        records = read_run_records(root, workers=workers)
+    except TraceError as exc:
+        return HostOffsets(why_none=f"no timings to measure it from ({exc})")
+    said = set(skipped)
+    skipped.extend(line for line in records.skipped if line not in said)
+    return host_clock_offsets(matrices_of(records), meta.hosts)
+
+
+def _sendrecv_notes(traces: dict[int, RankCollectives], gpu: bool) -> list[str]:
+    """What became of the NCCL SendRecv kernels, which run send/recv and all_to_all alike."""
+    if not gpu:
+        return []
+    notes = []
+    named: dict[str, int] = {}
+    for t in traces.values():
+        for name, n in t.sendrecv.named.items():
+            named[name] = named.get(name, 0) + n
+    p2p = [rank for rank, t in traces.items() if t.sendrecv.point_to_point]
+    if named or p2p:
+        what = ", ".join(f"{n} {name}" for name, n in sorted(named.items()))
+        left = sum(t.sendrecv.point_to_point for t in traces.values())
+        notes.append(
+            "NCCL SendRecv kernels (NCCL runs send/recv and all_to_all, and sometimes other "
+            "collectives, in that kernel) were named by their Collective name arg or the "
+            f"c10d call that launched them{f': {what}' if what else ''}"
+            f"{f'; {left} send or recv (point-to-point) left out' if left else ''}"
+        )
+    unknown = {rank: t.sendrecv.unknown for rank, t in traces.items() if t.sendrecv.unknown}
+    if unknown:
+        notes.append(
+            f"{format_ranks(unknown)}: {sum(unknown.values())} NCCL SendRecv kernels that the "
+            "trace does not tell apart (no Collective name arg, no c10d call found around "
+            "their launch): NCCL runs send/recv and all_to_all alike in that kernel. They "
+            'are kept as "SendRecv" and matched with each other by order, never with a '
+            "collective of another name; where they are point-to-point sends between "
+            "pipeline stages, their rows pair unrelated transfers and their skews mean nothing"
+        )
+    return notes
 
 
 def _group_notes(
@@ -283,97 +377,13 @@ def _group_notes(
             "are in several (distributedInfo.pg_config): collectives of different groups "
             "are matched by name and order, which holds where the ranks call them in one order"
         )
-    sizes = {t.info.get("world_size") for t in traces.values()} - {None}
+    sizes = {size for t in traces.values() if type(size := t.info.get("world_size")) is int}
     if len(sizes) > 1:
         notes.append(
-            f"the traces disagree on the world size ({', '.join(map(shown, sorted(sizes, key=str)))}): "
+            f"the traces disagree on the world size ({', '.join(map(shown, sorted(sizes)))}): "
             "traces of several jobs?"
         )
     return notes
-
-
-# -- clocks ------------------------------------------------------------------------------
-
-
-class _Clock(NamedTuple):
-    shift_ns: int
-    """Added to the rank's base + ts to put it on the wall clock."""
-    kind: str
-    """"wall", "monotonic" (converted) or "as written"."""
-    host: str | None
-
-
-def _pair(meta: dict[str, Any] | None) -> tuple[int, int] | None:
-    clock = meta.get("clock") if meta is not None else None
-    if not isinstance(clock, dict):
-        return None
-    wall, mono = clock.get("time_ns"), clock.get("perf_counter_ns")
-    if type(wall) is int and type(mono) is int and 0 < wall < 1 << 63 and 0 <= mono < 1 << 63:
-        return wall, mono
-    return None
-
-
-def _clocks(
-    traces: dict[int, RankCollectives],
-    arrivals: dict[int, list[Arrival]],
-    meta: RunMeta | None,
-    notes: list[str],
-) -> dict[int, _Clock]:
-    """Each rank's shift onto the wall clock, through its host's clock pair where needed."""
-    pairs = {r: _pair(meta.meta.get(r)) for r in traces} if meta is not None else {}
-    hosts = meta.hosts if meta is not None else {}
-    offsets: dict[str, list[int]] = {}
-    for rank, pair in pairs.items():
-        if pair is not None and rank in hosts:
-            offsets.setdefault(hosts[rank], []).append(pair[0] - pair[1])
-    host_offset = {host: statistics.median_low(values) for host, values in offsets.items()}
-    out: dict[int, _Clock] = {}
-    kinds: dict[str, list[int]] = {}
-    for rank, trace in traces.items():
-        host, pair = hosts.get(rank), pairs.get(rank)
-        kind, shift = "as written", 0
-        if pair is not None and arrivals[rank]:
-            at_ns = (trace.base or 0) + round(min(a.ts for a in arrivals[rank]) * 1000)
-            wall, mono = pair
-            if abs(at_ns - wall) < min(abs(at_ns - mono), _YEAR_NS):
-                kind = "wall"
-            elif abs(at_ns - mono) < _YEAR_NS:
-                kind = "monotonic"
-                shift = host_offset.get(host, wall - mono) if host is not None else wall - mono
-            else:
-                kinds.setdefault("neither", []).append(rank)
-        elif meta is not None:
-            kinds.setdefault("no pair", []).append(rank)
-        kinds.setdefault(kind, []).append(rank)
-        out[rank] = _Clock(shift, kind, host)
-    if meta is None:
-        notes.append(
-            "no run directory around the traces, so no meta files: trace times are used as "
-            "written (torch writes wall-clock times)"
-        )
-    if "no pair" in kinds:
-        notes.append(
-            f"{format_ranks(kinds['no pair'])}: no clock pair in their meta; trace times used as written"
-        )
-    if "neither" in kinds:
-        notes.append(
-            f"{format_ranks(kinds['neither'])}: trace times near neither clock of their meta "
-            "(wall or monotonic); used as written"
-        )
-    if "monotonic" in kinds:
-        notes.append(
-            f"{format_ranks(kinds['monotonic'])}: trace times on the monotonic clock, moved "
-            "onto the wall clock with their host's clock pair"
-        )
-    used = sorted({hosts[r] for r in traces if r in hosts})
-    if len(used) > 1:
-        notes.append(
-            f"ranks on {len(used)} hosts ({', '.join(used[:4])}{', ...' if len(used) > 4 else ''}): "
-            "arrivals across hosts are compared on their wall clocks, which differ by what "
-            "NTP leaves (tens of microseconds to milliseconds, not measured here): a skew "
-            "between hosts below that is not evidence"
-        )
-    return out
 
 
 # -- matching ----------------------------------------------------------------------------
@@ -393,6 +403,7 @@ class _Row:
 class _Matcher:
     rows: list[_Row] = field(default_factory=list)
     unmatched: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def group(
         self,
@@ -485,10 +496,25 @@ class _Matcher:
     def _by_seq(
         self, group: str, per_rank: dict[int, list[tuple[float, Arrival]]], expected: list[int]
     ) -> None:
+        repeated: dict[int, set[int]] = {}
+        for rank, events in per_rank.items():
+            held = Counter(a.seq for _, a in events)
+            twice = {seq for seq, n in held.items() if n > 1 and seq is not None}
+            if twice:
+                repeated[rank] = twice
+        if repeated:
+            numbers = sorted(set().union(*repeated.values()))
+            self.notes.append(
+                f"group {group}: {format_ranks(repeated)} repeat sequence numbers (seq "
+                f"{_some(numbers)}), so Seq does not tell its collectives apart: they are "
+                "matched by order instead"
+            )
+            self._by_order(group, group, per_rank, expected)
+            return
         seqs: dict[int, dict[int, tuple[float, Arrival]]] = {}
         for rank, events in per_rank.items():
             for t, a in events:
-                seqs.setdefault(a.seq or 0, {}).setdefault(rank, (t, a))
+                seqs.setdefault(a.seq or 0, {})[rank] = (t, a)
         partial, disagree = [], []
         for index, seq in enumerate(sorted(seqs)):
             present = seqs[seq]
@@ -508,7 +534,7 @@ class _Matcher:
                 None,
                 [],
                 counts,
-                f"{len(partial)} collectives of group {group} (seq {format_steps(partial)}) were "
+                f"{len(partial)} collectives of group {group} (seq {_some(partial)}) were "
                 f"seen by only some of {format_ranks(expected)}: left out (the window's edges, "
                 "or a rank that did not call them)",
             )
@@ -518,9 +544,16 @@ class _Matcher:
                 None,
                 [],
                 counts,
-                f"seq {format_steps(disagree)} of group {group}: the ranks name different "
+                f"seq {_some(disagree)} of group {group}: the ranks name different "
                 "collectives under one number: left out",
             )
+
+
+def _some(numbers: list[int], limit: int = 8) -> str:
+    """The first `limit` numbers, and how many there are where there are more."""
+    if len(numbers) <= limit:
+        return format_steps(numbers)
+    return f"{format_steps(numbers[:limit])}, ... ({len(numbers)} in all)"
 
 
 def _match(
@@ -590,7 +623,7 @@ def _row_dict(row: _Row, start: float) -> dict[str, Any]:
 
 
 def _rank_rows(
-    traces: dict[int, RankCollectives], clocks: dict[int, _Clock], rows: list[_Row]
+    traces: dict[int, RankCollectives], clocks: dict[int, Clock], rows: list[_Row]
 ) -> list[dict[str, Any]]:
     seen = dict.fromkeys(traces, 0)
     vs_median = dict.fromkeys(traces, 0.0)
@@ -611,6 +644,7 @@ def _rank_rows(
                 "rank": rank,
                 "host": clocks[rank].host,
                 "clock": clocks[rank].kind,
+                "offset_ms": None if (off := clocks[rank].offset_ns) is None else _ms(off / 1000),
                 "collectives": n,
                 "arrived_last": len(late),
                 "late_ms": _ms(sum(late)),

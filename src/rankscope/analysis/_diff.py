@@ -9,12 +9,10 @@ explain. Noise is judged from the data itself: analysis.md ("rankscope diff") ha
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +22,17 @@ import numpy.typing as npt
 from .._errors import ConfigError, TraceError
 from .._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folder, window_steps
 from .._text import format_ranks
-from ._kernels import _latest_of_the_same_steps, find_traces, read_summaries
-from ._matrix import STEP, PhaseMatrices, matrices_of
+from ._kernels import find_traces, latest_of_the_same_steps, read_summaries
+from ._matrix import STEP, PhaseMatrices, matrices_of, quiet
 from ._stragglers import find_stragglers
 from .read._engine import TIME_BASES, read_run_records
 from .read._run import read_run_meta, run_root
 
-__all__ = ["Change", "RunDiff", "diff_runs"]
+__all__ = ["FEWEST_TRACES", "Change", "RunDiff", "diff_runs"]
 
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
+Figures = dict[str, Any] | None
 
 _Z = 4.0
 """Standard errors of the difference a change must exceed, with many steps (see `_z`)."""
@@ -42,6 +41,8 @@ _MAD_SD = 1.4826
 _MEDIAN_SE = 1.2533
 """A median's standard error over the mean's (sqrt(pi / 2)), for normal spreads."""
 _ORDER = {"phase": 0, "rank": 1, "kernel": 2}
+FEWEST_TRACES = 3
+"""Traces of a kind each side needs for its kernels' noise to be judged (`unjudged`)."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ class Change:
     rank: int | None
     delta_ms: float
     """B minus A, in ms per step (per rank and step for kernels)."""
-    noise_ms: float
-    """The bar it cleared: what the noise rule allows for this figure."""
+    noise_ms: float | None
+    """The bar it cleared; None for a kernel too few traces cannot judge (`unjudged`)."""
     a: dict[str, Any] | None
     """A's figures (None where A has none: a phase or kernel new in B)."""
     b: dict[str, Any] | None
@@ -71,9 +72,7 @@ class Change:
     def relative(self) -> float | None:
         """The delta over A's figure, None where A has none."""
         base = None if self.a is None else self.a.get("median_ms", self.a.get("ms_per_step"))
-        if not isinstance(base, float) or base <= 0:
-            return None
-        return self.delta_ms / base
+        return self.delta_ms / base if isinstance(base, float) and base > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         kernel = self.what == "kernel"
@@ -112,6 +111,8 @@ class RunDiff:
     """The phases compared (in both A and B)."""
     kernels: int = 0
     """Kernels (or CPU ops) compared."""
+    unjudged: list[Change] = field(default_factory=list)
+    """Kernel changes above the floor that too few traces cannot judge, biggest first."""
     within_noise: int = 0
     """Figures compared whose change is within their noise, so not listed."""
     notes: list[str] = field(default_factory=list)
@@ -126,6 +127,7 @@ class RunDiff:
             "floor_ms": self.floor_ms,
             "step": self.step,
             "changes": [change.to_dict() for change in self.changes],
+            "unjudged": [change.to_dict() for change in self.unjudged],
             "compared": {"phases": self.phases, "kernels": self.kernels},
             "within_noise": self.within_noise,
             "notes": self.notes,
@@ -161,22 +163,22 @@ def diff_runs(
         a=side_a.describe(), b=side_b.describe(), time=time, noise=noise, min_share=min_share
     )
     diff.notes = side_a.notes + side_b.notes
-    diff.skipped = [f"A: {line}" for line in side_a.skipped]
-    diff.skipped += [f"B: {line}" for line in side_b.skipped]
+    diff.skipped = [f"{side.label}: {line}" for side in (side_a, side_b) for line in side.skipped]
     step_ms = side_a.phases.step_ms() if side_a.phases is not None else None
     diff.floor_ms = None if step_ms is None else min_share * step_ms
-    why: list[str] = []  # what could not be compared, and why
     if side_a.phases is not None and side_b.phases is not None:
-        _compare_phases(diff, side_a.phases, side_b.phases, why)
-    _compare_kernels(diff, side_a.kernels, side_b.kernels, why)
-    diff.notes += why
+        _compare_phases(diff, side_a.phases, side_b.phases)
+    _compare_kernels(diff, side_a.kernels, side_b.kernels)
     if not diff.phases and not diff.kernels:
         said = "; ".join(diff.notes) or "neither has timings or traces"
         raise TraceError(f"nothing to compare between {a} and {b}: {said}")
-    diff.changes.sort(
-        key=lambda c: (-abs(c.delta_ms), _ORDER[c.what], c.name, -1 if c.rank is None else c.rank)
-    )
+    diff.changes.sort(key=_biggest_first)
+    diff.unjudged.sort(key=_biggest_first)
     return diff
+
+
+def _biggest_first(c: Change) -> tuple[float, int, str, int]:
+    return (-abs(c.delta_ms), _ORDER[c.what], c.name, -1 if c.rank is None else c.rank)
 
 
 # -- one side: a run, or a window of one ---------------------------------------------------
@@ -222,15 +224,11 @@ class _Phases:
 
     def step_ms(self) -> float | None:
         """The median step time: of the step records, or of the top phases summed."""
-        if STEP in self.values:
-            cells = self.values[STEP]
-        else:
-            tops = [v for p, v in self.values.items() if self.depths[p] == 0]
-            if not tops:
-                return None
-            cells = np.where(
-                np.all(np.isnan(np.stack(tops)), axis=0), np.nan, np.nansum(np.stack(tops), axis=0)
-            )
+        tops = [STEP] if STEP in self.values else [p for p in self.values if self.depths[p] == 0]
+        if not tops:
+            return None
+        cells = np.stack([self.values[p] for p in tops])
+        cells = np.where(np.all(np.isnan(cells), axis=0), np.nan, np.nansum(cells, axis=0))
         finite = cells[np.isfinite(cells)]
         return float(np.median(finite)) if finite.size else None
 
@@ -378,7 +376,7 @@ class _Side:
         except TraceError:
             self.skipped += said  # no trace at all: nothing to say but what looked like one
             return
-        read = _latest_of_the_same_steps(read_summaries(traces, said, workers=workers), said)
+        read = latest_of_the_same_steps(read_summaries(traces, said, workers=workers), said)
         self.skipped += said
         self.traces = len(read)
         unnamed: set[str] = set()
@@ -406,16 +404,13 @@ def _without_waiting(m: PhaseMatrices, sync: set[str]) -> list[Matrix]:
         if phase == STEP or m.depths[p] != 0:
             continue
         if phase in sync:
-            with _quiet():
+            with quiet():
                 last = np.nanmax(since, axis=0)
             out[p] = np.maximum(m.ms[p] - (last[None, :] - since), 0.0)
             since = np.zeros_like(since)
         else:
             since = since + np.nan_to_num(m.ms[p])
     return out
-
-
-# -- comparing ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -431,7 +426,7 @@ class _PerRank:
     @classmethod
     def of(cls, values: Matrix, whole: Matrix) -> _PerRank:
         """The medians of `values`, the spread of `whole` (the same, or more steps)."""
-        with _quiet():
+        with quiet():
             median = np.nanmedian(values, axis=1)
             middle = median if whole is values else np.nanmedian(whole, axis=1)
             mad = np.nanmedian(np.abs(whole - middle[:, None]), axis=1)
@@ -449,39 +444,42 @@ class _PerRank:
         return _MEDIAN_SE * self.sigma / np.sqrt(np.maximum(self.steps, 1))
 
 
-def _compare_phases(diff: RunDiff, a: _Phases, b: _Phases, why: list[str]) -> None:
+def _compare_phases(diff: RunDiff, a: _Phases, b: _Phases) -> None:
     common = [p for p in a.values if p in b.values and p != STEP]
     if not common:
-        why.append(
+        diff.notes.append(
             f"no phase in common (A: {', '.join(p for p in a.values if p != STEP) or 'none'}; "
             f"B: {', '.join(p for p in b.values if p != STEP) or 'none'})"
         )
         return
     pair = _PhasePair(a, b, noise=diff.noise, floor=diff.floor_ms or 0.0)
-    for side, other, label in ((a, b, "A"), (b, a, "B")):
-        alone = sorted(set(side.ranks) - set(other.ranks))
-        if alone:
-            diff.notes.append(
-                f"{format_ranks(alone)} only in {label}: compared as part of the phase"
-            )
+    if not pair.ranks:
+        diff.notes.append("no rank in both: each phase compares the ranks' typical times")
     if STEP in a.values and STEP in b.values:
-        row = pair.phase(STEP)
-        diff.step = {
-            "a_ms": None if row.a is None else row.a["median_ms"],
-            "b_ms": None if row.b is None else row.b["median_ms"],
-            "delta_ms": row.delta_ms,
-            "noise_ms": row.noise_ms,
-        }
+        diff.step = _step(pair)
     for phase in common:
         diff.phases.append(phase)
         row = pair.phase(phase)
-        _keep(diff, row)
-        for change in pair.ranks_apart(phase, row.delta_ms):
+        apart = list(pair.ranks_apart(phase, row.delta_ms))
+        # The phase's figures are those of the ranks whose change it is.
+        fa, fb = pair.figures(phase, apart={change.rank for change in apart})
+        for change in (replace(row, a=fa, b=fb), *apart):
             _keep(diff, change)
     for side, other, label in ((a, b, "A"), (b, a, "B")):
+        alone = sorted(set(side.ranks) - set(other.ranks))
+        if alone and pair.ranks:
+            diff.notes.append(f"{format_ranks(alone)} only in {label}: left out of the phases")
         for phase in side.values:
             if phase != STEP and phase not in other.values:
                 _keep(diff, pair.lone(phase, side, label))
+
+
+def _step(pair: _PhasePair) -> dict[str, Any]:
+    """The step line: A's and B's median step time over the ranks in both, and B's less A's."""
+    a, b = (None if f is None else f["median_ms"] for f in pair.figures(STEP))
+    delta = None if a is None or b is None else b - a
+    step = {"a_ms": a, "b_ms": b, "delta_ms": delta, "noise_ms": pair.phase(STEP).noise_ms}
+    return step | {"ranks": len(pair.ranks) or None}
 
 
 class _PhasePair:
@@ -506,6 +504,7 @@ class _PhasePair:
             delta = _shared(rb.median) - _shared(ra.median)
             spread = max(_median(ra.sigma), _median(rb.sigma))
         error = math.hypot(self.a.errors(phase)[1], self.b.errors(phase)[1])
+        figures = self.figures(phase)
         return Change(
             what="phase",
             name=phase,
@@ -513,10 +512,19 @@ class _PhasePair:
             rank=None,
             delta_ms=delta,
             noise_ms=float(max(self.noise * max(spread, error), self.floor)),
-            a=_phase_figures(self.a.values[phase]),
-            b=_phase_figures(self.b.values[phase]),
+            a=figures[0],
+            b=figures[1],
             sync=phase in self.a.sync or phase in self.b.sync,
         )
+
+    def figures(self, phase: str, apart: Collection[int | None] = ()) -> tuple[Figures, Figures]:
+        """A's and B's figures of `phase` over the same ranks: those in both, less `apart`
+        (ranks listed on their own); each side's every rank where no rank is in both."""
+        a, b = self.a.values[phase], self.b.values[phase]
+        if self.ranks:
+            keep = np.array([rank not in apart for rank in self.ranks], np.bool_)
+            a, b = a[self.ia[keep]], b[self.ib[keep]]
+        return _phase_figures(a), _phase_figures(b)
 
     def ranks_apart(self, phase: str, shared: float) -> Iterator[Change]:
         """The ranks whose change departs from the one the others share."""
@@ -566,35 +574,46 @@ class _PhasePair:
         )
 
 
-def _compare_kernels(
-    diff: RunDiff, a: dict[str, _KernelKind], b: dict[str, _KernelKind], why: list[str]
-) -> None:
+def _compare_kernels(diff: RunDiff, a: dict[str, _KernelKind], b: dict[str, _KernelKind]) -> None:
     if not a or not b:
         if a or b:
-            why.append(f"{'B' if a else 'A'} has no traces: kernels not compared")
+            diff.notes.append(f"{'B' if a else 'A'} has no traces: kernels not compared")
         return
     for kind in sorted(set(a) | set(b)):
+        words = kind.replace("_", " ")
         if kind not in a or kind not in b:
             held = "A" if kind in a else "B"
-            why.append(f"only {held}'s traces hold {kind.replace('_', ' ')}: not compared")
+            diff.notes.append(f"only {held}'s traces hold {words}: not compared")
             continue
         ka, kb = a[kind], b[kind]
-        floor = (
-            diff.floor_ms if diff.floor_ms is not None else diff.min_share * ka.total_ms_per_step()
-        )
+        floor = diff.min_share * ka.total_ms_per_step() if diff.floor_ms is None else diff.floor_ms
+        judged = min(len(ka.steps), len(kb.steps)) >= FEWEST_TRACES
+        if not judged:  # the spread of one or two traces says nothing of the noise
+            diff.notes.append(
+                f"{words}: {len(ka.steps)} trace(s) in A and {len(kb.steps)} in B, too few "
+                f"({FEWEST_TRACES} a side) to judge their noise: changes listed apart, unjudged"
+            )
         for name in sorted(set(ka.names) | set(kb.names)):
             diff.kernels += 1
             fa, fb = ka.figures(name), kb.figures(name)
-            va, vb = ka.per_trace_ms(name), kb.per_trace_ms(name)
-            sa, sb = _spread(va), _spread(vb)
-            se = math.hypot(sa / math.sqrt(len(va)), sb / math.sqrt(len(vb)))
-            bar = max(diff.noise * max(sa, sb, float(_z(min(len(va), len(vb)) - 1)) * se), floor)
             delta = (fb["ms_per_step"] if fb else 0.0) - (fa["ms_per_step"] if fa else 0.0)
-            _keep(diff, Change("kernel", name, kind, None, delta, bar, fa, fb))
+            bar = None
+            if judged:
+                va, vb = ka.per_trace_ms(name), kb.per_trace_ms(name)
+                sa, sb = _spread(va), _spread(vb)
+                se = math.hypot(sa / math.sqrt(len(va)), sb / math.sqrt(len(vb)))
+                bar = max(
+                    diff.noise * max(sa, sb, float(_z(min(len(va), len(vb)) - 1)) * se), floor
+                )
+            _keep(diff, Change("kernel", name, kind, None, delta, bar, fa, fb), floor)
 
 
-def _keep(diff: RunDiff, change: Change) -> None:
-    if math.isfinite(change.delta_ms) and abs(change.delta_ms) > change.noise_ms:
+def _keep(diff: RunDiff, change: Change, floor: float = 0.0) -> None:
+    """Listed above its noise; apart (`unjudged`) with no noise judged, above `floor`."""
+    delta, noise = change.delta_ms, change.noise_ms
+    if noise is None and abs(delta) > floor:
+        diff.unjudged.append(change)
+    elif noise is not None and math.isfinite(delta) and abs(delta) > noise:
         diff.changes.append(change)
     else:
         diff.within_noise += 1
@@ -617,15 +636,12 @@ def _shared(values: Vector) -> float:
     n = len(finite)
     if not n:
         return math.nan
-    if n % 2:
-        return float(finite[n // 2])
-    low, high = float(finite[n // 2 - 1]), float(finite[n // 2])
+    low, high = float(finite[(n - 1) // 2]), float(finite[n // 2])  # one value for odd n
     return low if abs(low) <= abs(high) else high
 
 
 def _median(values: Any) -> float:
-    finite = np.asarray(values, np.float64)
-    finite = finite[np.isfinite(finite)]
+    finite = np.asarray(values, np.float64)[np.isfinite(values)]
     return float(np.median(finite)) if finite.size else 0.0
 
 
@@ -656,12 +672,12 @@ def _strays(whole: Matrix, width: int) -> tuple[Vector, float] | None:
     if steps - width + 1 < _FEWEST_BLOCKS:
         return None
     starts = range(0, steps - width + 1, max(1, (steps - width + 1) // _MAX_BLOCKS))
-    with _quiet():
+    with quiet():
         typical = np.nanmedian(whole, axis=1)
         moved = np.stack([np.nanmedian(whole[:, s : s + width], axis=1) for s in starts])
     moved -= typical[None, :]
     shared = np.array([_shared(row) for row in moved])
-    with _quiet():
+    with quiet():
         apart = np.nanmax(np.abs(moved - shared[:, None]), axis=0)
     apart = np.nan_to_num(apart)
     most = float(np.nanmax(np.abs(shared), initial=0.0))
@@ -682,11 +698,3 @@ _FEW = np.array([1.0, 1.0, 1.196, 1.495, 1.363, 1.206, 1.200, 1.140, 1.129, 1.10
 def _small_sample(n: Vector) -> Vector:
     many = n / np.maximum(n - 0.8, 1.0)
     return np.where(n < len(_FEW), _FEW[np.clip(n, 0, len(_FEW) - 1).astype(np.int64)], many)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """numpy's warnings on all-NaN rows (a rank with no record of a phase) silenced: NaN is the answer."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield

@@ -32,8 +32,7 @@ from typing import Any
 from .._config import HangConfig
 from .._errors import ConfigError
 from .._text import format_ranks, number_ranges
-from .read._attempts import _ONE_LAUNCH_NS as ONE_LAUNCH_NS
-from .read._attempts import AttemptMark, mark_of, run_attempts
+from .read._attempts import ONE_LAUNCH_NS, AttemptMark, mark_of, run_attempts
 from .read._run import RunMeta, read_run_meta
 from .read._watch import Frame, HangFile, Heartbeat, OpenPhase, read_watch
 

@@ -52,6 +52,8 @@ FEWEST_PER_WINDOW = 10
 _LISTED = 6
 """Items a sentence lists before "and N more"."""
 _SAME_HOSTS = "--same-hosts takes that host for every attempt"
+_NO_DEVICE_TIMES = "no device times (gpu_ms) in the timings"
+_HOST_TIME = "--time host compares host times"
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class RunSummary:
     ranks: list[int]
     hosts: list[str]
     notes: list[str] = field(default_factory=list)
+    no_device_times: list[int] = field(default_factory=list)
+    """The attempts left out for having no device times (with `time="device"` only)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +125,7 @@ class RunSummary:
             "attempts": self.attempts,
             "ranks": number_ranges(self.ranks),
             "hosts": self.hosts,
+            "no_device_times": self.no_device_times,
             "notes": self.notes,
         }
 
@@ -282,6 +287,9 @@ def find_recurring_hosts(
             report.skipped.extend(skipped)
     if not report.runs:
         raise TraceError(f"no run directory to read: {'; '.join(report.skipped)}")
+    if all(len(run.no_device_times) == run.attempts for run in report.runs):
+        runs = ", ".join(run.run for run in report.runs)
+        raise TraceError(f"nothing to compare: {_NO_DEVICE_TIMES} of {runs} ({_HOST_TIME})")
     report.hosts = _tally(report.units)
     report.summary = _sentences(report)
     return report
@@ -330,14 +338,8 @@ def _analyse_run(
     ]
     everyone = sorted(set().union(*(records.ranks for records in attempts)))
     places = _Places(meta, first.attempts.marks, settings.options["same_hosts"])
-    skipped = _distinct(
-        [
-            *meta.skipped,
-            *(line for records in attempts for line in records.skipped),
-            *meta.say_missing(everyone),
-            *places.ignored(),
-        ]
-    )
+    read = [line for records in attempts for line in records.skipped]
+    skipped = _distinct([*meta.skipped, *read, *meta.say_missing(everyone), *places.ignored()])
     run = RunSummary(run=str(root), label=label, attempts=count, ranks=everyone, hosts=[])
     units: list[Unit] = []
     for n, records in enumerate(attempts, start=1):
@@ -354,6 +356,9 @@ def _analyse_attempt(
     where = _where(run.label, n, run.attempts)
     hosts, unknown = places.hosts(n, sorted(records.ranks))
     m = matrices_of(records)
+    if m.time == "device" and not any(np.isfinite(d).any() for d in m.ms):
+        run.no_device_times.append(n)  # a CPU-only job: said in the summary
+        return []
     if len(m.ranks) < 2 or not m.steps:
         ranks = format_ranks(m.ranks) if m.ranks else "no rank"
         run.notes.append(f"{where}: {ranks} with records: nothing to compare")
@@ -416,10 +421,7 @@ class _Analysis:
 def _window(m: PhaseMatrices, cols: slice) -> PhaseMatrices:
     """The matrices of the steps `cols`, without the ranks that have no record there."""
     ms = [d[:, cols] for d in m.ms]
-    seen = np.zeros(len(m.ranks), np.bool_)
-    for d in ms:
-        seen |= np.isfinite(d).any(axis=1)
-    present = np.flatnonzero(seen)
+    present = np.flatnonzero(np.any([np.isfinite(d).any(axis=1) for d in ms], axis=0))
     return PhaseMatrices(
         ranks=[m.ranks[i] for i in present.tolist()],
         steps=m.steps[cols],
@@ -551,7 +553,8 @@ def _sentences(report: HostReport) -> list[str]:
                     say(rec, _windows_sentence(rec, run, n, windows), [])
     if not out:
         out.append(_nothing(report))
-    return out + _unknown_sentences(report) + _single_host_sentences(report)
+    out += _untimed_sentences(report) + _unknown_sentences(report)
+    return out + _single_host_sentences(report)
 
 
 def _recurs(rec: HostRecord, share: str, held: list[tuple[Unit, SlowRank]], by: str) -> str:
@@ -614,6 +617,17 @@ def _nothing(report: HostReport) -> str:
             "nothing recurs: no slow rank, and one analysis alone (give more runs, or longer ones)"
         )
     return "nothing recurs: no slow rank in any run, attempt or window"
+
+
+def _untimed_sentences(report: HostReport) -> list[str]:
+    """The runs (or attempts) `time="device"` left out: their timings hold no device time."""
+    out = []
+    for run in report.runs:
+        left = run.no_device_times
+        if left:
+            some = "" if len(left) == run.attempts else f" attempt(s) {number_ranges(left)}"
+            out.append(f"run {run.label}{some}: {_NO_DEVICE_TIMES}, so left out ({_HOST_TIME})")
+    return out
 
 
 def _unknown_sentences(report: HostReport) -> list[str]:

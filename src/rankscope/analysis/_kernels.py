@@ -23,7 +23,14 @@ from .._layout import (
 from ._parallel import PARALLEL_BYTES, file_size, ordered_map
 from .read._kineto import SUMMARY_VERSION, left_out_lines, summarize_trace, summary_problem
 
-__all__ = ["KernelReport", "KernelTable", "find_traces", "kernel_report", "read_summaries"]
+__all__ = [
+    "KernelReport",
+    "KernelTable",
+    "find_traces",
+    "kernel_report",
+    "latest_of_the_same_steps",
+    "read_summaries",
+]
 
 BY = ("name", "category")
 _PARALLEL_BYTES = PARALLEL_BYTES  # tests lower it to read small traces in workers
@@ -171,7 +178,7 @@ def kernel_report(
     skipped: list[str] = []
     paths = find_traces(sources, window, left_out=skipped)
     read = read_summaries(paths, skipped, progress=progress, workers=workers)
-    summaries = _latest_of_the_same_steps(read, skipped)
+    summaries = latest_of_the_same_steps(read, skipped)
     if not summaries:
         raise TraceError(f"no readable trace ({'; '.join(skipped)})")
     traces = [
@@ -243,7 +250,7 @@ def _one_per_rank(
     return [(path, summary) for path, summary in read if path not in doubled]
 
 
-def _latest_of_the_same_steps(
+def latest_of_the_same_steps(
     read: list[tuple[Path, dict[str, Any]]], skipped: list[str]
 ) -> list[tuple[Path, dict[str, Any]]]:
     """`read` less the traces of a rank whose steps a later trace of that rank holds too.

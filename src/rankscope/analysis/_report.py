@@ -16,13 +16,14 @@ import numpy as np
 from .._errors import TraceError
 from .._layout import SIGNAL_TAG, RunDir, leftovers, window_key
 from .._text import format_ranks, format_steps
+from ._collective_clocks import host_clock_offsets
 from ._collectives import collectives_of_run
 from ._hangs import hangs_of
 from ._kernels import find_traces, kernel_report
 from ._matrix import STEP, PhaseMatrices, matrices_of
 from ._stragglers import find_stragglers
-from .read._engine import read_run_records
-from .read._run import read_run_meta
+from .read._engine import RunRecords, read_run_records
+from .read._run import RunMeta, read_run_meta
 from .read._values import read_phase_values
 
 __all__ = ["REPORT_VERSION", "build_report"]
@@ -86,32 +87,10 @@ def build_report(
         "missing": missing,
         "hosts": {str(r): h for r, h in meta.hosts.items()},
     }
+    offsets = None
     if timings is not None:
-        report["attempts"] = timings.attempts.to_dict()
-        skipped.extend(timings.skipped)
-        skipped.extend(meta.say_missing(present))
-        m = matrices_of(timings)
-        stragglers = find_stragglers(
-            m,
-            threshold=threshold,
-            min_persistence=min_persistence,
-            min_share=min_share,
-            hosts=meta.hosts,
-            groups=meta.groups,
-            values=lambda phases: read_phase_values(
-                root, m.ranks, m.steps, phases & timings.valued
-            ),
-        )
-        report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
-        report["time"] = m.time
-        report["phases"] = _phase_stats(m)
-        strag = stragglers.to_dict(table=False)
-        for finding in strag["findings"]:
-            del finding["ratios"]  # per step, per finding: the heatmap shows them
-        report["heatmaps"] = _heatmaps(m, strag["findings"])
-        report["over_steps"] = _over_steps(m, strag["findings"])
-        report["breakdown"] = _breakdown(m)
-        report["stragglers"] = strag
+        rules = {"threshold": threshold, "min_persistence": min_persistence, "min_share": min_share}
+        offsets = _add_timings(report, skipped, meta, timings, rules)
     kernels_error = None
     try:
         report["kernels"] = _kernels(root, progress)
@@ -133,7 +112,7 @@ def build_report(
         )
     if "kernels" in report:
         skipped.extend(report["kernels"].pop("skipped"))
-    report["collectives"] = collectives_of_run(root, skipped)  # None: no window of two ranks
+    report["collectives"] = collectives_of_run(root, skipped, offsets=offsets)  # None: no window
     skipped.extend(
         f"{path}: a temporary, not read (a write in progress, or one a killed process left: "
         "its rank removes it when it starts again)"
@@ -141,6 +120,42 @@ def build_report(
     )
     report["skipped"] = skipped
     return report
+
+
+def _add_timings(
+    report: dict[str, Any],
+    skipped: list[str],
+    meta: RunMeta,
+    timings: RunRecords,
+    rules: dict[str, float],
+) -> Any:
+    """The report's parts from the timings (steps, phases, stragglers, heatmaps, ...);
+    each host's clock offset, for the collectives section."""
+    root = meta.root.resolve()
+    report["attempts"] = timings.attempts.to_dict()
+    skipped.extend(timings.skipped)
+    skipped.extend(meta.say_missing(sorted(timings.ranks)))
+    m = matrices_of(timings)
+    stragglers = find_stragglers(
+        m,
+        threshold=rules["threshold"],
+        min_persistence=rules["min_persistence"],
+        min_share=rules["min_share"],
+        hosts=meta.hosts,
+        groups=meta.groups,
+        values=lambda phases: read_phase_values(root, m.ranks, m.steps, phases & timings.valued),
+    )
+    report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
+    report["time"] = m.time
+    report["phases"] = _phase_stats(m)
+    strag = stragglers.to_dict(table=False)
+    for finding in strag["findings"]:
+        del finding["ratios"]  # per step, per finding: the heatmap shows them
+    report["heatmaps"] = _heatmaps(m, strag["findings"])
+    report["over_steps"] = _over_steps(m, strag["findings"])
+    report["breakdown"] = _breakdown(m)
+    report["stragglers"] = strag
+    return host_clock_offsets(m, meta.hosts)
 
 
 def _stage(progress: Progress | None, stage: str) -> Callable[[int, int], None] | None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._options import json_option, positive
 from ._output import print_json, terminal
 
 __all__ = ["add_commands"]
@@ -21,23 +22,18 @@ def add_commands(commands: Any) -> None:
             "Match each collective across the ranks of one captured window (NCCL kernels "
             "on GPU, c10d calls on CPU), put the ranks on one clock, and say per rank how "
             "often it arrived last and by how much (its arrival less the median arrival "
-            "of the others), and per collective its skew (last arrival less first). Give "
-            "the window's folder, RUN_DIR/traces/<window>, or trace files of one window."
+            "of the others), and per collective its skew (last arrival less first). Where "
+            "the ranks span hosts, each host's clock offset is taken from the run's "
+            "timings. Give the window's folder, RUN_DIR/traces/<window>, or trace files "
+            "of one window."
         ),
     )
     parser.add_argument("sources", nargs="+", type=Path, metavar="WINDOW_DIR_OR_TRACE")
     parser.add_argument(
-        "--rows", type=_positive, default=20, help="ranks and collectives shown (default: 20)"
+        "--rows", type=positive, default=20, help="ranks and collectives shown (default: 20)"
     )
-    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    json_option(parser)
     parser.set_defaults(run=_collectives)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text}")
-    return value
 
 
 def _collectives(args: argparse.Namespace) -> int:
@@ -59,6 +55,8 @@ def _show(found: dict[str, Any], rows: int) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from ..analysis._collective_clocks import ALIGNMENTS
+
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     source = "NCCL kernels (GPU)" if found["source"] == "gpu" else "c10d calls (CPU)"
     window = f"window {found['window']}" if found["window"] else "the traces given"
@@ -70,6 +68,7 @@ def _show(found: dict[str, Any], rows: int) -> None:
         )
     )
     console.print(Text(found["summary"]))
+    console.print(Text(f"clocks: {ALIGNMENTS.get(found['alignment'], found['alignment'])}"))
     ranks = sorted(found["ranks"], key=lambda r: (-r["arrived_last"], -r["late_ms"], r["rank"]))
     table = Table(
         box=box.SIMPLE_HEAD, title="Ranks, the most often last first", title_justify="left"

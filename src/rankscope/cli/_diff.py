@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._layout import TRACES
+from ._options import json_option, positive
 from ._output import print_json, terminal
 
 __all__ = ["add_commands", "render_diff_html"]
@@ -56,10 +57,10 @@ def add_commands(commands: Any) -> None:
         help="leave out changes below this share of A's step time (default: 0.01)",
     )
     diff.add_argument(
-        "--top", type=_positive, default=_SHOWN, help=f"changes shown (default: {_SHOWN})"
+        "--top", type=positive, default=_SHOWN, help=f"changes shown (default: {_SHOWN})"
     )
     diff.add_argument("--html", type=Path, metavar="FILE", help="also write the diff as a page")
-    diff.add_argument("--json", action="store_true", help="print JSON for scripts")
+    json_option(diff)
     diff.set_defaults(run=_diff)
 
 
@@ -74,13 +75,6 @@ def _share(text: str) -> float:
     value = float(text)
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"expected a share in [0, 1), got {text}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text}")
     return value
 
 
@@ -108,7 +102,10 @@ def _what(change: Mapping[str, Any]) -> str:
         kind = "CPU op" if change["kind"] == "cpu_ops" else "kernel"
         return f"{kind} {change['kernel']}"
     where = f"phase {change['phase']}"
-    return where if change["rank"] is None else f"rank {change['rank']} in {where}"
+    if change["rank"] is None:
+        return where
+    # Its delta is beyond the others' change: said, so that A + others + delta = B.
+    return f"rank {change['rank']} in {where} (others {_signed(change['others_delta_ms'])})"
 
 
 def _ms(value: Any) -> str:
@@ -147,7 +144,9 @@ def _side_line(label: str, side: Mapping[str, Any]) -> str:
     return f"{label}: {side['path']} ({where}{span}; {', '.join(parts)})"
 
 
-def _step_line(step: Mapping[str, Any] | None) -> str | None:
+def _step_line(data: Mapping[str, Any]) -> str | None:
+    """A's and B's median step time over the same ranks, and B's less A's."""
+    step = data.get("step")
     if not step:
         return None
     a, b, delta = step.get("a_ms"), step.get("b_ms"), step.get("delta_ms")
@@ -156,18 +155,28 @@ def _step_line(step: Mapping[str, Any] | None) -> str | None:
     within = ""
     if isinstance(delta, (int, float)) and abs(delta) <= step.get("noise_ms", 0):
         within = ", within noise"
-    return f"step time (median): {_ms(a)} ms -> {_ms(b)} ms ({_signed(delta)} ms{rel}{within})"
+    ranks = step.get("ranks")
+    fewer = ranks is not None and ranks not in (data["a"]["ranks"], data["b"]["ranks"])
+    over = f", the {ranks} ranks in both" if fewer else ""
+    return (
+        f"step time (median{over}): {_ms(a)} ms -> {_ms(b)} ms ({_signed(delta)} ms{rel}{within})"
+    )
 
 
 def _summary(data: Mapping[str, Any]) -> str:
     compared = data["compared"]
     changes = len(data["changes"])
     head = "No change above noise" if not changes else f"{changes} change(s) above noise"
+    unjudged = len(data.get("unjudged", []))
+    apart = f"; {unjudged} kernel change(s) not judged (too few traces)" if unjudged else ""
     return (
         f"{head}; {data['within_noise']} figure(s) within it "
         f"({len(compared['phases'])} phases and {compared['kernels']} kernels compared, "
-        f"{data['time']} time)"
+        f"{data['time']} time){apart}"
     )
+
+
+_UNJUDGED = "Kernel changes not judged against noise (too few traces)"
 
 
 # -- the terminal -----------------------------------------------------------------------------
@@ -183,36 +192,42 @@ def _terminal(data: Mapping[str, Any], top: int) -> None:
     console.print(Text("rankscope diff", style="bold"))
     console.print(Text(_side_line("A", data["a"])))
     console.print(Text(_side_line("B", data["b"])))
-    step = _step_line(data.get("step"))
+    step = _step_line(data)
     if step:
         console.print(Text(step))
     changes = data["changes"]
-    if changes:
-        table = Table(
-            box=box.SIMPLE_HEAD,
-            title="Changes above noise, in ms per step, biggest first",
-            title_justify="left",
-        )
-        for column in ("change", "A", "B", "delta ms", "vs A", "noise ms"):
+    titles = (
+        ("Changes above noise, in ms per step, biggest first", changes, True),
+        (_UNJUDGED, data.get("unjudged", []), False),
+    )
+    for title, listed, judged in titles:
+        if not listed:
+            continue
+        table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
+        columns = ("change", "A", "B", "delta ms", "vs A") + (("noise ms",) if judged else ())
+        for column in columns:
             table.add_column(column, justify="left" if column == "change" else "right")
-        for change in changes[:top]:
+        for change in listed[:top]:
             kernel = change["what"] == "kernel"
             name = _what(change) + (" *" if change["sync"] else "")
-            table.add_row(
-                Text(name if len(name) <= 70 else name[:69] + "…", no_wrap=True),
+            cells = [
                 _figures(change["a"], kernel),
                 _figures(change["b"], kernel),
                 _signed(change["delta_ms"]),
                 _percent(change["relative"]),
-                _ms(change["noise_ms"]),
+            ]
+            table.add_row(
+                Text(name if len(name) <= 70 else name[:69] + "…", no_wrap=True),
+                *cells,
+                *([_ms(change["noise_ms"])] if judged else []),
             )
         console.print(table)
-        if len(changes) > top:
-            console.print(f"  ... {len(changes) - top} more (--top N, --json or --html)")
-        if any(change["sync"] for change in changes):
-            console.print(
-                "  * ends in a collective: the time ranks waited there for the last is taken out"
-            )
+        if len(listed) > top:
+            console.print(f"  ... {len(listed) - top} more (--top N, --json or --html)")
+    if any(change["sync"] for change in changes):
+        console.print(
+            "  * ends in a collective: the time ranks waited there for the last is taken out"
+        )
     console.print(Text(_summary(data), style="bold"))
     for note in data["notes"]:
         console.print(Text(f"note: {note}", style="yellow"))
@@ -241,28 +256,36 @@ _MAX_SKIPPED = 1000  # lines of skipped input the page lists; the count is alway
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
 
-def render_diff_html(data: Mapping[str, Any]) -> str:
-    """The diff as one page with no script and no outside asset; every string is escaped."""
+def _html_table(changes: list[Mapping[str, Any]], judged: bool) -> str:
     e = html.escape
     rows = []
-    for change in data["changes"]:
+    for change in changes:
         kernel = change["what"] == "kernel"
         delta = change["delta_ms"]
         css = "up" if isinstance(delta, (int, float)) and delta > 0 else "down"
         mark = " *" if change["sync"] else ""
+        noise = f"<td>{e(_ms(change['noise_ms']))}</td>" if judged else ""
         rows.append(
             f"<tr><td>{e(_what(change))}{mark}</td><td>{e(_figures(change['a'], kernel))}</td>"
             f"<td>{e(_figures(change['b'], kernel))}</td><td class='{css}'>{e(_signed(delta))}</td>"
-            f"<td>{e(_percent(change['relative']))}</td><td>{e(_ms(change['noise_ms']))}</td></tr>"
+            f"<td>{e(_percent(change['relative']))}</td>{noise}</tr>"
         )
-    table = (
+    if not rows:
+        return ""
+    head = "<th>noise ms</th>" if judged else ""
+    return (
         "<table><tr><th>change</th><th>A</th><th>B</th><th>delta ms/step</th><th>vs A</th>"
-        f"<th>noise ms</th></tr>{''.join(rows)}</table>"
-        if rows
-        else ""
+        f"{head}</tr>{''.join(rows)}</table>"
     )
+
+
+def render_diff_html(data: Mapping[str, Any]) -> str:
+    """The diff as one page with no script and no outside asset; every string is escaped."""
+    e = html.escape
+    table = _html_table(data["changes"], judged=True)
+    unjudged = _html_table(data.get("unjudged", []), judged=False)
     sync = any(change["sync"] for change in data["changes"])
-    step = _step_line(data.get("step"))
+    step = _step_line(data)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -279,6 +302,7 @@ def render_diff_html(data: Mapping[str, Any]) -> str:
             if sync
             else ""
         ),
+        f"<h2>{e(_UNJUDGED)}</h2>{unjudged}" if unjudged else "",
         *(f'<p class="note">note: {e(note)}</p>' for note in data["notes"]),
     ]
     skipped = data["skipped"]

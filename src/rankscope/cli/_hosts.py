@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis._hosts import FEWEST_PER_WINDOW, WINDOWS
+from ._options import json_option, positive, straggler_options
 from ._output import print_json, terminal
 
 __all__ = ["add_commands"]
@@ -32,7 +33,7 @@ def add_commands(commands: Any) -> None:
     hosts.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
     hosts.add_argument(
         "--windows",
-        type=_positive,
+        type=positive,
         default=WINDOWS,
         metavar="N",
         help=f"split each attempt's sampled steps into N windows (default: {WINDOWS}; fewer "
@@ -45,39 +46,9 @@ def add_commands(commands: Any) -> None:
         "rank's host from its meta file (which holds the rank's latest start: use this where "
         "restarts kept every rank on its host)",
     )
-    hosts.add_argument(
-        "--threshold",
-        type=float,
-        default=1.10,
-        help="a rank's time over the reference that counts as slow (default: 1.10)",
-    )
-    hosts.add_argument(
-        "--min-persistence",
-        type=float,
-        default=0.5,
-        help="share of sampled steps above the threshold to report (default: 0.5)",
-    )
-    hosts.add_argument(
-        "--min-share",
-        type=float,
-        default=0.01,
-        help="ignore excess below this share of the step time (default: 0.01)",
-    )
-    hosts.add_argument(
-        "--time",
-        choices=("host", "device"),
-        default="host",
-        help="compare host times (cpu_ms) or device times (gpu_ms) (default: host)",
-    )
-    hosts.add_argument("--json", action="store_true", help="print JSON for scripts")
+    straggler_options(hosts, attempt=False)  # every attempt is analysed: no --attempt
+    json_option(hosts)
     hosts.set_defaults(run=_hosts)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text}")
-    return value
 
 
 def _hosts(args: argparse.Namespace) -> int:
@@ -140,9 +111,11 @@ def _show(data: dict[str, Any]) -> None:
             console.print(f"  ... {len(data['hosts']) - _SHOWN} more hosts (--json)")
     for run in data["runs"]:
         attempts = run["attempts"]
-        line = (
-            f"run {run['label']}: ranks {run['ranks']} on {_many(len(run['hosts']), 'known host')}"
-        )
+        if len(run["no_device_times"]) == attempts:  # its hosts unread: nothing compared
+            where = ": no device times"
+        else:
+            where = f" on {_many(len(run['hosts']), 'known host')}"
+        line = f"run {run['label']}: ranks {run['ranks']}{where}"
         if attempts > 1:
             line += f", {attempts} attempts"
         console.print(Text(line))

@@ -230,6 +230,7 @@ def report(data: dict[str, Any], html: Path | None) -> None:
                 f"{entry['bytes'] / 1e6:.1f} MB (open at https://pytorch.org/memory_viz)"
             )
         )
+    _collectives(data.get("collectives"))
     hangs = data.get("hangs")
     if hangs is not None:
         _console.print("[bold]Hangs[/bold]")
@@ -237,6 +238,19 @@ def report(data: dict[str, Any], html: Path | None) -> None:
     _skipped(data.get("skipped", []))
     if html is not None:
         _console.print(Text(f"\nHTML report: {html}"))
+
+
+def _collectives(part: dict[str, Any] | None) -> None:
+    """The report's collectives part in a few lines; `rankscope collectives` has the tables."""
+    for window in (part or {}).get("windows", []):
+        _console.print(
+            Text(f"Last arrivals at collectives, window {window['window']}", style="bold")
+        )
+        if "summary" in window:
+            _console.print(Text(f"  {window['summary']} (clocks: {window['alignment']})"))
+        else:
+            _console.print(Text(f"  not read: {window.get('not_read') or window.get('error')}"))
+        _console.print(Text(f"  per rank and collective: rankscope collectives {window['folder']}"))
 
 
 def _attempts(note: str | None) -> None:

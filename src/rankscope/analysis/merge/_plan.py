@@ -12,6 +12,8 @@ from ..._layout import rank_name, rank_of_file
 from ..._text import shown
 from ._header import _MISSING, _Header, _is_int
 
+__all__ = ["base_of"]
+
 _RANK_LIMIT = 1 << 20
 _BASE_LIMIT = 1 << 63
 
@@ -33,7 +35,7 @@ def _plan(
     sources: list[str], headers: list[_Header], ranks: Sequence[int] | None
 ) -> tuple[list[_Job], int | None]:
     """Each input's rank and clock shift, and the output's base time."""
-    bases = [_base_of(source, header.base) for source, header in zip(sources, headers, strict=True)]
+    bases = [base_of(source, header.base) for source, header in zip(sources, headers, strict=True)]
     known = [base for base in bases if base is not None]
     out_base = min(known) if known else None
     jobs = []
@@ -49,7 +51,9 @@ def _plan(
     return jobs, out_base
 
 
-def _base_of(source: str, raw: Any) -> int | None:
+def base_of(source: str, raw: Any) -> int | None:
+    """A trace's baseTimeNanoseconds (None where it has none), or a TraceError naming
+    `source` where it is no time in ns."""
     if raw is _MISSING or raw is None:
         return None
     # Kineto writes an int64 of ns; past that, shifting every ts by it overflows a float.

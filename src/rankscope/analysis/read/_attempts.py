@@ -20,6 +20,7 @@ from ..._text import format_ranks, number_ranges, shown
 
 __all__ = [
     "HOST_MAX",
+    "ONE_LAUNCH_NS",
     "AttemptMark",
     "Attempts",
     "host_problem",
@@ -176,9 +177,9 @@ def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
     return out
 
 
-# Ranks of one launch start within this of each other; starts further apart that no
-# launcher tells apart are two attempts.
-_ONE_LAUNCH_NS = 600 * 10**9
+ONE_LAUNCH_NS = 600 * 10**9
+"""Ranks of one launch start within this of each other; starts further apart that no
+launcher tells apart are two attempts."""
 
 
 def run_attempts(
@@ -222,12 +223,12 @@ def run_attempts(
 
 
 def _near(first: int | None, started: int | None) -> bool:
-    """A start joins a group started less than _ONE_LAUNCH_NS before it (marks sort by start,
+    """A start joins a group started less than ONE_LAUNCH_NS before it (marks sort by start,
     so a group's first start is its earliest); records without a start (an older
     rankscope's) join only each other."""
     if first is None or started is None:
         return first is None and started is None
-    return started - first < _ONE_LAUNCH_NS
+    return started - first < ONE_LAUNCH_NS
 
 
 def latest_rows(

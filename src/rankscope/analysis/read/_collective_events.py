@@ -4,6 +4,12 @@ Streamed batch by batch (`scan_batches`): a typed msgspec decoder where msgspec 
 imported keeps each event's args undecoded, and only the few events that are
 collectives have theirs read. What is a collective and what its time means is told in
 `analysis/_collectives.py`, which matches them across ranks.
+
+NCCL runs send/recv and all_to_all (and, in some versions, other collectives) in one
+kernel, `SendRecv`: its name does not say which ran. Such a kernel is named by its
+`Collective name` arg where torch writes one, else by the c10d call that launched it
+(the kernel's correlation id leads to its launch on the CPU, inside that call); one
+that is send or recv is left out, one that nothing names is kept as "SendRecv".
 """
 
 from __future__ import annotations
@@ -11,7 +17,8 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -19,13 +26,18 @@ from ..._errors import TraceError
 from ..._layout import rank_of_file
 from ._stream import BatchDecoder, plain_events, scan_batches
 
-__all__ = ["Arrival", "RankCollectives", "read_rank_collectives"]
+__all__ = ["Arrival", "RankCollectives", "SendRecvKernels", "read_rank_collectives"]
 
 _CPU_PREFIXES = ("c10d::", "_c10d_functional::")
 _NOT_COLLECTIVE = frozenset({"send", "recv", "recv_any_source", "wait", "wait_tensor"})
 """Point-to-point ops and waits: a rank meets one peer there, not the group."""
 _PARAMS = "record_param_comms"
 _MAX_TS_US = 1e18
+_SENDRECV = "sendrecv"
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # a tuple: `in` compares, a list cat is no error
+_CORRELATION = re.compile(rb'"correlation"[ \t\n\r]*:[ \t\n\r]*([0-9]{1,18})[ \t\n\r]*[,}]')
+_ID_LIMIT = 1 << 62
+_THREAD_ID_LIMIT = 1 << 64
 
 
 class Arrival(NamedTuple):
@@ -38,6 +50,19 @@ class Arrival(NamedTuple):
     """As written (us), on the trace's own clock."""
     seq: int | None
     """The group's sequence number, where the trace records it."""
+
+
+@dataclass
+class SendRecvKernels:
+    """What one trace's NCCL SendRecv kernels turned out to be."""
+
+    named: dict[str, int] = field(default_factory=dict)
+    """Per collective, how many its `Collective name` or the c10d call that launched it
+    names."""
+    point_to_point: int = 0
+    """How many were send or recv: left out."""
+    unknown: int = 0
+    """How many nothing names: kept as "SendRecv", matched by name and order."""
 
 
 @dataclass
@@ -57,6 +82,7 @@ class RankCollectives:
     """The outermost c10d ops of each thread, by their start."""
     members: dict[str, list[int]]
     """Per process group, its ranks where the trace lists them in full."""
+    sendrecv: SendRecvKernels = field(default_factory=SendRecvKernels)
 
 
 class _Ev:
@@ -129,6 +155,54 @@ def _is_time(value: object) -> bool:
     return type(value) in (int, float) and -_MAX_TS_US < value < _MAX_TS_US  # type: ignore[operator]
 
 
+def _thread_of(pid: object, tid: object) -> str | None:
+    """ "pid/tid" where both are what a trace writes (a number or a short name); else None."""
+    for part in (pid, tid):
+        if type(part) is int:
+            if not -_THREAD_ID_LIMIT < part < _THREAD_ID_LIMIT:
+                return None
+        elif type(part) is not str or len(part) > 256:
+            return None
+    return f"{pid}/{tid}"
+
+
+def _correlation(raw: Any) -> int | None:
+    """An event's `correlation` arg, read from its args undecoded where they are."""
+    if isinstance(raw, dict):
+        value = raw.get("correlation")
+        return value if type(value) is int and 0 <= value < _ID_LIMIT else None
+    if raw is None or isinstance(raw, (str, int, float, list)):
+        return None
+    try:
+        found = _CORRELATION.search(raw)  # msgspec.Raw: the args' JSON text
+    except TypeError:
+        return None
+    return int(found.group(1)) if found is not None else None
+
+
+def _launches(path: str, wanted: set[int]) -> dict[int, tuple[str, float]]:
+    """(thread, ts) of the kernel launches on the CPU (cudaLaunchKernel and its kin) with
+    these correlation ids: a second read of the trace, made only for SendRecv kernels
+    that nothing else names, so that other traces pay nothing for it."""
+    found: dict[int, tuple[str, float]] = {}
+
+    def add(events: list[Any]) -> None:
+        for ev in events:
+            name = ev.name
+            if ev.cat not in _LAUNCH_CATS or type(name) is not str or "aunch" not in name:
+                continue  # cudaLaunchKernel, cuLaunchKernelEx, hipLaunchKernel
+            at = _correlation(ev.args)
+            thread = _thread_of(ev.pid, ev.tid)
+            if at in wanted and ev.ph == "X" and thread is not None and _is_time(ev.ts):
+                found.setdefault(at, (thread, float(ev.ts)))
+
+    try:
+        scan_batches(path, add, _decoder())
+    except TraceError:  # changed since the first read: those kernels stay unnamed
+        return {}
+    return found
+
+
 class _Collector:
     """The collective events of a trace, gathered batch by batch."""
 
@@ -157,12 +231,53 @@ class _Collector:
             if cat == "kernel":
                 self.kernels.append((float(ts), name, _args_of(ev.args)))
                 continue
-            thread = f"{ev.pid}/{ev.tid}"
+            thread = _thread_of(ev.pid, ev.tid)
+            if thread is None:
+                self.bad += 1
+                continue
             if name == _PARAMS:
                 self.params.append((thread, float(ts), _args_of(ev.args)))
             else:
                 dur = ev.dur if type(ev.dur) in (int, float) and 0 <= ev.dur < _MAX_TS_US else 0
                 self.ops.append((thread, float(ts), float(ts) + dur, name))
+
+
+class _Calls:
+    """The outermost c10d ops of each thread, by start: which call a moment is inside."""
+
+    def __init__(self, ops: list[tuple[str, float, float, str]]) -> None:
+        threads: dict[str, list[tuple[float, float, str]]] = {}
+        for thread, ts, end, name in ops:
+            threads.setdefault(thread, []).append((ts, -end, name))
+        self.calls: dict[str, list[list[Any]]] = {}
+        """Per thread, [start, end, name, the args of the record_param_comms inside]."""
+        self._starts: dict[str, list[float]] = {}
+        for thread, held in threads.items():
+            held.sort()  # by start, the longest first: an op comes after the op holding it
+            kept: list[list[Any]] = []
+            end = -math.inf
+            for ts, neg_end, name in held:
+                if ts < end:
+                    continue  # inside the op before it: part of that collective
+                end = -neg_end
+                kept.append([ts, end, name, None])
+            self.calls[thread] = kept
+            self._starts[thread] = [call[0] for call in kept]
+
+    def around(self, thread: str, ts: float) -> list[Any] | None:
+        """The call on `thread` that `ts` falls in; None where it falls in none."""
+        starts = self._starts.get(thread)
+        if not starts:
+            return None
+        at = bisect.bisect_right(starts, ts) - 1
+        if at >= 0 and self.calls[thread][at][1] >= ts:
+            return self.calls[thread][at]
+        return None
+
+
+def _call_name(op: str) -> str:
+    """`allreduce` of `c10d::allreduce_`."""
+    return op.split("::", 1)[1].strip("_")
 
 
 def _arrival(name: str, ts: float, args: dict[str, Any]) -> Arrival:
@@ -181,44 +296,62 @@ def kernel_collective(name: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] else parts[0]
 
 
-def _gpu_arrivals(kernels: list[tuple[float, str, dict[str, Any]]]) -> list[Arrival]:
+def _gpu_arrivals(
+    path: str, collector: _Collector, calls: _Calls, sendrecv: SendRecvKernels
+) -> list[Arrival]:
+    """The NCCL kernels, SendRecv ones named where the trace allows (see the module's doc)."""
     out = []
-    for ts, name, args in kernels:
+    unnamed: list[tuple[float, str, dict[str, Any]]] = []
+    for ts, name, args in collector.kernels:
         said = args.get("Collective name")
-        collective = said if isinstance(said, str) and said else kernel_collective(name)
+        from_kernel = kernel_collective(name)
+        is_sendrecv = from_kernel.lower() == _SENDRECV
+        if not (isinstance(said, str) and said):
+            if is_sendrecv:
+                unnamed.append((ts, from_kernel, args))
+                continue
+            said = from_kernel
+        collective: str = said
         if collective.lower() not in _NOT_COLLECTIVE:
             out.append(_arrival(collective, ts, args))
+            if is_sendrecv:
+                sendrecv.named[collective] = sendrecv.named.get(collective, 0) + 1
+        elif is_sendrecv:
+            sendrecv.point_to_point += 1
+    wanted = {at for *_, args in unnamed if (at := _correlation(args)) is not None}
+    launched = _launches(path, wanted) if wanted and calls.calls else {}
+    for ts, collective, args in unnamed:
+        at = _correlation(args)
+        where = launched.get(at) if at is not None else None
+        call = calls.around(*where) if where is not None else None
+        if call is None:
+            sendrecv.unknown += 1
+            out.append(_arrival(collective, ts, args))
+            continue
+        named = _call_name(call[2])
+        if named in _NOT_COLLECTIVE:
+            sendrecv.point_to_point += 1
+        elif named:
+            sendrecv.named[named] = sendrecv.named.get(named, 0) + 1
+            out.append(_arrival(named, ts, args))
     return out
 
 
-def _cpu_arrivals(collector: _Collector) -> list[Arrival]:
+def _cpu_arrivals(collector: _Collector, calls: _Calls) -> list[Arrival]:
     """The outermost c10d ops of each thread, with the args of the record_param_comms inside."""
-    threads: dict[str, list[tuple[float, float, str]]] = {}
-    for thread, ts, end, name in collector.ops:
-        threads.setdefault(thread, []).append((ts, -end, name))
-    kept: dict[str, list[list[Any]]] = {}
-    for thread, ops in threads.items():
-        ops.sort()  # by start, the longest first: an op comes after the op holding it
-        end = -math.inf
-        for ts, neg_end, name in ops:
-            if ts < end:
-                continue  # inside the op before it: part of that collective
-            end = -neg_end
-            kept.setdefault(thread, []).append([ts, end, name, None])
     out: list[Arrival] = []
     for thread, ts, args in collector.params:
-        ops_of = kept.get(thread, [])
-        at = bisect.bisect_right([op[0] for op in ops_of], ts) - 1
-        if at >= 0 and ops_of[at][1] >= ts:
-            if ops_of[at][3] is None:
-                ops_of[at][3] = args
+        call = calls.around(thread, ts)
+        if call is not None:
+            if call[3] is None:
+                call[3] = args
             continue
         said = args.get("Collective name")  # called outside any c10d op: it stands for one
         if isinstance(said, str) and said and said.lower() not in _NOT_COLLECTIVE:
             out.append(_arrival(said, ts, args))
-    for calls in kept.values():
-        for start, _, name, inner in calls:
-            collective = name.split("::", 1)[1].strip("_")
+    for held in calls.calls.values():
+        for start, _, name, inner in held:
+            collective = _call_name(name)
             if collective and collective not in _NOT_COLLECTIVE:
                 out.append(_arrival(collective, start, inner or {}))
     return out
@@ -253,14 +386,17 @@ def read_rank_collectives(path: str) -> tuple[RankCollectives | None, list[str]]
     info = top.get("distributedInfo")
     said = []
     if collector.bad:
-        said.append(f"{path}: {collector.bad} collective events with a bad ts left out")
+        said.append(f"{path}: {collector.bad} collective events with a bad ts, pid or tid left out")
+    calls = _Calls(collector.ops)
+    sendrecv = SendRecvKernels()
     found = RankCollectives(
         path=path,
         name_rank=rank_of_file(Path(path).name),
         info=info if isinstance(info, dict) else {},
         base=top.get("baseTimeNanoseconds"),
-        gpu=_gpu_arrivals(collector.kernels),
-        cpu=_cpu_arrivals(collector),
+        gpu=_gpu_arrivals(path, collector, calls, sendrecv),
+        cpu=_cpu_arrivals(collector, calls),
         members=_members([a for *_, a in collector.kernels] + [a for *_, a in collector.params]),
+        sendrecv=sendrecv,
     )
     return found, said

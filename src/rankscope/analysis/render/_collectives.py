@@ -1,5 +1,6 @@
-"""The report page's "Last arrivals at collectives" section: per captured window, which
-rank arrived last how often and by how much, and the collectives with the largest skew.
+"""The report page's "Last arrivals at collectives" section: for the latest captured
+window, which rank arrived last how often and by how much, and the collectives with the
+largest skew.
 
 Drawn from `report["collectives"]` (`collectives_of_run`: per window, the data of
 `rankscope collectives --json`), which may come from anywhere: every part may be absent
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._collective_clocks import ALIGNMENTS
 from ._values import as_float, as_int, as_list, as_map, as_text, esc, plural
 
 __all__ = ["collectives_section"]
@@ -32,8 +34,10 @@ def collectives_section(report: Mapping[str, Any]) -> str:
         "kernels by their start on the GPU; without them, the c10d calls on the CPU), per "
         "process group and in order. Skew: the last arrival less the first. Late: the last "
         "rank's arrival less the median arrival of the others, summed per rank over the "
-        "collectives it arrived last at. Ranks on different hosts are compared on their "
-        "wall clocks, which differ by what NTP leaves.</p>",
+        "collectives it arrived last at. Ranks on different hosts are put on one clock with "
+        "each host's clock offset as the run's timings show it, where they have comm "
+        "phases; the window says how its clocks were aligned. Only the latest window is read: "
+        "<code>rankscope collectives</code> reads any.</p>",
     ]
     if not windows:
         parts.append('<p class="none">none (no window holds the traces of two ranks)</p>')
@@ -54,11 +58,16 @@ def _window(found: Mapping[str, Any]) -> str:
     error = as_text(found.get("error"))
     if error:
         return f'<h3>{name}</h3>\n<p class="none">not matched: {esc(error)}</p>'
+    not_read = as_text(found.get("not_read"))
+    if not_read:
+        return f'<h3>{name}</h3>\n<p class="none">not read: {esc(not_read)}</p>'
+    alignment = as_text(found.get("alignment"))
     rows = [as_map(c) for c in as_list(found.get("collectives"))]
     source = "NCCL kernels" if found.get("source") == "gpu" else "c10d calls"
     parts = [
         f"<h3>{name}</h3>",
-        f'<p class="meta">{len(rows)} collective{plural(len(rows))} matched, from {source}</p>',
+        f'<p class="meta">{len(rows)} collective{plural(len(rows))} matched, from {source}; '
+        f"clocks: {esc(ALIGNMENTS.get(alignment, alignment) or 'not said')}</p>",
         f"<p>{esc(as_text(found.get('summary')) or 'no summary')}</p>",
         _ranks(as_list(found.get("ranks"))),
         _skewed(rows),
