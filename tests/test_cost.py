@@ -15,7 +15,12 @@ import torch.multiprocessing as mp
 from rankscope._synthetic import Slowdown, write_timings
 from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
 from rankscope.analysis._cost import estimate_costs
-from rankscope.analysis._findings import StragglerFinding, StragglerReport, cost_text
+from rankscope.analysis._findings import (
+    StragglerFinding,
+    StragglerReport,
+    cost_lines,
+    cost_text,
+)
 from rankscope.analysis._matrix import STEP, PhaseMatrices
 
 from ._cost_workers import train_with_a_slow_rank
@@ -313,7 +318,50 @@ def test_stragglers_json_gives_each_finding_and_the_run_a_cost(
     )
     assert data["model_step_ms"] == pytest.approx(data["cost"]["step_ms"], rel=0.1)
     code, out, _ = run_cli(["stragglers", str(tmp_path)], capsys)
-    assert code == 0 and "fixing every finding saves" in out
+    # One slow rank: fixing it is fixing every finding, said once, hours and speedup too.
+    assert code == 0 and "fixing rank 2 in forward saves" in out
+    assert "fixing every finding" not in out
+    assert "over the run so far" in out and "GPU-" in out and "speedup if fixed" in out
+
+
+def _cost(saved: float) -> dict[str, float]:
+    return {
+        "step_ms_saved": saved,
+        "step_ms": 100.0,
+        "speedup": 100 / (100 - saved),
+        "run_hours_saved": saved / 10,
+        "gpu_hours_saved": saved,
+    }
+
+
+def test_cost_lines_say_each_slow_finding_every_finding_and_each_host_once() -> None:
+    findings = [
+        {"rank": 2, "phase": "forward", "role": "slow", "cost": _cost(10.0)},
+        {"rank": 5, "phase": "optimizer", "role": "slow", "cost": _cost(4.0)},
+        {"rank": 0, "phase": "backward", "role": "waits", "cost": _cost(10.0)},
+    ]
+    hosts = [
+        {"host": "node-1", "ranks": [2], "cost": _cost(10.0)},
+        {"host": "node-2", "ranks": [5], "cost": _cost(4.0)},
+    ]
+    lines = cost_lines(findings, _cost(14.0), hosts)
+    assert [line.split(" saves")[0] for line in lines] == [
+        "fixing rank 2 in forward",
+        "fixing rank 5 in optimizer",
+        "fixing every finding",
+        "fixing host node-1 (rank 2)",
+        "fixing host node-2 (rank 5)",
+    ]
+    assert "(1.11x as fast)" in lines[0] and "GPU-" in lines[0]
+    # One slow finding on one host, whose fixes differ in the last digit: said once.
+    host = {"host": "node-1", "ranks": [2], "cost": _cost(10.0002)}
+    one = cost_lines([findings[0], findings[2]], _cost(10.0004), [host])
+    assert [line.split(" saves")[0] for line in one] == ["fixing rank 2 in forward"]
+    # More slow findings than the limit: the rest are counted.
+    many = [{"rank": r, "phase": "forward", "role": "slow", "cost": _cost(1.0)} for r in range(8)]
+    lines = cost_lines(many, _cost(8.0), limit=5)
+    assert lines[5] == "... 3 more slow findings (--json has each one's cost)"
+    assert lines[6].startswith("fixing every finding saves 8")
 
 
 def test_a_clean_run_has_no_cost(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ import numpy.typing as npt
 from ._findings import Cost, HostCost, StragglerFinding, StragglerReport
 from ._matrix import STEP, PhaseMatrices, quiet
 
-__all__ = ["Costs", "estimate_costs"]
+__all__ = ["Costs", "estimate_costs", "without_waiting"]
 
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
@@ -277,6 +277,54 @@ def _hidden_work(last: Vector, ranks: int) -> npt.NDArray[np.float32] | None:
     strays = (seen - np.median(seen)).astype(np.float32)
     rng = np.random.default_rng(0)
     return rng.choice(strays, size=(_DRAWS, ranks, len(last)))
+
+
+def without_waiting(m: PhaseMatrices, sync: set[str]) -> list[Matrix]:
+    """Each phase's times, less (in a top-level phase that ends in a collective) the time
+    each rank waited there for the last to arrive: a rank arrives after its own work since
+    the step began or the ranks last left a collective (the top-level phases between), and
+    waits as long as it arrived before the last. What is left is the collective's own time.
+
+    In a phase that also holds work (a DDP backward) what is left is more than that: the
+    collective starts when the rank whose arrival plus work is latest is done, which
+    with ranks that arrive close together is a far tail of their work's spread, and with
+    one rank far behind is that rank's own work. So one slow rank elsewhere would make
+    such a phase look faster, the more so the more ranks. That tail, as expected from
+    the arrivals of each step (_hidden_work_tail), is taken out too."""
+    out = list(m.ms)
+    since = np.zeros((len(m.ranks), len(m.steps)))
+    for p, phase in enumerate(m.phases):
+        if phase == STEP or m.depths[p] != 0:
+            continue
+        if phase in sync:
+            with quiet():
+                last = np.nanmax(since, axis=0)
+            left = m.ms[p] - (last[None, :] - since)
+            if m.kinds[p] != "comm":
+                with quiet():
+                    tail = _hidden_work_tail(since, np.nanmin(m.ms[p], axis=0))
+                left = left - tail[None, :]
+            out[p] = np.maximum(left, 0.0)
+            since = np.zeros_like(since)
+        else:
+            since = since + np.nan_to_num(m.ms[p])
+    return out
+
+
+def _hidden_work_tail(arrived: Matrix, last: Vector) -> Vector:
+    """Per step, how much later than the last rank to arrive the work hidden inside a
+    collective phase is expected to end: the mean over draws of the latest of (arrival
+    + hidden work) less the latest arrival. `arrived` (rank x step) is when each rank
+    reached the phase, from any common origin; `last` the last arriver's time in it."""
+    draws = _hidden_work(last, arrived.shape[0])
+    if draws is None:
+        return np.zeros(arrived.shape[1])
+    start = np.nan_to_num(arrived, nan=-np.inf)
+    latest = np.max(start, axis=0)
+    total = np.zeros(arrived.shape[1])
+    for draw in draws:
+        total += np.max(start + draw, axis=0) - latest
+    return np.where(np.isfinite(total), total / len(draws), 0.0)
 
 
 def _significant(value: float, digits: int = 4) -> float:

@@ -22,8 +22,9 @@ import numpy.typing as npt
 from .._errors import ConfigError, TraceError
 from .._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folder, window_steps
 from .._text import format_ranks
+from ._cost import without_waiting
 from ._kernels import find_traces, latest_of_the_same_steps, read_summaries
-from ._matrix import STEP, PhaseMatrices, matrices_of, quiet
+from ._matrix import STEP, matrices_of, quiet
 from ._stragglers import find_stragglers
 from .read._engine import TIME_BASES, read_run_records
 from .read._run import read_run_meta, run_root
@@ -334,7 +335,7 @@ class _Side:
         m = matrices_of(records)
         # Judged over the whole run: a window's few steps cannot show which phases end together.
         sync = set(find_stragglers(m, hosts=hosts).sync_phases)
-        values = _without_waiting(m, sync)
+        values = without_waiting(m, sync)
         cols = np.arange(len(m.steps))
         if self.window is not None:
             span = window_steps(self.window)
@@ -391,26 +392,6 @@ class _Side:
             self.notes.append(
                 f"{self.label}: window(s) {names} name no steps: their kernels count per capture"
             )
-
-
-def _without_waiting(m: PhaseMatrices, sync: set[str]) -> list[Matrix]:
-    """Each phase's times, less (in a top-level phase that ends in a collective) the time
-    each rank waited there for the last to arrive: a rank arrives after its own work since
-    the step began or the ranks last left a collective (the top-level phases between), and
-    waits as long as it arrived before the last. What is left is the collective's own time."""
-    out = list(m.ms)
-    since = np.zeros((len(m.ranks), len(m.steps)))
-    for p, phase in enumerate(m.phases):
-        if phase == STEP or m.depths[p] != 0:
-            continue
-        if phase in sync:
-            with quiet():
-                last = np.nanmax(since, axis=0)
-            out[p] = np.maximum(m.ms[p] - (last[None, :] - since), 0.0)
-            since = np.zeros_like(since)
-        else:
-            since = since + np.nan_to_num(m.ms[p])
-    return out
 
 
 @dataclass(frozen=True)

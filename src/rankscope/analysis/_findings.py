@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -22,6 +22,7 @@ __all__ = [
     "StragglerFinding",
     "StragglerReport",
     "Undecided",
+    "cost_lines",
     "cost_text",
     "ratio_text",
     "rounded",
@@ -293,6 +294,43 @@ def _too_few(rows: list[Undecided]) -> str:
         f"but {steps} sampled step{'' if steps == 1 else 's'} are too few to tell that from "
         f"chance (needs more samples: about {needed} at this rate)"
     )
+
+
+def cost_lines(
+    findings: Sequence[Mapping[str, Any]],
+    every: Mapping[str, Any] | None,
+    hosts: Sequence[Mapping[str, Any]] = (),
+    limit: int = 5,
+) -> list[str]:
+    """What fixing the findings would save, in words (from their to_dict()s): each slow
+    finding (the first `limit`; a rank that waits gains what fixing the rank it waits
+    for saves, said there), every finding at once, then each host (the first `limit`). A
+    line that would say what the line before it said is left out: one slow finding is
+    every finding, and one host that holds them all is too."""
+    lines: list[tuple[str, Mapping[str, Any]]] = []
+    slow = [f for f in findings if f.get("role") == "slow" and f.get("cost")]
+    for f in slow[:limit]:
+        what = f"fixing rank {f.get('rank')} in {f.get('phase')}"
+        lines.append((cost_text(f["cost"], what), f["cost"]))
+    if len(slow) > limit:
+        more = f"... {len(slow) - limit} more slow findings (--json has each one's cost)"
+        lines.append((more, {}))
+    if every and not (len(slow) == 1 and _same_saving(slow[0]["cost"], every)):
+        lines.append((cost_text(every, "fixing every finding"), every))
+    for entry in hosts[:limit]:
+        cost = entry.get("cost") or {}
+        if lines and _same_saving(lines[-1][1], cost) and len(hosts) == 1:
+            continue
+        what = f"fixing host {entry.get('host')} ({format_ranks(entry.get('ranks') or [])})"
+        lines.append((cost_text(cost, what), cost))
+    return [text for text, _ in lines]
+
+
+def _same_saving(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two costs that would read alike: savings within 1% of each other (two fixes of
+    one rank can differ in the last digit when one also fixes its other phases)."""
+    x, y = _number(a.get("step_ms_saved")), _number(b.get("step_ms_saved"))
+    return x is not None and y is not None and abs(x - y) <= 0.01 * max(abs(x), abs(y), 1e-9)
 
 
 def cost_text(cost: Mapping[str, Any], what: str = "fixing it") -> str:

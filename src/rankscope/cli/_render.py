@@ -20,7 +20,7 @@ from rich.text import Text
 
 from .._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
 from .._text import format_ranks
-from ..analysis._findings import cost_text
+from ..analysis._findings import cost_lines
 from ..analysis._hangs import duration
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport, ratio_text
@@ -106,6 +106,7 @@ def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int |
         "since step",
         "waits for",
         "fix saves ms/step",
+        "speedup if fixed",
     ):
         table.add_column(
             column, justify="left" if column in ("phase", "role", "waits for") else "right"
@@ -121,8 +122,14 @@ def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int |
             str(f["since_step"]),
             ", ".join(str(r) for r in f["waits_for"]),
             _ms(f["cost"]["step_ms_saved"]) if f.get("cost") else "",
+            _speedup(f.get("cost")),
         )
     return table
+
+
+def _speedup(cost: dict[str, Any] | None) -> str:
+    speedup = (cost or {}).get("speedup")
+    return f"{speedup:.2f}x" if isinstance(speedup, (int, float)) else ""
 
 
 def _causes(findings: list[dict[str, Any]], notes: list[str]) -> None:
@@ -142,16 +149,11 @@ _CAUSES = 5
 
 
 def _costs(strag: dict[str, Any]) -> None:
-    """What fixing the findings would save: all of them, then per host."""
+    """What fixing the findings would save: each slow finding, all of them, each host."""
     if not strag.get("cost"):
         return
-    _console.print(Text(f"  {cost_text(strag['cost'], 'fixing every finding')}"))
-    hosts = strag.get("host_costs", [])
-    if len(hosts) == 1 and hosts[0]["cost"] == strag["cost"]:
-        hosts = []  # one host holds every finding: its line would say the same again
-    for entry in hosts[:5]:
-        what = f"fixing host {entry['host']} ({_rank_list(entry['ranks'])})"
-        _console.print(Text(f"  {cost_text(entry['cost'], what)}"))
+    for line in cost_lines(strag.get("findings", []), strag["cost"], strag.get("host_costs", [])):
+        _console.print(Text(f"  {line}"))
     model, measured = strag.get("model_step_ms"), strag["cost"].get("step_ms")
     if model and measured and abs(model - measured) > 0.25 * measured:
         _console.print(
@@ -268,14 +270,15 @@ def stragglers(
     )
     _sentences(found.summary, found.threshold, found.min_persistence)
     if found.findings:
+        rows = [f.to_dict() for f in found.findings]
         _costs(
             {
                 "cost": None if found.cost is None else found.cost.to_dict(),
                 "host_costs": [h.to_dict() for h in found.host_costs],
                 "model_step_ms": found.model_step_ms,
+                "findings": rows,
             }
         )
-        rows = [f.to_dict() for f in found.findings]
         _causes(rows, found.notes)
         _console.print(_findings_table(rows, found.reference, limit))
         if limit is not None and len(rows) > limit:

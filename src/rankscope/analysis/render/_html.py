@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any
 
 from ..._text import format_ranks, number_ranges
-from .._findings import cost_text, ratio_text
+from .._findings import cost_lines, ratio_text
 from ._breakdown import breakdown_section
 from ._charts import charts_section
 from ._collectives import collectives_section
@@ -266,13 +266,9 @@ def _costs(stragglers: Mapping[str, Any]) -> str:
     cost = as_map(stragglers.get("cost"))
     if not cost:
         return ""
-    lines = [cost_text(cost, "fixing every finding")]
-    for entry in as_list(stragglers.get("host_costs"))[:5]:
-        host = as_map(entry)
-        what = (
-            f"fixing host {as_text(host.get('host'))} ({format_ranks(as_ints(host.get('ranks')))})"
-        )
-        lines.append(cost_text(as_map(host.get("cost")), what))
+    findings = [as_map(f) for f in as_list(stragglers.get("findings"))]
+    hosts = [as_map(h) for h in as_list(stragglers.get("host_costs"))]
+    lines = cost_lines(findings, cost, hosts)
     items = "".join(f"<li>{esc(line)}</li>" for line in lines)
     return (
         f'<ul class="cost">{items}</ul>\n<p class="note">Estimated from the phase timings: each '
@@ -297,6 +293,7 @@ def _findings_table(
         host = hosts.get(str(rank), "")
         waits = as_ints(f.get("waits_for"))
         role = as_text(f.get("role"))
+        cost = as_map(f.get("cost"))
         rows.append(
             f'<tr class="{"slow" if role == "slow" else ""}">'
             f"<td>{esc(as_text(rank) if rank is not None else 'none')}</td>"
@@ -310,17 +307,25 @@ def _findings_table(
             f'<td class="num">{esc(as_text(f.get("steps"))) or "none"}</td>'
             f'<td class="num">{esc(as_text(f.get("since_step"))) or "none"}</td>'
             f"<td>{esc(number_ranges(waits)) if waits else ''}</td>"
-            f'<td class="num">{ms_text(as_float(as_map(f.get("cost")).get("step_ms_saved")))}</td></tr>'
+            f'<td class="num">{ms_text(as_float(cost.get("step_ms_saved")))}</td>'
+            f'<td class="num">{_times(as_float(cost.get("speedup")))}</td>'
+            f'<td class="num">{_gpu_hours(as_float(cost.get("gpu_hours_saved")))}</td></tr>'
         )
     return (
         '<div class="table-wrap"><table class="data">\n<tr><th>rank</th><th>host</th>'
         f"<th>phase</th><th>kind</th><th>role</th><th>time vs the {esc(_reference_rank(reference))} (typical step)</th>"
         "<th>steps above threshold</th><th>time lost</th><th>steps</th><th>since step</th>"
-        "<th>waits for ranks</th><th>a fix saves per step</th></tr>\n"
-        + "\n".join(rows)
-        + "\n</table></div>"
-        + more
+        "<th>waits for ranks</th><th>a fix saves per step</th><th>speedup if fixed</th>"
+        "<th>GPU-hours saved so far</th></tr>\n" + "\n".join(rows) + "\n</table></div>" + more
     )
+
+
+def _times(value: float | None) -> str:
+    return "none" if value is None else f"{value:.2f}x"
+
+
+def _gpu_hours(value: float | None) -> str:
+    return "none" if value is None else f"{value:.3g}"
 
 
 def _reference_rank(reference: str) -> str:
