@@ -293,6 +293,21 @@ def test_a_cost_in_words() -> None:
 # -- through find_stragglers and the CLI --------------------------------------
 
 
+def test_a_fix_applies_from_the_step_its_finding_began() -> None:
+    # Rank 0 is 1 ms above the others in `a` at steps 0 and 10 (its noise) and 4 ms from
+    # step 20 on, where its finding begins: fixing every finding takes out its 4 ms from
+    # step 20 only, not its noise before.
+    m = _two_segments()
+    m.ms[0][0] = np.array([11.0, 11.0, 14.0, 14.0])
+    costs = estimate_costs(
+        m, _report(m, ["sync1", "sync2"], [_finding(1, "b"), _finding(0, "a", since_step=20)])
+    )
+    b, a = costs.each
+    assert b.step_ms_saved == pytest.approx(10.0)
+    assert a.step_ms_saved == pytest.approx(4.0)  # over its own steps, 20 and 30
+    assert costs.all.step_ms_saved == pytest.approx((10 + 10 + 14 + 14) / 4)
+
+
 def test_stragglers_json_gives_each_finding_and_the_run_a_cost(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -37,6 +37,8 @@ __all__ = ["Costs", "estimate_costs", "without_waiting"]
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
 _MS_PER_HOUR = 3.6e6
+Cell = tuple[int, int, int]
+"""A fix: (rank index, phase index, the step it applies from)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def estimate_costs(
     )
     fixes = [set() if isinstance(fix, str) else fix for fix in found]
     since = {f.since_step for f in report.findings}
-    said: dict[tuple[frozenset[tuple[int, int]], int], Cost] = {}  # findings that share a fix
+    said: dict[tuple[frozenset[Cell], int], Cost] = {}  # findings that share a fix
     each: list[Cost | None] = []
     for f, fix in zip(report.findings, found, strict=True):
         if isinstance(fix, str):
@@ -139,7 +141,7 @@ class _StepModel:
         self.measured = self._measured_steps(top)
         self.span = _steps_each_stands_for(m.steps)
         self.now = self._modelled(self.work)
-        self.known: dict[frozenset[tuple[int, int]], Vector] = {}
+        self.known: dict[frozenset[Cell], Vector] = {}
         self.rank_index = {rank: i for i, rank in enumerate(m.ranks)}
 
     def _parents(self, top: list[int]) -> dict[int, int]:
@@ -205,14 +207,16 @@ class _StepModel:
             after[:] = True
         return after
 
-    def fixes(self, finding: StragglerFinding) -> set[tuple[int, int]] | str:
-        """The (rank index, phase index) cells a fix of `finding` sets to the median; why
-        it cannot be costed where it cannot."""
-        ranks = self.rank_index
+    def fixes(self, finding: StragglerFinding) -> set[Cell] | str:
+        """The (rank index, phase index, from step) cells a fix of `finding` sets to the
+        median, from the step its finding began on (before it, the rank was as the
+        others and a fix would only take out its noise); why it cannot be costed where
+        it cannot."""
+        ranks, since = self.rank_index, finding.since_step
         if finding.role == "slow":
             p = self.m.index(finding.phase)
             if p in self.segment_of or p in self.parent:
-                return {(ranks[finding.rank], p)}
+                return {(ranks[finding.rank], p, since)}
             return (
                 "it runs inside a phase that ends in a collective, whose work the model cannot see"
             )
@@ -222,11 +226,14 @@ class _StepModel:
             return "the model takes only top-level phases for collectives"
         if late is None:
             return "no rank is named as the one it waits for"
-        return {(late, p) for p in self.segments[segment]}
+        return {(late, p, since) for p in self.segments[segment]}
 
-    def cost(self, cells: set[tuple[int, int]], since_step: int) -> Cost:
+    def cost(self, cells: set[Cell], since_step: int) -> Cost:
         """What setting `cells` to the other ranks' median saves, from `since_step` on."""
-        saved = self._saved(frozenset(cells))
+        earliest: dict[tuple[int, int], int] = {}  # one cell fixed by two findings: the earlier
+        for r, p, step in cells:
+            earliest[r, p] = min(step, earliest.get((r, p), step))
+        saved = self._saved(frozenset((r, p, step) for (r, p), step in earliest.items()))
         after = np.asarray(self.m.steps) >= since_step
         if not after.any():
             after[:] = True
@@ -241,16 +248,17 @@ class _StepModel:
             step_ms=round(now, 3),
         )
 
-    def _saved(self, cells: frozenset[tuple[int, int]]) -> Vector:
+    def _saved(self, cells: frozenset[Cell]) -> Vector:
         """Per sampled step, the step time a fix of `cells` saves. Many findings share a
         fix (every rank that waits for one rank): each is worked out once."""
         if cells not in self.known:
             work = self.work.copy() if cells else self.work
-            for r, p in sorted(cells):
+            for r, p, since in sorted(cells):
                 d = self.m.ms[p]
                 with quiet():
                     others = np.nanmedian(np.delete(d, r, axis=0), axis=0)
                 fixed = np.fmin(d[r], others)  # never slower than it was; NaN: as it was
+                fixed = np.where(np.asarray(self.m.steps) >= since, fixed, d[r])
                 # A nested phase's time is its parent's: the fix shortens the parent.
                 top = p if p in self.segment_of else self.parent[p]
                 work[self.segment_of[top], r] -= np.nan_to_num(d[r] - fixed)
