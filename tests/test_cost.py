@@ -410,9 +410,15 @@ def test_the_estimated_saving_holds_against_the_job_run_without_its_slow_rank(
     """A 4-rank gloo job with rank 2 slow in forward, then the same job without: the
     saving the analysis estimates from the first run is within 25% of the difference in
     mean step time the two runs measured."""
-    slow_ms = _run(tmp_path / "slow", SLOW_MS)
-    clean_ms = _run(tmp_path / "clean", 0.0)
-    run = tmp_path / "slow"
+    # On a shared 2-core machine one run can stall for most of a second (seen once in
+    # several: the clean run measured only 4 ms faster): such a pair measures the machine,
+    # not the slow rank, and is run again, once.
+    for attempt in range(2):
+        slow_ms = _run(tmp_path / f"slow{attempt}", SLOW_MS)
+        clean_ms = _run(tmp_path / f"clean{attempt}", 0.0)
+        if slow_ms - clean_ms > SLOW_MS / 2:
+            break
+    run = tmp_path / f"slow{attempt}"
     found = find_stragglers(matrices_of(read_run_records(run)), hosts=read_run_meta(run).hosts)
     slow = [f for f in found.findings if f.role == "slow"]
     assert [(f.rank, f.phase) for f in slow] == [(SLOW_RANK, "forward")]
