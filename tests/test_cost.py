@@ -355,17 +355,19 @@ def test_cost_lines_say_each_slow_finding_every_finding_and_each_host_once() -> 
         {"rank": 5, "phase": "optimizer", "role": "slow", "cost": _cost(4.0)},
         {"rank": 0, "phase": "backward", "role": "waits", "cost": _cost(10.0)},
     ]
+    findings.append({"rank": 6, "phase": "forward", "role": "slow", "cost": _cost(3.0)})
     hosts = [
         {"host": "node-1", "ranks": [2], "cost": _cost(10.0)},
-        {"host": "node-2", "ranks": [5], "cost": _cost(4.0)},
+        {"host": "node-2", "ranks": [5, 6], "cost": _cost(7.0)},
     ]
-    lines = cost_lines(findings, _cost(14.0), hosts)
+    lines = cost_lines(findings, _cost(17.0), hosts)
+    # node-1's one slow finding is rank 2's, said above it: not again.
     assert [line.split(" saves")[0] for line in lines] == [
         "fixing rank 2 in forward",
         "fixing rank 5 in optimizer",
+        "fixing rank 6 in forward",
         "fixing every finding",
-        "fixing host node-1 (rank 2)",
-        "fixing host node-2 (rank 5)",
+        "fixing host node-2 (ranks 5, 6)",
     ]
     assert "(1.11x as fast)" in lines[0] and "GPU-" in lines[0]
     # One slow finding on one host, whose fixes differ in the last digit: said once.

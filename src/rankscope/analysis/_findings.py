@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -317,10 +318,15 @@ def cost_lines(
         lines.append((more, {}))
     if every and not (len(slow) == 1 and _same_saving(slow[0]["cost"], every)):
         lines.append((cost_text(every, "fixing every finding"), every))
+    said = {f.get("rank"): f["cost"] for f in slow[:limit]}
+    alone = {r for r, n in Counter(f.get("rank") for f in slow).items() if n == 1}
     for entry in hosts[:limit]:
         cost = entry.get("cost") or {}
-        if lines and _same_saving(lines[-1][1], cost) and len(hosts) == 1:
-            continue
+        ranks = list(entry.get("ranks") or [])
+        if len(hosts) == 1 and lines and _same_saving(lines[-1][1], cost):
+            continue  # the one host holds every finding
+        if len(ranks) == 1 and ranks[0] in alone and ranks[0] in said:
+            continue  # the host's one slow finding, said above
         what = f"fixing host {entry.get('host')} ({format_ranks(entry.get('ranks') or [])})"
         lines.append((cost_text(cost, what), cost))
     return [text for text, _ in lines]
