@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from .._text import format_ranks
 from ._findings import Cause, StragglerFinding, ratio_text
-from ._matrix import PhaseMatrices, quiet
+from ._matrix import PhaseMatrices, nanmedian, quiet
 from .read._values import PhaseValues
 
 __all__ = ["PERSISTENT_SHARE", "causes_of"]
@@ -117,9 +117,9 @@ def _data_driven(
         v = matrix[:, after]
         with quiet():
             per_unit = np.where(v > 0, d / v, np.nan)
-            others_unit = np.nanmedian(np.delete(per_unit, r, axis=0), axis=0)
-            others_value = np.nanmedian(np.delete(v, r, axis=0), axis=0)
-            others_time = np.nanmedian(np.delete(d, r, axis=0), axis=0)
+            others_unit = nanmedian(np.delete(per_unit, r, 0), axis=0)
+            others_value = nanmedian(np.delete(v, r, 0), axis=0)
+            others_time = nanmedian(np.delete(d, r, 0), axis=0)
             unit = per_unit[r] / others_unit
             slow = d[r] / others_time > threshold
             more = v[r] / others_value

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._findings import Cost, HostCost, StragglerFinding, StragglerReport
-from ._matrix import STEP, PhaseMatrices, quiet
+from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 
 __all__ = ["Costs", "estimate_costs", "without_waiting"]
 
@@ -177,7 +177,7 @@ class _StepModel:
         outside = np.clip(np.nan_to_num(step - phases), 0, None)
         self.work[-1] += outside
         with quiet():
-            measured: Vector = np.nanmedian(step, axis=0)
+            measured: Vector = nanmedian(step, 0)
         return np.where(np.isfinite(measured), measured, self._modelled(self.work))
 
     def _modelled(self, work: Matrix) -> Vector:
@@ -256,7 +256,7 @@ class _StepModel:
             for r, p, since in sorted(cells):
                 d = self.m.ms[p]
                 with quiet():
-                    others = np.nanmedian(np.delete(d, r, axis=0), axis=0)
+                    others = nanmedian(np.delete(d, r, 0), axis=0)
                 fixed = np.fmin(d[r], others)  # never slower than it was; NaN: as it was
                 fixed = np.where(np.asarray(self.m.steps) >= since, fixed, d[r])
                 # A nested phase's time is its parent's: the fix shortens the parent.

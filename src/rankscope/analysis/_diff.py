@@ -24,7 +24,7 @@ from .._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folder, windo
 from .._text import format_ranks
 from ._cost import without_waiting
 from ._kernels import find_traces, latest_of_the_same_steps, read_summaries
-from ._matrix import STEP, matrices_of, quiet
+from ._matrix import STEP, matrices_of, nanmedian, quiet
 from ._stragglers import find_stragglers
 from .read._engine import TIME_BASES, read_run_records
 from .read._run import read_run_meta, run_root
@@ -408,9 +408,9 @@ class _PerRank:
     def of(cls, values: Matrix, whole: Matrix) -> _PerRank:
         """The medians of `values`, the spread of `whole` (the same, or more steps)."""
         with quiet():
-            median = np.nanmedian(values, axis=1)
-            middle = median if whole is values else np.nanmedian(whole, axis=1)
-            mad = np.nanmedian(np.abs(whole - middle[:, None]), axis=1)
+            median = nanmedian(values, 1)
+            middle = median if whole is values else nanmedian(whole, 1)
+            mad = nanmedian(np.abs(whole - middle[:, None]), 1)
         steps = np.sum(np.isfinite(values), axis=1).astype(np.float64)
         basis = np.sum(np.isfinite(whole), axis=1).astype(np.float64)
         return cls(median, _MAD_SD * mad * _small_sample(basis), steps, basis)
@@ -654,8 +654,8 @@ def _strays(whole: Matrix, width: int) -> tuple[Vector, float] | None:
         return None
     starts = range(0, steps - width + 1, max(1, (steps - width + 1) // _MAX_BLOCKS))
     with quiet():
-        typical = np.nanmedian(whole, axis=1)
-        moved = np.stack([np.nanmedian(whole[:, s : s + width], axis=1) for s in starts])
+        typical = nanmedian(whole, 1)
+        moved = np.stack([nanmedian(whole[:, s : s + width], 1) for s in starts])
     moved -= typical[None, :]
     shared = np.array([_shared(row) for row in moved])
     with quiet():

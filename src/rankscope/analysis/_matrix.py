@@ -15,7 +15,15 @@ from .._errors import ConfigError
 from .read._engine import TIME_BASES, RunRecords
 from .read._timings import RunTimings
 
-__all__ = ["STEP", "TIME_BASES", "PhaseMatrices", "matrices_of", "phase_matrices", "quiet"]
+__all__ = [
+    "STEP",
+    "TIME_BASES",
+    "PhaseMatrices",
+    "matrices_of",
+    "nanmedian",
+    "phase_matrices",
+    "quiet",
+]
 
 STEP = "step"
 """The phase name (and kind) of the timer's per-step record."""
@@ -164,3 +172,21 @@ def quiet() -> Iterator[None]:
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
         yield
+
+
+def nanmedian(values: npt.ArrayLike, axis: int) -> npt.NDArray[np.float64]:
+    """np.nanmedian(values, axis=axis), the same figures, without its slow path: over an
+    axis of 600 values or more that holds a NaN, numpy takes a median per column in
+    Python (0.8 s of the straggler rules at 4096 ranks). One sort instead: NaN sorts
+    last, and each column's middle is found by its count of numbers."""
+    a = np.asarray(values, dtype=np.float64)
+    nan = np.isnan(a)
+    if not nan.any():
+        whole: npt.NDArray[np.float64] = np.median(a, axis=axis)
+        return whole
+    ordered = np.sort(a, axis=axis)
+    count = np.expand_dims(a.shape[axis] - nan.sum(axis=axis), axis)
+    low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0), axis=axis)
+    high = np.take_along_axis(ordered, np.maximum(count // 2, 0), axis=axis)
+    middle = np.where(count > 0, (low + high) / 2, np.nan)
+    return np.squeeze(middle, axis=axis)

@@ -20,7 +20,7 @@ from ._collective_clocks import host_clock_offsets
 from ._collectives import collectives_of_run
 from ._hangs import hangs_of
 from ._kernels import find_traces, kernel_report
-from ._matrix import STEP, PhaseMatrices, matrices_of
+from ._matrix import STEP, PhaseMatrices, matrices_of, nanmedian
 from ._stragglers import find_stragglers
 from .read._engine import RunRecords, read_run_records
 from .read._run import RunMeta, read_run_meta
@@ -333,7 +333,7 @@ def _breakdown(m: PhaseMatrices) -> dict[str, Any]:
             present = np.isfinite(ms).any(axis=1)
             median = np.full(len(m.ranks), np.nan)
             if present.any():
-                median[present] = np.nanmedian(ms[present], axis=1)
+                median[present] = nanmedian(ms[present], 1)
         columns.append(median)
     rows = np.stack(columns, axis=1) if columns else np.zeros((len(m.ranks), 0))
     return {

@@ -44,7 +44,7 @@ from ._findings import (
     rounded,
     sentences,
 )
-from ._matrix import STEP, PhaseMatrices, phase_matrices, quiet
+from ._matrix import STEP, PhaseMatrices, nanmedian, phase_matrices, quiet
 from .read._timings import RunTimings
 from .read._values import PhaseValues
 
@@ -256,7 +256,7 @@ def _reference(d: Matrix, reference: str) -> Matrix:
     """Per step, the cross-rank median (or the faster of two); NaN with fewer than two ranks."""
     present = np.sum(~np.isnan(d), axis=0)
     with np.errstate(invalid="ignore"), quiet():
-        ref = np.nanmedian(d, axis=0) if reference == "median" else np.nanmin(d, axis=0)
+        ref = nanmedian(d, 0) if reference == "median" else np.nanmin(d, axis=0)
     return np.where(present >= 2, ref, np.nan)
 
 
@@ -304,11 +304,11 @@ def clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Vector:
         if kind == "comm":
             leave = m.end_ns[p]
             with quiet():
-                deviations.append(leave - np.nanmedian(leave, axis=0))
+                deviations.append(leave - nanmedian(leave, 0))
     if not deviations:
         return np.zeros(len(m.ranks))
     with quiet():
-        offset = np.nan_to_num(np.nanmedian(np.concatenate(deviations, axis=1), axis=1))
+        offset = np.nan_to_num(nanmedian(np.concatenate(deviations, 1), axis=1))
     if hosts is None:
         return offset
     groups: dict[str, list[int]] = {}
@@ -327,7 +327,7 @@ def _ends_together(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
     with quiet():
         entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
         left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
-        typical = np.nanmedian(d, axis=0) * 1e6
+        typical = nanmedian(d, 0) * 1e6
     conclusive = entered > _CONCLUSIVE * typical
     if not conclusive.any():
         return False
@@ -478,7 +478,7 @@ def _table(
 ) -> list[RankPhase]:
     """Every rank's row for one phase, over all its steps."""
     with quiet():
-        median = np.nanmedian(ratio, axis=1)
+        median = nanmedian(ratio, 1)
         present = np.sum(np.isfinite(ratio), axis=1)
         above = np.sum((ratio > threshold) & (excess >= floor), axis=1)
         share = np.where(present > 0, above / np.maximum(present, 1), 0.0)
@@ -519,8 +519,8 @@ def _lateness(arrive: Matrix, since: Matrix, last: npt.NDArray[np.int64]) -> tup
     at = np.maximum(last, 0)
     own = arrive - since
     with quiet():
-        late = arrive[at, cols] - np.nanmedian(arrive, axis=0)
-        made = own[at, cols] - np.nanmedian(own, axis=0)
+        late = arrive[at, cols] - nanmedian(arrive, 0)
+        made = own[at, cols] - nanmedian(own, 0)
     return late, made
 
 
