@@ -408,6 +408,24 @@ def test_one_attempt_as_the_timer_writes_it(
         assert isinstance(seen, ConfigError)
 
 
+@pytest.mark.parametrize("job", [4000, 5000, 70_000])
+def test_an_attempt_line_longer_than_the_first_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: int
+) -> None:
+    # The engine reads 4 KB of a file's start first, and up to 64 KB where its first line
+    # goes on: a longer attempt line (a launcher's long job id) is read whole as before,
+    # and one past 64 KB leaves the file to the line-by-line reader.
+    for rank in range(2):
+        first = opening(rank, "tok", EPOCH_NS, launcher="slurm", job="j" * job, restart=0)
+        write(tmp_path, rank, [first, *steps_of(rank, range(4))])
+    if job < 65536:
+        with duckdb_only(monkeypatch):
+            seen = agree(tmp_path)
+    else:
+        seen = agree(tmp_path)
+    assert seen.attempts["count"] == 1
+
+
 @pytest.mark.parametrize("time", ["host", "device"])
 @pytest.mark.parametrize("attempt", ATTEMPT_PICKS)
 def test_a_restart_in_one_file(tmp_path: Path, time: str, attempt: int | None) -> None:
