@@ -322,17 +322,17 @@ def without_waiting(m: PhaseMatrices, sync: set[str]) -> list[Matrix]:
 def _hidden_work_tail(arrived: Matrix, last: Vector) -> Vector:
     """Per step, how much later than the last rank to arrive the work hidden inside a
     collective phase is expected to end: the mean over draws of the latest of (arrival
-    + hidden work) less the latest arrival. `arrived` (rank x step) is when each rank
-    reached the phase, from any common origin; `last` the last arriver's time in it."""
+    + hidden work) less the latest arrival. `arrived` (rank x step, no NaN: a rank with
+    no record is taken to arrive at the origin) is when each rank reached the phase, from
+    any common origin; `last` the last arriver's time in it."""
     draws = _hidden_work(last, arrived.shape[0])
     if draws is None:
         return np.zeros(arrived.shape[1])
-    start = np.nan_to_num(arrived, nan=-np.inf)
-    latest = np.max(start, axis=0)
+    latest = np.max(arrived, axis=0)
     total = np.zeros(arrived.shape[1])
     for draw in draws:
-        total += np.max(start + draw, axis=0) - latest
-    return np.where(np.isfinite(total), total / len(draws), 0.0)
+        total += np.max(arrived + draw, axis=0) - latest
+    return total / len(draws)
 
 
 def _significant(value: float, digits: int = 4) -> float:

@@ -28,6 +28,7 @@ __all__ = [
     "ratio_text",
     "rounded",
     "sentences",
+    "speedup_text",
 ]
 
 Vector = npt.NDArray[np.float64]
@@ -318,7 +319,7 @@ def cost_lines(
         lines.append((more, {}))
     if every and not (len(slow) == 1 and _same_saving(slow[0]["cost"], every)):
         lines.append((cost_text(every, "fixing every finding"), every))
-    said = {f.get("rank"): f["cost"] for f in slow[:limit]}
+    said = {f.get("rank") for f in slow[:limit]}
     alone = {r for r, n in Counter(f.get("rank") for f in slow).items() if n == 1}
     for entry in hosts[:limit]:
         cost = entry.get("cost") or {}
@@ -327,7 +328,7 @@ def cost_lines(
             continue  # the one host holds every finding
         if len(ranks) == 1 and ranks[0] in alone and ranks[0] in said:
             continue  # the host's one slow finding, said above
-        what = f"fixing host {entry.get('host')} ({format_ranks(entry.get('ranks') or [])})"
+        what = f"fixing host {entry.get('host')} ({format_ranks(ranks)})"
         lines.append((cost_text(cost, what), cost))
     return [text for text, _ in lines]
 
@@ -349,10 +350,16 @@ def cost_text(cost: Mapping[str, Any], what: str = "fixing it") -> str:
         return f"{what}: no estimate"
     text = f"{what} saves {_ms(saved)} of a {_ms(step)} step"
     if speedup is not None and speedup > 1:
-        text += f" ({speedup:.2f}x as fast)"
+        text += f" ({speedup_text(speedup)} as fast)"
     if hours is not None and gpu is not None:
         text += f": {_duration(hours)} over the run so far, {_duration(gpu, 'GPU-')}"
     return text
+
+
+def speedup_text(value: object) -> str:
+    """A speedup as the tables and sentences show it ("1.68x"); "" where there is none."""
+    number = _number(value)
+    return "" if number is None else f"{number:.2f}x"
 
 
 def _number(value: object) -> float | None:

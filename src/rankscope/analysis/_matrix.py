@@ -187,6 +187,6 @@ def nanmedian(values: npt.ArrayLike, axis: int) -> npt.NDArray[np.float64]:
     ordered = np.sort(a, axis=axis)
     count = np.expand_dims(a.shape[axis] - nan.sum(axis=axis), axis)
     low = np.take_along_axis(ordered, np.maximum((count - 1) // 2, 0), axis=axis)
-    high = np.take_along_axis(ordered, np.maximum(count // 2, 0), axis=axis)
+    high = np.take_along_axis(ordered, count // 2, axis=axis)
     middle = np.where(count > 0, (low + high) / 2, np.nan)
     return np.squeeze(middle, axis=axis)

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from .._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
 from .._text import format_ranks
-from ..analysis._findings import cost_lines
+from ..analysis._findings import cost_lines, speedup_text
 from ..analysis._hangs import duration
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport, ratio_text
@@ -122,14 +122,9 @@ def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int |
             str(f["since_step"]),
             ", ".join(str(r) for r in f["waits_for"]),
             _ms(f["cost"]["step_ms_saved"]) if f.get("cost") else "",
-            _speedup(f.get("cost")),
+            speedup_text((f.get("cost") or {}).get("speedup")),
         )
     return table
-
-
-def _speedup(cost: dict[str, Any] | None) -> str:
-    speedup = (cost or {}).get("speedup")
-    return f"{speedup:.2f}x" if isinstance(speedup, (int, float)) else ""
 
 
 def _causes(findings: list[dict[str, Any]], notes: list[str]) -> None:

@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any
 
 from ..._text import format_ranks, number_ranges
-from .._findings import cost_lines, ratio_text
+from .._findings import cost_lines, ratio_text, speedup_text
 from ._breakdown import breakdown_section
 from ._charts import charts_section
 from ._collectives import collectives_section
@@ -308,7 +308,7 @@ def _findings_table(
             f'<td class="num">{esc(as_text(f.get("since_step"))) or "none"}</td>'
             f"<td>{esc(number_ranges(waits)) if waits else ''}</td>"
             f'<td class="num">{ms_text(as_float(cost.get("step_ms_saved")))}</td>'
-            f'<td class="num">{_times(as_float(cost.get("speedup")))}</td>'
+            f'<td class="num">{speedup_text(cost.get("speedup")) or "none"}</td>'
             f'<td class="num">{_gpu_hours(as_float(cost.get("gpu_hours_saved")))}</td></tr>'
         )
     return (
@@ -318,10 +318,6 @@ def _findings_table(
         "<th>waits for ranks</th><th>a fix saves per step</th><th>speedup if fixed</th>"
         "<th>GPU-hours saved so far</th></tr>\n" + "\n".join(rows) + "\n</table></div>" + more
     )
-
-
-def _times(value: float | None) -> str:
-    return "none" if value is None else f"{value:.2f}x"
 
 
 def _gpu_hours(value: float | None) -> str:
