@@ -361,7 +361,7 @@ def test_a_resumed_job_counts_no_step_twice_and_every_command_says_so(
     assert main(["stragglers", str(run), "--attempt", "1"]) == 0
     assert "attempt 1 is used" in " ".join(capsys.readouterr().out.split())
     assert main(["stragglers", str(run), "--attempt", "3"]) == 2
-    assert "attempt=3 is not valid" in capsys.readouterr().err
+    assert "--attempt 3 is not valid" in capsys.readouterr().err
 
 
 # -- a job resumed from a checkpoint keeps its steps' numbers ------------------------------

@@ -24,7 +24,7 @@ import pytest
 from rankscope import ConfigError, TraceError
 from rankscope._layout import RunDir, memory_path, nsys_path, summary_of, timing_path, trace_path
 from rankscope._synthetic import write_run_traces, write_timings, write_trace
-from rankscope.analysis import build_report, kernel_report, merge_traces
+from rankscope.analysis import KernelOptions, build_report, kernel_report, merge_traces
 from rankscope.analysis.read._kineto import summarize_trace
 
 from ._helpers import within
@@ -558,17 +558,17 @@ def test_by_category_on_cpu_only_traces_is_exit_2_saying_why(tmp_path: Path) -> 
         write_trace(trace_path(tmp_path, WINDOW, rank, gzip=True), rank=rank, gpu=False,
                     size_bytes=20_000)  # fmt: skip
     with pytest.raises(ConfigError, match="CPU ops only"):
-        kernel_report([tmp_path], by="category")
+        kernel_report([tmp_path], KernelOptions(by="category"))
     code, _, err = _cli("kernels", tmp_path, "--by", "category")
     assert code == 2 and _one_line(err, "kernels") == (
-        "rankscope kernels: by='category' is not valid: the traces hold CPU ops only, no GPU "
+        "rankscope kernels: --by 'category' is not valid: the traces hold CPU ops only, no GPU "
         "kernels, and CPU ops have no categories; accepted: name"
     )
 
 
 def test_by_category_beside_cpu_only_traces_notes_them(run: Path) -> None:
     write_trace(run / "traces" / "cpu" / "rank-00000.pt.trace.json", gpu=False, size_bytes=20_000)
-    report = kernel_report([run], by="category")
+    report = kernel_report([run], KernelOptions(by="category"))
     assert [(t.kind, t.by) for t in report.tables] == [
         ("gpu_kernels", "category"),
         ("cpu_ops", "name"),

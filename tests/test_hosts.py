@@ -16,6 +16,7 @@ from rankscope import ConfigError
 from rankscope import _attempt as attempt_module
 from rankscope._layout import meta_path, timing_path
 from rankscope._synthetic import Slowdown, write_timings
+from rankscope.analysis import HostOptions
 from rankscope.analysis._hosts import find_recurring_hosts
 from rankscope.timing._record import format_attempt
 
@@ -493,7 +494,7 @@ def test_no_usable_directory_is_one_line_and_exit_2(
     assert f"{inside} lies inside the run directory {tmp_path / 'run'}" in err
     assert run_cli(["hosts", str(tmp_path / "run"), "--windows", "0"], capsys)[0] == 2
     with pytest.raises(ConfigError, match="windows"):
-        find_recurring_hosts([tmp_path / "run"], windows=0)
+        find_recurring_hosts([tmp_path / "run"], HostOptions(windows=0))
 
 
 def test_the_terminal_says_the_sentences_and_the_table(

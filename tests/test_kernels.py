@@ -11,7 +11,7 @@ import pytest
 
 from rankscope import ConfigError, TraceError
 from rankscope._synthetic import write_run_traces, write_trace
-from rankscope.analysis import _kernels
+from rankscope.analysis import KernelOptions, _kernels
 from rankscope.analysis._kernels import find_traces, kernel_report
 from rankscope.analysis.read._kineto import summarize_trace
 
@@ -71,15 +71,15 @@ def test_many_traces_are_summed_per_kernel(tmp_path: Path) -> None:
 def test_a_window_picks_its_traces(tmp_path: Path) -> None:
     write_run_traces(tmp_path, "step-000003-000004", [0, 1], world_size=2)
     write_run_traces(tmp_path, "step-000009-000010", [0], world_size=2)
-    report = kernel_report([tmp_path], window="step-000009-000010")
+    report = kernel_report([tmp_path], KernelOptions(window="step-000009-000010"))
     assert [t["window"] for t in report.traces] == ["step-000009-000010"]
     with pytest.raises(TraceError, match=r"no trace files.*window named step-9"):
-        kernel_report([tmp_path], window="step-9")
+        kernel_report([tmp_path], KernelOptions(window="step-9"))
 
 
 def test_by_category_splits_communication_from_computation(tmp_path: Path) -> None:
     truth = write_trace(tmp_path / "t.json.gz", size_bytes=300_000)
-    (table,) = kernel_report([truth.path], by="category").tables
+    (table,) = kernel_report([truth.path], KernelOptions(by="category")).tables
     rows = {i["name"]: i for i in table.items}
     nccl = sum(t for k, (_, t) in truth.kernels.items() if k.startswith("nccl"))
     assert rows["communication"]["total_us"] == pytest.approx(nccl)
@@ -110,7 +110,7 @@ def test_kernel_totals_of_the_real_traces_are_plain_sums(real_traces: Path) -> N
 def test_category_shares_of_the_real_traces_are_of_one_total(real_traces: Path) -> None:
     """memcpy and memset are rows of the table, so they are in its total: the shares of
     the shared GPU traces added up to 105.8% when memcpy had a share but no part in it."""
-    report = kernel_report([real_traces], by="category")
+    report = kernel_report([real_traces], KernelOptions(by="category"))
     gpu = next(t for t in report.tables if t.kind == "gpu_kernels")
     rows = {i["name"]: i for i in gpu.items}
     assert {"communication", "computation", "memcpy", "memset"} <= rows.keys()
@@ -197,4 +197,4 @@ def test_only_bad_traces_is_an_error_naming_each(tmp_path: Path) -> None:
 def test_an_unknown_grouping_names_the_option(tmp_path: Path) -> None:
     truth = write_trace(tmp_path / "t.json", size_bytes=10_000)
     with pytest.raises(ConfigError, match="by='kernel'"):
-        kernel_report([truth.path], by="kernel")
+        kernel_report([truth.path], KernelOptions(by="kernel"))

@@ -11,7 +11,7 @@ import pytest
 
 from rankscope import ConfigError
 from rankscope._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
-from rankscope.analysis import read_run_meta, read_timings
+from rankscope.analysis import StragglerOptions, read_run_meta, read_timings
 from rankscope.analysis._matrix import phase_matrices
 from rankscope.analysis._stragglers import (
     _late_by_own_work,
@@ -31,7 +31,8 @@ def _analyse(tmp_path: Path, **run: Any) -> Any:
     }
     write_timings(tmp_path, **run)
     hosts = read_run_meta(tmp_path).hosts  # as the CLI passes them
-    return find_stragglers(read_timings(tmp_path), hosts=hosts, **options)
+    chosen = StragglerOptions(**options)
+    return find_stragglers(phase_matrices(read_timings(tmp_path), chosen.time), chosen, hosts=hosts)
 
 
 def _roles(report: Any) -> dict[tuple[int, str], str]:
@@ -305,7 +306,7 @@ def test_missing_ranks_and_steps_are_left_out_not_zero(tmp_path: Path) -> None:
     path = tmp_path / "timings" / "rank-00003.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[: len(lines) // 2]))  # rank 3 stopped half-way
-    report = find_stragglers(read_timings(tmp_path))
+    report = find_stragglers(phase_matrices(read_timings(tmp_path)))
     assert report.ranks == [0, 2, 3, 5]
     assert _roles(report)[(2, "forward")] == "slow"
     (row,) = [r for r in report.table if r.rank == 3 and r.phase == "forward"]
@@ -341,7 +342,7 @@ def test_custom_phases_and_a_threshold_of_ones_own(tmp_path: Path) -> None:
 def test_bad_settings_name_the_option(tmp_path: Path, option: str, value: Any) -> None:
     write_timings(tmp_path, ranks=2, steps=5)
     with pytest.raises(ConfigError, match=option):
-        find_stragglers(read_timings(tmp_path), **{option: value})
+        find_stragglers(phase_matrices(read_timings(tmp_path)), StragglerOptions(**{option: value}))
 
 
 def test_the_table_covers_every_rank_and_phase(tmp_path: Path) -> None:

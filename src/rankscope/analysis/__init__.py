@@ -1,9 +1,11 @@
 """Analysis of run directories and traces: stragglers, kernels, merged timelines, reports.
 
 The flow: `read/` turns files into columns and events (the run directory is listed
-through `rankscope._layout.RunDir`); the analyzers here (`_matrix`, `_stragglers`,
-`_kernels`, `_hangs`, `_report`, `merge/`) turn those into answers; `render/` draws the HTML
-report. `_parallel` is the one way they read files in parallel.
+through `rankscope._layout.RunDir`); each analysis takes one options object
+(`_options`) and has one entry that runs read -> matrices -> findings (`_analyse` for
+the stragglers; `_kernels`, `_hangs`, `_collectives`, `_hosts`, `_diff`, `_report`,
+`merge/`); `render/` draws the HTML pages. `_parallel` is the one way they read files
+in parallel.
 
 Imports no torch: analysis runs anywhere. Names load on first use, so the trace
 finaliser (which needs only the summaries) never pays for numpy.
@@ -15,12 +17,27 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._analyse import (
+        StragglerAnalysis,
+        TimedRun,
+        analyse_stragglers,
+        read_timed_run,
+        stragglers_in,
+    )
     from ._collectives import CollectiveReport, find_collectives
     from ._diff import RunDiff, diff_runs
     from ._hangs import HangFinding, HangReport, find_hangs
     from ._hosts import HostRecord, HostReport, find_recurring_hosts
     from ._kernels import KernelReport, KernelTable, find_traces, kernel_report
     from ._matrix import PhaseMatrices, matrices_of, phase_matrices
+    from ._options import (
+        CollectiveOptions,
+        DiffOptions,
+        HangOptions,
+        HostOptions,
+        KernelOptions,
+        StragglerOptions,
+    )
     from ._report import build_report
     from ._stragglers import StragglerFinding, StragglerReport, find_stragglers
     from .merge import MergeResult, merge_traces
@@ -31,11 +48,16 @@ if TYPE_CHECKING:
     from .render._html import render_html
 
 __all__ = [
+    "CollectiveOptions",
     "CollectiveReport",
+    "DiffOptions",
     "HangFinding",
+    "HangOptions",
     "HangReport",
+    "HostOptions",
     "HostRecord",
     "HostReport",
+    "KernelOptions",
     "KernelReport",
     "KernelTable",
     "MergeResult",
@@ -45,8 +67,12 @@ __all__ = [
     "RunMeta",
     "RunRecords",
     "RunTimings",
+    "StragglerAnalysis",
     "StragglerFinding",
+    "StragglerOptions",
     "StragglerReport",
+    "TimedRun",
+    "analyse_stragglers",
     "build_report",
     "diff_runs",
     "find_collectives",
@@ -62,14 +88,27 @@ __all__ = [
     "read_rank_timings",
     "read_run_meta",
     "read_run_records",
+    "read_timed_run",
     "read_timings",
     "render_html",
     "scan_trace",
+    "stragglers_in",
     "summarize_events",
     "summarize_trace",
 ]
 
 _WHERE = {
+    "StragglerOptions": "_options",
+    "HostOptions": "_options",
+    "DiffOptions": "_options",
+    "KernelOptions": "_options",
+    "CollectiveOptions": "_options",
+    "HangOptions": "_options",
+    "StragglerAnalysis": "_analyse",
+    "TimedRun": "_analyse",
+    "analyse_stragglers": "_analyse",
+    "read_timed_run": "_analyse",
+    "stragglers_in": "_analyse",
     "RunDiff": "_diff",
     "diff_runs": "_diff",
     "HostRecord": "_hosts",

@@ -156,7 +156,7 @@ def find_collectives(
             return offsets
         if window is None or meta is None:
             return HostOffsets(why_none="no run directory around the traces, so no timings")
-        return _run_offsets(window.parent.parent, meta, skipped, workers)
+        return _run_offsets(meta, skipped, workers)
 
     clocks, alignment = align_clocks(first_ns, meta, timings, notes)
     origin = min((t.base or 0) + clocks[rank].shift_ns for rank, t in traces.items())
@@ -314,18 +314,17 @@ def _meta(window: Path | None, skipped: list[str]) -> RunMeta | None:
     return meta
 
 
-def _run_offsets(root: Path, meta: RunMeta, skipped: list[str], workers: int | None) -> HostOffsets:
+def _run_offsets(meta: RunMeta, skipped: list[str], workers: int | None) -> HostOffsets:
     """Each host's clock offset from the run's timings; none, and why, without them."""
-    from ._matrix import matrices_of  # numpy and the timings' engine: only here
-    from .read._engine import read_run_records
+    from ._analyse import read_timed_run  # numpy and the timings' engine: only here
 
     try:
-        records = read_run_records(root, workers=workers)
+        run = read_timed_run(meta, workers=workers)
     except TraceError as exc:
         return HostOffsets(why_none=f"no timings to measure it from ({exc})")
     said = set(skipped)
-    skipped.extend(line for line in records.skipped if line not in said)
-    return host_clock_offsets(matrices_of(records), meta.hosts)
+    skipped.extend(line for line in run.records.skipped if line not in said)
+    return host_clock_offsets(run.matrices, meta.hosts)
 
 
 def _sendrecv_notes(traces: dict[int, RankCollectives], gpu: bool) -> list[str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +29,15 @@ import numpy as np
 from .._errors import ConfigError, TraceError
 from .._layout import meta_path, timing_path
 from .._text import format_ranks, number_ranges
-from ._matrix import PhaseMatrices, matrices_of
-from ._stragglers import StragglerFinding, find_stragglers
+from ._analyse import TimedRun, read_timed_run, stragglers_in
+from ._findings import StragglerFinding
+from ._matrix import PhaseMatrices
+from ._options import HostOptions
 from .read._attempts import AttemptMark, host_problem
-from .read._engine import RunRecords, read_run_records
 from .read._run import RunMeta, read_run_meta
 
 __all__ = [
     "FEWEST_PER_WINDOW",
-    "WINDOWS",
     "HostRecord",
     "HostReport",
     "SlowRank",
@@ -45,8 +45,6 @@ __all__ = [
     "find_recurring_hosts",
 ]
 
-WINDOWS = 8
-"""The windows an attempt's sampled steps are split into, by default."""
 FEWEST_PER_WINDOW = 10
 """Sampled steps a window needs: an attempt with fewer than that per window gets fewer."""
 _LISTED = 6
@@ -237,13 +235,8 @@ class HostReport:
 
 def find_recurring_hosts(
     run_dirs: Sequence[str | os.PathLike[str]],
+    options: HostOptions | None = None,
     *,
-    windows: int = WINDOWS,
-    threshold: float = 1.10,
-    min_persistence: float = 0.5,
-    min_share: float = 0.01,
-    time: str = "host",
-    same_hosts: bool = False,
     workers: int | None = None,
 ) -> HostReport:
     """Which hosts held a slow rank in several runs, attempts of a run, or windows of one.
@@ -253,19 +246,18 @@ def find_recurring_hosts(
     cannot be read is named in `skipped` and left out; none readable is a TraceError.
     `workers` caps the readers' threads and processes (read_run_records).
     """
-    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
-        raise ConfigError("windows", windows, "a number of windows >= 1")
+    options = HostOptions() if options is None else options
     if not run_dirs:
         raise ConfigError("run_dirs", list(run_dirs), "one run directory or more")
-    options: dict[str, Any] = {
-        "threshold": threshold,
-        "min_persistence": min_persistence,
-        "min_share": min_share,
-        "time": time,
-        "windows": windows,
-        "same_hosts": same_hosts,
-    }
-    report = HostReport(options=options)
+    rules = options.stragglers
+    report = HostReport(
+        options={
+            **rules.rules(),
+            "time": rules.time,
+            "windows": options.windows,
+            "same_hosts": options.same_hosts,
+        }
+    )
     settings = _Settings(options, workers)
     seen: dict[str, str] = {}
     given: list[str | os.PathLike[str]] = []
@@ -297,18 +289,14 @@ def find_recurring_hosts(
 
 @dataclass(frozen=True)
 class _Settings:
-    options: dict[str, Any]
+    options: HostOptions
     workers: int | None
 
-    def find(self, m: PhaseMatrices, hosts: dict[int, str]) -> list[StragglerFinding]:
-        """The findings of role "slow" (the cause) in `m`."""
-        found = find_stragglers(
-            m,
-            threshold=self.options["threshold"],
-            min_persistence=self.options["min_persistence"],
-            min_share=self.options["min_share"],
-            hosts=hosts,
-        )
+    def find(
+        self, run: TimedRun, m: PhaseMatrices, hosts: dict[int, str]
+    ) -> list[StragglerFinding]:
+        """The findings of role "slow" (the cause) in `m`, a window of `run`."""
+        found = stragglers_in(run, self.options.stragglers, m=m, hosts=hosts)
         return [f for f in found.findings if f.role == "slow"]
 
 
@@ -330,20 +318,22 @@ def _analyse_run(
     root: Path, label: str, settings: _Settings
 ) -> tuple[RunSummary, list[Unit], list[str]]:
     meta = read_run_meta(root)
-    time, workers = settings.options["time"], settings.workers
-    first = read_run_records(root, time=time, attempt=1, workers=workers)
-    count = first.attempts.count
-    attempts = [first] + [
-        read_run_records(root, time=time, attempt=n, workers=workers) for n in range(2, count + 1)
-    ]
-    everyone = sorted(set().union(*(records.ranks for records in attempts)))
-    places = _Places(meta, first.attempts.marks, settings.options["same_hosts"])
-    read = [line for records in attempts for line in records.skipped]
+    rules, workers = settings.options.stragglers, settings.workers
+
+    def attempt(n: int) -> TimedRun:
+        return read_timed_run(meta, replace(rules, attempt=n), workers=workers)
+
+    first = attempt(1)
+    count = first.records.attempts.count
+    attempts = [first] + [attempt(n) for n in range(2, count + 1)]
+    everyone = sorted(set().union(*(run.records.ranks for run in attempts)))
+    places = _Places(meta, first.records.attempts.marks, settings.options.same_hosts)
+    read = [line for run in attempts for line in run.records.skipped]
     skipped = _distinct([*meta.skipped, *read, *meta.say_missing(everyone), *places.ignored()])
     run = RunSummary(run=str(root), label=label, attempts=count, ranks=everyone, hosts=[])
     units: list[Unit] = []
-    for n, records in enumerate(attempts, start=1):
-        units.extend(_analyse_attempt(run, n, records, places, settings))
+    for n, timed in enumerate(attempts, start=1):
+        units.extend(_analyse_attempt(run, n, timed, places, settings))
     run.hosts = sorted({h for u in units for h in u.hosts})
     if count > 1:
         run.notes.insert(0, f"{count} attempts, each analysed on its own")
@@ -351,11 +341,11 @@ def _analyse_run(
 
 
 def _analyse_attempt(
-    run: RunSummary, n: int, records: RunRecords, places: _Places, settings: _Settings
+    run: RunSummary, n: int, timed: TimedRun, places: _Places, settings: _Settings
 ) -> list[Unit]:
     where = _where(run.label, n, run.attempts)
-    hosts, unknown = places.hosts(n, sorted(records.ranks))
-    m = matrices_of(records)
+    hosts, unknown = places.hosts(n, sorted(timed.records.ranks))
+    m = timed.matrices
     if m.time == "device" and not any(np.isfinite(d).any() for d in m.ms):
         run.no_device_times.append(n)  # a CPU-only job: said in the summary
         return []
@@ -363,13 +353,13 @@ def _analyse_attempt(
         ranks = format_ranks(m.ranks) if m.ranks else "no rank"
         run.notes.append(f"{where}: {ranks} with records: nothing to compare")
         return []
-    analysis = _Analysis(run.label, n, settings, hosts, unknown)
+    analysis = _Analysis(run.label, n, settings, timed, hosts, unknown)
     units = [analysis.unit(m, None)]
-    count = min(settings.options["windows"], len(m.steps) // FEWEST_PER_WINDOW)
+    count = min(settings.options.windows, len(m.steps) // FEWEST_PER_WINDOW)
     if count >= 2:
         edges = [round(i * len(m.steps) / count) for i in range(count + 1)]
         units += [analysis.unit(_window(m, slice(edges[w], edges[w + 1])), w) for w in range(count)]
-    elif settings.options["windows"] > 1:
+    elif settings.options.windows > 1:
         run.notes.append(
             f"{where}: {len(m.steps)} sampled steps, too few to split into windows "
             f"(two windows need {2 * FEWEST_PER_WINDOW})"
@@ -386,6 +376,7 @@ class _Analysis:
     run: str
     attempt: int
     settings: _Settings
+    timed: TimedRun
     hosts: dict[int, str]
     unknown: dict[int, str]
     """Rank -> why its host is not known."""
@@ -403,7 +394,7 @@ class _Analysis:
                 since_step=f.since_step,
                 why=None if f.rank in hosts else self.unknown.get(f.rank, "not known"),
             )
-            for f in self.settings.find(m, hosts)
+            for f in self.settings.find(self.timed, m, hosts)
         )
         return Unit(
             run=self.run,

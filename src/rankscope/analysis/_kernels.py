@@ -20,6 +20,7 @@ from .._layout import (
     traces_under,
     window_steps,
 )
+from ._options import KernelOptions
 from ._parallel import PARALLEL_BYTES, file_size, ordered_map
 from .read._kineto import SUMMARY_VERSION, left_out_lines, summarize_trace, summary_problem
 
@@ -32,7 +33,6 @@ __all__ = [
     "read_summaries",
 ]
 
-BY = ("name", "category")
 _PARALLEL_BYTES = PARALLEL_BYTES  # tests lower it to read small traces in workers
 _SUMMARY_MAX_BYTES = 64 << 20  # a summary of 100,000 kernel names is a few MB
 
@@ -156,9 +156,8 @@ def find_traces(
 
 def kernel_report(
     sources: Sequence[str | os.PathLike[str]],
+    options: KernelOptions | None = None,
     *,
-    by: str = "name",
-    window: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
 ) -> KernelReport:
@@ -169,12 +168,12 @@ def kernel_report(
     trusted over the other (a folder gathered from elsewhere may hold several jobs'
     rank 0). A capture's own summary next to its trace is used when it is current (same
     version, newer than the trace) and sound; a summary that is not is said, and its
-    trace read instead. `by="category"` groups GPU kernels; CPU ops have no categories,
+    trace read instead. The options' `by="category"` groups GPU kernels; CPU ops have no categories,
     so it is a ConfigError where the traces hold CPU ops only, and a note (`notes`)
     beside their table, which stays per op, where they are mixed.
     """
-    if by not in BY:
-        raise ConfigError("by", by, " or ".join(BY))
+    options = KernelOptions() if options is None else options
+    by, window = options.by, options.window
     skipped: list[str] = []
     paths = find_traces(sources, window, left_out=skipped)
     read = read_summaries(paths, skipped, progress=progress, workers=workers)

@@ -16,15 +16,14 @@ import numpy as np
 from .._errors import TraceError
 from .._layout import SIGNAL_TAG, RunDir, leftovers, window_key
 from .._text import format_ranks, format_steps
+from ._analyse import TimedRun, read_timed_run, stragglers_in
 from ._collective_clocks import host_clock_offsets
 from ._collectives import collectives_of_run
 from ._hangs import hangs_of
 from ._kernels import find_traces, kernel_report
-from ._matrix import STEP, PhaseMatrices, matrices_of, nanmedian
-from ._stragglers import find_stragglers
-from .read._engine import RunRecords, read_run_records
-from .read._run import RunMeta, read_run_meta
-from .read._values import read_phase_values
+from ._matrix import STEP, PhaseMatrices, nanmedian
+from ._options import StragglerOptions
+from .read._run import read_run_meta
 
 __all__ = ["REPORT_VERSION", "build_report"]
 
@@ -45,12 +44,8 @@ Progress = Callable[[str, int, int], None]
 
 def build_report(
     run_dir: str | os.PathLike[str],
+    options: StragglerOptions | None = None,
     *,
-    threshold: float = 1.10,
-    min_persistence: float = 0.5,
-    min_share: float = 0.01,
-    time_base: str = "host",
-    attempt: int | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Read a run directory's timings, meta, traces, heartbeats and hang files and say
@@ -60,8 +55,9 @@ def build_report(
     has; a TraceError when it has none of them. "hangs" (`find_hangs`) is there when the
     run has heartbeats or hang files. What could not be read is listed under
     "skipped", never dropped silently. A run that restarted into its directory uses the
-    latest record of each step, or attempt `attempt`, and says so under "attempts".
+    latest record of each step, or the options' `attempt`, and says so under "attempts".
     """
+    options = StragglerOptions() if options is None else options
     meta = read_run_meta(run_dir)
     root = meta.root.resolve()
     report: dict[str, Any] = {
@@ -72,12 +68,10 @@ def build_report(
     skipped = list(meta.skipped)
     timings_error = None
     try:
-        timings = read_run_records(
-            root, time=time_base, attempt=attempt, progress=_stage(progress, "timings")
-        )
+        run = read_timed_run(meta, options, progress=_stage(progress, "timings"))
     except TraceError as exc:
-        timings, timings_error = None, str(exc)
-    present = sorted(timings.ranks) if timings is not None else sorted(meta.meta)
+        run, timings_error = None, str(exc)
+    present = sorted(run.records.ranks) if run is not None else sorted(meta.meta)
     missing = meta.missing(present)
     report["ranks"] = {
         "world_size": meta.world_size
@@ -88,9 +82,8 @@ def build_report(
         "hosts": {str(r): h for r, h in meta.hosts.items()},
     }
     offsets = None
-    if timings is not None:
-        rules = {"threshold": threshold, "min_persistence": min_persistence, "min_share": min_share}
-        offsets = _add_timings(report, skipped, meta, timings, rules)
+    if run is not None:
+        offsets = _add_timings(report, skipped, run, options)
     kernels_error = None
     try:
         report["kernels"] = _kernels(root, progress)
@@ -123,28 +116,15 @@ def build_report(
 
 
 def _add_timings(
-    report: dict[str, Any],
-    skipped: list[str],
-    meta: RunMeta,
-    timings: RunRecords,
-    rules: dict[str, float],
+    report: dict[str, Any], skipped: list[str], run: TimedRun, options: StragglerOptions
 ) -> Any:
     """The report's parts from the timings (steps, phases, stragglers, heatmaps, ...);
     each host's clock offset, for the collectives section."""
-    root = meta.root.resolve()
-    report["attempts"] = timings.attempts.to_dict()
-    skipped.extend(timings.skipped)
-    skipped.extend(meta.say_missing(sorted(timings.ranks)))
-    m = matrices_of(timings)
-    stragglers = find_stragglers(
-        m,
-        threshold=rules["threshold"],
-        min_persistence=rules["min_persistence"],
-        min_share=rules["min_share"],
-        hosts=meta.hosts,
-        groups=meta.groups,
-        values=lambda phases: read_phase_values(root, m.ranks, m.steps, phases & timings.valued),
-    )
+    report["attempts"] = run.records.attempts.to_dict()
+    skipped.extend(run.records.skipped)
+    skipped.extend(run.meta.say_missing(sorted(run.records.ranks)))
+    m = run.matrices
+    stragglers = stragglers_in(run, options)
     report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
     report["time"] = m.time
     report["phases"] = _phase_stats(m)
@@ -155,7 +135,7 @@ def _add_timings(
     report["over_steps"] = _over_steps(m, strag["findings"])
     report["breakdown"] = _breakdown(m)
     report["stragglers"] = strag
-    return host_clock_offsets(m, meta.hosts)
+    return host_clock_offsets(m, run.meta.hosts)
 
 
 def _stage(progress: Progress | None, stage: str) -> Callable[[int, int], None] | None:

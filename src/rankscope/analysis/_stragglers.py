@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import ConfigError
 from .._text import format_ranks
 from ._cause import causes_of
 from ._chance import binomial_tail, steps_needed
@@ -44,8 +43,8 @@ from ._findings import (
     rounded,
     sentences,
 )
-from ._matrix import STEP, PhaseMatrices, nanmedian, phase_matrices, quiet
-from .read._timings import RunTimings
+from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
+from ._options import StragglerOptions
 from .read._values import PhaseValues
 
 __all__ = [
@@ -74,20 +73,19 @@ _FAST = 10
 
 
 def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top to bottom
-    timings: RunTimings | PhaseMatrices,
+    m: PhaseMatrices,
+    options: StragglerOptions | None = None,
     *,
-    threshold: float = 1.10,
-    min_persistence: float = 0.5,
-    min_share: float = 0.01,
-    time: str = "host",
     hosts: Mapping[int, str] | None = None,
     groups: Mapping[int, Mapping[str, object]] | None = None,
     values: Callable[[set[str]], PhaseValues] | None = None,
 ) -> StragglerReport:
-    """Name the persistently slow (rank, phase) pairs and the ranks that wait for them,
-    what fixing them would save (analysis/_cost.py) and why each slow rank is slow
-    (analysis/_cause.py).
+    """Name the persistently slow (rank, phase) pairs of `m` and the ranks that wait for
+    them, what fixing them would save (analysis/_cost.py) and why each slow rank is slow
+    (analysis/_cause.py), by the rules of `options` (their defaults without it).
 
+    `m` holds the durations the options' `time` chose when the run was read
+    (analysis/_analyse.py reads, shapes and judges a run in one call).
     `min_share` drops findings whose median excess is below that share of the median
     step time (a 0.1 ms phase 20% slower costs nothing). Steps need two ranks or more.
     `hosts` (rank -> host name, from the meta files) says which ranks share a clock;
@@ -96,8 +94,13 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     read/_values.py read_phase_values) serve the causes; `values` is called only where
     there is a slow rank.
     """
-    _check(threshold, min_persistence, min_share)
-    m = timings if isinstance(timings, PhaseMatrices) else phase_matrices(timings, time)
+    if not isinstance(m, PhaseMatrices):
+        raise TypeError(
+            f"find_stragglers takes PhaseMatrices (phase_matrices), not {type(m).__name__}"
+        )
+    options = StragglerOptions() if options is None else options
+    threshold, min_persistence = options.threshold, options.min_persistence
+    min_share = options.min_share
     reference = "median" if len(m.ranks) > 2 else "faster rank"
     report = StragglerReport(
         threshold=threshold,
@@ -241,15 +244,6 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         report.cost, report.host_costs = costs.all, costs.hosts
         report.model_step_ms = costs.model_step_ms
     return report
-
-
-def _check(threshold: float, min_persistence: float, min_share: float) -> None:
-    if not (isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold > 1):
-        raise ConfigError("threshold", threshold, "a number > 1 (1.10: 10% above the reference)")
-    if not (isinstance(min_persistence, (int, float)) and 0 < min_persistence <= 1):
-        raise ConfigError("min_persistence", min_persistence, "a share of steps in (0, 1]")
-    if not (isinstance(min_share, (int, float)) and 0 <= min_share < 1):
-        raise ConfigError("min_share", min_share, "a share of the step time in [0, 1)")
 
 
 def _reference(d: Matrix, reference: str) -> Matrix:

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._options import json_option, positive
+from ..analysis._options import CollectiveOptions
+from ._options import add_options, json_option, options_from
 from ._output import print_json, terminal
 
 __all__ = ["add_commands"]
@@ -29,9 +30,7 @@ def add_commands(commands: Any) -> None:
         ),
     )
     parser.add_argument("sources", nargs="+", type=Path, metavar="WINDOW_DIR_OR_TRACE")
-    parser.add_argument(
-        "--rows", type=positive, default=20, help="ranks and collectives shown (default: 20)"
-    )
+    add_options(parser, CollectiveOptions)
     json_option(parser)
     parser.set_defaults(run=_collectives)
 
@@ -45,7 +44,7 @@ def _collectives(args: argparse.Namespace) -> int:
     if args.json:
         print_json(found)
     else:
-        _show(found, args.rows)
+        _show(found, options_from(CollectiveOptions, args).rows)
     return 0
 
 

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..analysis._hosts import FEWEST_PER_WINDOW, WINDOWS
-from ._options import json_option, positive, straggler_options
+from ..analysis._options import HostOptions
+from ._options import add_options, json_option, options_from
 from ._output import print_json, terminal
 
 __all__ = ["add_commands"]
@@ -31,22 +31,8 @@ def add_commands(commands: Any) -> None:
         ),
     )
     hosts.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
-    hosts.add_argument(
-        "--windows",
-        type=positive,
-        default=WINDOWS,
-        metavar="N",
-        help=f"split each attempt's sampled steps into N windows (default: {WINDOWS}; fewer "
-        f"where a window would have under {FEWEST_PER_WINDOW} sampled steps; 1: none)",
-    )
-    hosts.add_argument(
-        "--same-hosts",
-        action="store_true",
-        help="for attempts whose timings name no host (an older rankscope's), take each "
-        "rank's host from its meta file (which holds the rank's latest start: use this where "
-        "restarts kept every rank on its host)",
-    )
-    straggler_options(hosts, attempt=False)  # every attempt is analysed: no --attempt
+    # Every attempt is analysed on its own: no --attempt.
+    add_options(hosts, HostOptions, skip=("attempt",))
     json_option(hosts)
     hosts.set_defaults(run=_hosts)
 
@@ -56,15 +42,7 @@ def _hosts(args: argparse.Namespace) -> int:
 
     if not args.json:
         terminal("hosts")  # says which extra brings rich, where it is missing
-    found = find_recurring_hosts(
-        args.run_dirs,
-        windows=args.windows,
-        threshold=args.threshold,
-        min_persistence=args.min_persistence,
-        min_share=args.min_share,
-        time=args.time,
-        same_hosts=args.same_hosts,
-    )
+    found = find_recurring_hosts(args.run_dirs, options_from(HostOptions, args))
     data = found.to_dict()
     if args.json:
         print_json(data)

@@ -1,49 +1,100 @@
-"""Command-line options more than one command takes (the straggler analysis's, --json,
-numbers >= 1), written once."""
+"""Command-line options: the analyses' flags derived from their options objects
+(analysis/_options.py), as `_fields.py` derives ProfileConfig's; --json; numbers >= 1.
+
+A flag is named after its field (`--min-persistence` for `min_persistence`), its help is
+the docstring under the field and its default is the field's: none of them is written
+here. A nested options object (HostOptions.stragglers) gives its fields' flags unprefixed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
-__all__ = ["json_option", "positive", "straggler_options"]
+from .._fields import field_docs
+from ..analysis._options import (
+    CollectiveOptions,
+    DiffOptions,
+    HangOptions,
+    HostOptions,
+    KernelOptions,
+    StragglerOptions,
+)
+
+__all__ = [
+    "OPTION_FIELDS",
+    "add_options",
+    "json_option",
+    "options_from",
+    "positive",
+]
+
+Options = TypeVar("Options")
+
+_ALL = (StragglerOptions, HostOptions, DiffOptions, KernelOptions, CollectiveOptions, HangOptions)
 
 
-def straggler_options(parser: argparse.ArgumentParser, attempt: bool = True) -> None:
-    """--threshold, --min-persistence, --min-share, --time (and --attempt): the straggler
-    analysis's options, for every command that runs it."""
-    parser.add_argument(
-        "--threshold",
-        type=float,
-        default=1.10,
-        help="a rank's time over the reference that counts as slow (default: 1.10)",
-    )
-    parser.add_argument(
-        "--min-persistence",
-        type=float,
-        default=0.5,
-        help="share of sampled steps above the threshold to report (default: 0.5)",
-    )
-    parser.add_argument(
-        "--min-share",
-        type=float,
-        default=0.01,
-        help="ignore excess below this share of the step time (default: 0.01)",
-    )
-    parser.add_argument(
-        "--time",
-        choices=("host", "device"),
-        default="host",
-        help="compare host times (cpu_ms) or device times (gpu_ms) (default: host)",
-    )
-    if not attempt:
-        return
-    parser.add_argument(
-        "--attempt",
-        type=positive,
-        metavar="N",
-        help="use only attempt N of a run that restarted into one directory "
-        "(default: the latest record of each step)",
-    )
+def _nested(f: dataclasses.Field[Any]) -> type | None:
+    """The options class a field holds, where it holds one (HostOptions.stragglers)."""
+    factory: Any = f.default_factory
+    if isinstance(factory, type) and dataclasses.is_dataclass(factory):
+        return factory
+    return None
+
+
+def _leaves(cls: type) -> Iterator[tuple[type, dataclasses.Field[Any]]]:
+    for f in dataclasses.fields(cls):
+        nested = _nested(f)
+        if nested is not None:
+            yield from _leaves(nested)
+        else:
+            yield cls, f
+
+
+OPTION_FIELDS = frozenset(f.name for cls in _ALL for _, f in _leaves(cls))
+"""Every analysis option's field name: a ConfigError on one of them names the flag."""
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+    """A flag for each field of the options class `cls` (and of the options it nests)."""
+    for owner, f in _leaves(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        doc = field_docs(owner).get(f.name, "")
+        doc = doc[:1].lower() + doc[1:]  # argparse's own help lines start in lower case
+        default = f.default
+        kind = str(f.type)
+        said = "(default:" in doc  # the docstring says what no value means
+        shown = "" if said else f" (default: {'none' if default is None else default})"
+        help_text = f"{doc.rstrip('.')}{shown}"
+        if kind == "bool":
+            parser.add_argument(flag, action="store_true", help=doc)
+            continue
+        choices = f.metadata.get("choices")
+        convert: Any = {"float": float, "int": positive, "int | None": positive}.get(kind, str)
+        parser.add_argument(
+            flag,
+            type=convert,
+            choices=choices,
+            default=default,
+            metavar=None if choices else ("N" if convert is positive else None),
+            help=help_text,
+        )
+
+
+def options_from(cls: type[Options], args: argparse.Namespace) -> Options:
+    """The options object of `cls` from parsed flags (its own checks raise ConfigError)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        nested = _nested(f)
+        if nested is not None:
+            values[f.name] = options_from(nested, args)
+        elif hasattr(args, f.name):
+            values[f.name] = getattr(args, f.name)
+    return cls(**values)
 
 
 def json_option(parser: argparse.ArgumentParser) -> None:

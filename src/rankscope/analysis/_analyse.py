@@ -1,0 +1,124 @@
+"""The straggler analysis's one entry: read -> matrices -> findings, written once.
+
+`analyse_stragglers` is what `rankscope stragglers`, the report and the integrations call;
+`hosts` reads each attempt with `read_timed_run` and judges its windows with
+`stragglers_in`; `diff` and `collectives` take the same read for the phases that end in
+a collective and the hosts' clock offsets. Every caller so gets the same rules, the same
+defaults (analysis/_options.py) and the same inputs to the causes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._findings import StragglerReport
+from ._matrix import PhaseMatrices, matrices_of
+from ._options import StragglerOptions
+from ._stragglers import find_stragglers
+from .read._engine import RunRecords, read_run_records
+from .read._run import RunMeta, read_run_meta
+from .read._values import read_phase_values
+
+__all__ = ["StragglerAnalysis", "TimedRun", "analyse_stragglers", "read_timed_run", "stragglers_in"]
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class TimedRun:
+    """A run's timings read and shaped for the analyses: its meta, records and matrices."""
+
+    meta: RunMeta
+    records: RunRecords
+    matrices: PhaseMatrices
+
+    @property
+    def root(self) -> Path:
+        return self.meta.root.resolve()
+
+    @property
+    def skipped(self) -> list[str]:
+        """What the reading left out: bad meta and timings, and ranks without timings."""
+        return [
+            *self.meta.skipped,
+            *self.records.skipped,
+            *self.meta.say_missing(sorted(self.records.ranks)),
+        ]
+
+
+def read_timed_run(
+    run_dir: str | os.PathLike[str] | RunMeta,
+    options: StragglerOptions | None = None,
+    *,
+    progress: Progress | None = None,
+    workers: int | None = None,
+) -> TimedRun:
+    """Read a run's meta and timings (the options' `time` and `attempt`) into matrices.
+
+    A TraceError where the run has no usable timings (read/_engine.py says why)."""
+    options = StragglerOptions() if options is None else options
+    meta = run_dir if isinstance(run_dir, RunMeta) else read_run_meta(run_dir)
+    records = read_run_records(
+        meta.root,
+        time=options.time,
+        attempt=options.attempt,
+        progress=progress,
+        workers=workers,
+    )
+    return TimedRun(meta=meta, records=records, matrices=matrices_of(records))
+
+
+def stragglers_in(
+    run: TimedRun,
+    options: StragglerOptions | None = None,
+    *,
+    m: PhaseMatrices | None = None,
+    hosts: Mapping[int, str] | None = None,
+) -> StragglerReport:
+    """The findings over the run, or over `m` (a window of its matrices), with the hosts
+    and parallel groups its meta names (or `hosts`, where a caller knows them better) and
+    the phases' recorded values for the causes."""
+    m = run.matrices if m is None else m
+    kept = m
+
+    def values(phases: set[str]) -> Any:
+        return read_phase_values(run.root, kept.ranks, kept.steps, phases & run.records.valued)
+
+    return find_stragglers(
+        m,
+        options,
+        hosts=run.meta.hosts if hosts is None else hosts,
+        groups=run.meta.groups,
+        values=values,
+    )
+
+
+@dataclass(frozen=True)
+class StragglerAnalysis:
+    """A run read and judged: the straggler report and what the reading left out."""
+
+    run: TimedRun
+    report: StragglerReport
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.report.to_dict(),
+            "attempts": self.run.records.attempts.to_dict(),
+            "skipped": self.run.skipped,
+        }
+
+
+def analyse_stragglers(
+    run_dir: str | os.PathLike[str] | RunMeta,
+    options: StragglerOptions | None = None,
+    *,
+    progress: Progress | None = None,
+    workers: int | None = None,
+) -> StragglerAnalysis:
+    """Which rank is slow in which phase, who waits for it, what it costs and why."""
+    run = read_timed_run(run_dir, options, progress=progress, workers=workers)
+    return StragglerAnalysis(run=run, report=stragglers_in(run, options))

@@ -1,0 +1,49 @@
+"""`rankscope hang`: which rank is stuck where, and which ranks wait for it (analysis/_hangs.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .._errors import TraceError
+from .._layout import HANGS, LIVE
+from ._options import json_option
+from ._output import print_json, terminal
+
+__all__ = ["add_commands"]
+
+
+def add_commands(commands: Any) -> None:
+    hang = commands.add_parser(
+        "hang",
+        help="which rank is stuck where, and which ranks wait for it",
+        description=(
+            f"Read the ranks' heartbeats (RUN_DIR/{LIVE}) and hang files (RUN_DIR/{HANGS}) and "
+            "say whether the job is hung, which rank is stuck in which phase at which step "
+            "since when, and which ranks wait for it. Exit 0 whenever they could be read, "
+            "hung or not; 2 when there is none to read."
+        ),
+    )
+    hang.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    json_option(hang)
+    hang.set_defaults(run=_hang)
+
+
+def _hang(args: argparse.Namespace) -> int:
+    from ..analysis import find_hangs
+
+    render = None if args.json else terminal("hang")
+    found = find_hangs(args.run_dir)
+    if found.files_read == 0:
+        first = " ".join(found.skipped[0].split()) if found.skipped else ""  # one line
+        why = f"; {len(found.skipped)} skipped, first {first}" if first else ""
+        raise TraceError(
+            f"{found.run_dir}: no heartbeats ({LIVE}/) or hang files ({HANGS}/) to read: "
+            f"the watch was off, or the run predates it{why}"
+        )
+    if render is None:
+        print_json(found.to_dict())
+    else:
+        render.hang(found.to_dict())
+    return 0
