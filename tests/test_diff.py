@@ -223,6 +223,83 @@ def test_the_step_line_and_a_phase_row_show_one_quantity_on_both_sides(
     assert f"rank 1 in phase work (others +{phase['delta_ms']:.3f})" in out
 
 
+def _rows(data: dict[str, Any], sign: float = 1.0) -> list[tuple[Any, ...]]:
+    return [
+        (c["what"], c["phase"] or c["kernel"], c["rank"], sign * c["delta_ms"], c["noise_ms"])
+        for key in ("changes", "unjudged")
+        for c in data[key]
+    ]
+
+
+def _both_ways_pairs(root: Path) -> dict[str, tuple[Path, Path]]:
+    """Pairs of runs (or windows) whose rows once depended on which side was A."""
+    two = (PhaseSpec("forward", "compute", 30.0), PhaseSpec("other", "compute", 30.0))
+    # B's step is 50% longer (other twice as long), so a share of A's step time was a
+    # lower floor than a share of B's: forward's +0.73 ms cleared one (0.60), not the other.
+    longer = [Slowdown(r, "forward", 0.025) for r in range(RANKS)]
+    longer += [Slowdown(r, "other", 1.0) for r in range(RANKS)]
+    floor = _pair(root / "floor", longer, phases=two, noise=0.003)
+    # No noise: rank 0 10% slower, rank 1 10% faster. Of the two middle changes, +3 and -3
+    # ms, the one "nearer zero" was -3 both ways round, so the rows were not the same.
+    work = (PhaseSpec("work", "compute", 30.0),)
+    even = tuple(
+        write_timings(
+            root / f"even-{name}", ranks=2, steps=STEPS, seed=seed, phases=work, noise=0.0,
+            slowdowns=slow,
+        )
+        for name, seed, slow in (
+            ("a", 1, []), ("b", 2, [Slowdown(0, "work", 0.1), Slowdown(1, "work", -0.1)])
+        )
+    )  # fmt: skip
+    ddp = _pair(root / "ddp", [Slowdown(2, "forward", 0.5), Slowdown(1, "optimizer", -0.4)])
+    # Kernels alone (the timer sampled none of the window's steps), the floor a share of
+    # the traces' own time: A's 20 ms against B's 36 ms.
+    kernels = tuple(
+        write_timings(root / f"k-{n}", ranks=RANKS, steps=10, every_n_steps=10, seed=n)
+        for n in (1, 2)
+    )
+    window = "step-000003-000004"
+    _window(kernels[0], window, {GEMM: (10, 20_000.0), "small": (4, 200.0)})
+    _window(kernels[1], window, {GEMM: (10, 36_000.0), "small": (4, 500.0)})
+    return {
+        "floor": floor,
+        "even": (even[0], even[1]),
+        "ddp": ddp,
+        "kernels": (kernels[0] / "traces" / window, kernels[1] / "traces" / window),
+    }
+
+
+@pytest.mark.parametrize("case", ["floor", "even", "ddp", "kernels"])
+def test_b_against_a_lists_the_rows_of_a_against_b_with_opposite_signs(
+    tmp_path: Path, cli: Cli, case: str
+) -> None:
+    a, b = _both_ways_pairs(tmp_path)[case]
+    forth, back = _diff_json(cli, a, b), _diff_json(cli, b, a)
+    assert _rows(forth), case  # each pair has a change to list
+    # Exactly: each rule takes A and B alike, and B less A is A less B negated.
+    assert sorted(_rows(back, -1.0), key=repr) == sorted(_rows(forth), key=repr)
+    assert back["floor_ms"] == forth["floor_ms"]
+    assert back["within_noise"] == forth["within_noise"]
+    if forth["step"] is not None:
+        assert back["step"]["delta_ms"] == -forth["step"]["delta_ms"]
+        assert back["step"]["noise_ms"] == forth["step"]["noise_ms"]
+
+
+def test_a_floor_is_a_share_of_the_shorter_step_time(tmp_path: Path) -> None:
+    a, b = _both_ways_pairs(tmp_path)["floor"]
+    forth = diff_runs(a, b, workers=1)
+    assert [(c.name, c.rank) for c in forth.changes] == [("other", None), ("forward", None)]
+    assert forth.step is not None and forth.step["a_ms"] < forth.step["b_ms"]
+    assert forth.floor_ms == pytest.approx(0.01 * forth.step["a_ms"], rel=0.01)
+    assert diff_runs(b, a, workers=1).floor_ms == forth.floor_ms
+
+
+def test_two_ranks_that_moved_apart_evenly_are_each_a_row(tmp_path: Path) -> None:
+    a, b = _both_ways_pairs(tmp_path)["even"]
+    rows = [(c.what, c.rank, c.delta_ms, c.others_ms) for c in diff_runs(a, b).changes]
+    assert sorted(rows, key=repr) == [("rank", 0, 3.0, 0.0), ("rank", 1, -3.0, 0.0)]
+
+
 def test_a_run_against_itself_changes_nothing(tmp_path: Path, cli: Cli) -> None:
     a = write_timings(tmp_path / "a", ranks=RANKS, steps=STEPS)
     data = _diff_json(cli, a, a)

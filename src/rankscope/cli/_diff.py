@@ -54,7 +54,7 @@ def add_commands(commands: Any) -> None:
         type=_share,
         default=0.01,
         metavar="SHARE",
-        help="leave out changes below this share of A's step time (default: 0.01)",
+        help="leave out changes below this share of the shorter step time, A's or B's (default: 0.01)",
     )
     diff.add_argument(
         "--top", type=positive, default=_SHOWN, help=f"changes shown (default: {_SHOWN})"
