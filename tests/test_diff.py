@@ -22,6 +22,7 @@ import pytest
 from rankscope._layout import summary_path, timing_path, trace_path
 from rankscope._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
 from rankscope.analysis._diff import diff_runs
+from rankscope.analysis._findings import ratio_text
 from rankscope.cli import _diff, _main
 
 from ._helpers import run_cli
@@ -511,6 +512,63 @@ def test_the_terminal_and_the_page_show_the_top_change(tmp_path: Path, cli: Cli)
     assert "Content-Security-Policy" in text and "step time (median)" in text
     data = _diff_json(cli, a, b, "--html", page)
     assert data["html"] == str(page) and data["changes"][0]["phase"] == odd
+
+
+def test_b_against_a_is_said_as_stragglers_says_a_ratio(tmp_path: Path, cli: Cli) -> None:
+    """A 0.2 ms phase made 250 times as long is "250x", as `rankscope stragglers` says it,
+    not "+24900%"; a phase made half as long again is "+50%"."""
+    phases = (PhaseSpec("work", "compute", 30.0), PhaseSpec("tiny", "compute", 0.2))
+    slow = [Slowdown(r, p, f) for r in range(RANKS) for p, f in (("tiny", 249.0), ("work", 0.5))]
+    a, b = _pair(tmp_path, slow, phases=phases)
+    page = tmp_path / "diff.html"
+    data = _diff_json(cli, a, b)
+    tiny, work = data["changes"]
+    assert (tiny["phase"], work["phase"]) == ("tiny", "work")
+    said, work_said = (ratio_text(1 + change["relative"]) for change in (tiny, work))
+    assert re.fullmatch(r"2[45][0-9]x", said) and re.fullmatch(r"\+(49|50|51)%", work_said)
+    step = data["step"]
+    step_said = ratio_text(step["b_ms"] / step["a_ms"])
+    assert step_said.endswith("x")
+    code, out, _ = cli("diff", a, b, "--html", page)
+    assert code == 0 and "%" not in out.replace(work_said, "")
+    (row,) = [line for line in out.splitlines() if "phase tiny" in line]
+    assert row.split()[-2:] == [said, f"{tiny['noise_ms']:.3f}"], row
+    (line,) = [line for line in out.splitlines() if line.startswith("step time")]
+    assert line.endswith(f" ms, {step_said})"), line
+    text = page.read_text(encoding="utf-8")
+    assert f"<td>{said}</td>" in text and f"<td>{work_said}</td>" in text
+    assert f"{step_said})" in text and "%" not in text.replace(work_said, "")
+
+
+def test_a_page_that_cannot_be_written_whole_leaves_what_was_there(tmp_path: Path) -> None:
+    """The page is written beside its name and renamed: a write cut short (here by a file
+    size limit of 512 bytes, as a full disk would) leaves the old page and no temporary."""
+    import resource
+    import subprocess
+    import sys
+
+    import rankscope
+
+    a, b = _pair(tmp_path, [Slowdown(r, "forward", 0.5) for r in range(RANKS)])
+    out = tmp_path / "out"
+    out.mkdir()
+    page = out / "diff.html"
+    page.write_text("the page of an earlier diff\n", encoding="utf-8")
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, resource.RLIM_INFINITY))
+
+    src = str(Path(rankscope.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": src, "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "rankscope.cli", "diff", str(a), str(b), "--html", str(page)],
+        capture_output=True, text=True, env=env, preexec_fn=limit, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert page.read_text(encoding="utf-8") == "the page of an earlier diff\n"
+    assert sorted(p.name for p in out.iterdir()) == ["diff.html"]
+    (line,) = done.stderr.strip().splitlines()
+    assert line == f"rankscope diff: {page}: File too large", line
 
 
 # -- a real job: two spawned gloo ranks, the same loop run twice ----------------------------
