@@ -22,6 +22,7 @@ import pytest
 from rankscope._layout import summary_path, timing_path, trace_path
 from rankscope._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
 from rankscope.analysis._diff import diff_runs
+from rankscope.analysis._findings import ratio_text
 from rankscope.cli import _diff, _main
 
 from ._helpers import run_cli
@@ -221,6 +222,83 @@ def test_the_step_line_and_a_phase_row_show_one_quantity_on_both_sides(
     assert a_ms + delta_ms == pytest.approx(b_ms, abs=0.002) and delta_ms < 0, line
     # A rank's row says the others' change its delta is beyond: A + others + delta = B.
     assert f"rank 1 in phase work (others +{phase['delta_ms']:.3f})" in out
+
+
+def _rows(data: dict[str, Any], sign: float = 1.0) -> list[tuple[Any, ...]]:
+    return [
+        (c["what"], c["phase"] or c["kernel"], c["rank"], sign * c["delta_ms"], c["noise_ms"])
+        for key in ("changes", "unjudged")
+        for c in data[key]
+    ]
+
+
+def _both_ways_pairs(root: Path) -> dict[str, tuple[Path, Path]]:
+    """Pairs of runs (or windows) whose rows once depended on which side was A."""
+    two = (PhaseSpec("forward", "compute", 30.0), PhaseSpec("other", "compute", 30.0))
+    # B's step is 50% longer (other twice as long), so a share of A's step time was a
+    # lower floor than a share of B's: forward's +0.73 ms cleared one (0.60), not the other.
+    longer = [Slowdown(r, "forward", 0.025) for r in range(RANKS)]
+    longer += [Slowdown(r, "other", 1.0) for r in range(RANKS)]
+    floor = _pair(root / "floor", longer, phases=two, noise=0.003)
+    # No noise: rank 0 10% slower, rank 1 10% faster. Of the two middle changes, +3 and -3
+    # ms, the one "nearer zero" was -3 both ways round, so the rows were not the same.
+    work = (PhaseSpec("work", "compute", 30.0),)
+    even = tuple(
+        write_timings(
+            root / f"even-{name}", ranks=2, steps=STEPS, seed=seed, phases=work, noise=0.0,
+            slowdowns=slow,
+        )
+        for name, seed, slow in (
+            ("a", 1, []), ("b", 2, [Slowdown(0, "work", 0.1), Slowdown(1, "work", -0.1)])
+        )
+    )  # fmt: skip
+    ddp = _pair(root / "ddp", [Slowdown(2, "forward", 0.5), Slowdown(1, "optimizer", -0.4)])
+    # Kernels alone (the timer sampled none of the window's steps), the floor a share of
+    # the traces' own time: A's 20 ms against B's 36 ms.
+    kernels = tuple(
+        write_timings(root / f"k-{n}", ranks=RANKS, steps=10, every_n_steps=10, seed=n)
+        for n in (1, 2)
+    )
+    window = "step-000003-000004"
+    _window(kernels[0], window, {GEMM: (10, 20_000.0), "small": (4, 200.0)})
+    _window(kernels[1], window, {GEMM: (10, 36_000.0), "small": (4, 500.0)})
+    return {
+        "floor": floor,
+        "even": (even[0], even[1]),
+        "ddp": ddp,
+        "kernels": (kernels[0] / "traces" / window, kernels[1] / "traces" / window),
+    }
+
+
+@pytest.mark.parametrize("case", ["floor", "even", "ddp", "kernels"])
+def test_b_against_a_lists_the_rows_of_a_against_b_with_opposite_signs(
+    tmp_path: Path, cli: Cli, case: str
+) -> None:
+    a, b = _both_ways_pairs(tmp_path)[case]
+    forth, back = _diff_json(cli, a, b), _diff_json(cli, b, a)
+    assert _rows(forth), case  # each pair has a change to list
+    # Exactly: each rule takes A and B alike, and B less A is A less B negated.
+    assert sorted(_rows(back, -1.0), key=repr) == sorted(_rows(forth), key=repr)
+    assert back["floor_ms"] == forth["floor_ms"]
+    assert back["within_noise"] == forth["within_noise"]
+    if forth["step"] is not None:
+        assert back["step"]["delta_ms"] == -forth["step"]["delta_ms"]
+        assert back["step"]["noise_ms"] == forth["step"]["noise_ms"]
+
+
+def test_a_floor_is_a_share_of_the_shorter_step_time(tmp_path: Path) -> None:
+    a, b = _both_ways_pairs(tmp_path)["floor"]
+    forth = diff_runs(a, b, workers=1)
+    assert [(c.name, c.rank) for c in forth.changes] == [("other", None), ("forward", None)]
+    assert forth.step is not None and forth.step["a_ms"] < forth.step["b_ms"]
+    assert forth.floor_ms == pytest.approx(0.01 * forth.step["a_ms"], rel=0.01)
+    assert diff_runs(b, a, workers=1).floor_ms == forth.floor_ms
+
+
+def test_two_ranks_that_moved_apart_evenly_are_each_a_row(tmp_path: Path) -> None:
+    a, b = _both_ways_pairs(tmp_path)["even"]
+    rows = [(c.what, c.rank, c.delta_ms, c.others_ms) for c in diff_runs(a, b).changes]
+    assert sorted(rows, key=repr) == [("rank", 0, 3.0, 0.0), ("rank", 1, -3.0, 0.0)]
 
 
 def test_a_run_against_itself_changes_nothing(tmp_path: Path, cli: Cli) -> None:
@@ -434,6 +512,63 @@ def test_the_terminal_and_the_page_show_the_top_change(tmp_path: Path, cli: Cli)
     assert "Content-Security-Policy" in text and "step time (median)" in text
     data = _diff_json(cli, a, b, "--html", page)
     assert data["html"] == str(page) and data["changes"][0]["phase"] == odd
+
+
+def test_b_against_a_is_said_as_stragglers_says_a_ratio(tmp_path: Path, cli: Cli) -> None:
+    """A 0.2 ms phase made 250 times as long is "250x", as `rankscope stragglers` says it,
+    not "+24900%"; a phase made half as long again is "+50%"."""
+    phases = (PhaseSpec("work", "compute", 30.0), PhaseSpec("tiny", "compute", 0.2))
+    slow = [Slowdown(r, p, f) for r in range(RANKS) for p, f in (("tiny", 249.0), ("work", 0.5))]
+    a, b = _pair(tmp_path, slow, phases=phases)
+    page = tmp_path / "diff.html"
+    data = _diff_json(cli, a, b)
+    tiny, work = data["changes"]
+    assert (tiny["phase"], work["phase"]) == ("tiny", "work")
+    said, work_said = (ratio_text(1 + change["relative"]) for change in (tiny, work))
+    assert re.fullmatch(r"2[45][0-9]x", said) and re.fullmatch(r"\+(49|50|51)%", work_said)
+    step = data["step"]
+    step_said = ratio_text(step["b_ms"] / step["a_ms"])
+    assert step_said.endswith("x")
+    code, out, _ = cli("diff", a, b, "--html", page)
+    assert code == 0 and "%" not in out.replace(work_said, "")
+    (row,) = [line for line in out.splitlines() if "phase tiny" in line]
+    assert row.split()[-2:] == [said, f"{tiny['noise_ms']:.3f}"], row
+    (line,) = [line for line in out.splitlines() if line.startswith("step time")]
+    assert line.endswith(f" ms, {step_said})"), line
+    text = page.read_text(encoding="utf-8")
+    assert f"<td>{said}</td>" in text and f"<td>{work_said}</td>" in text
+    assert f"{step_said})" in text and "%" not in text.replace(work_said, "")
+
+
+def test_a_page_that_cannot_be_written_whole_leaves_what_was_there(tmp_path: Path) -> None:
+    """The page is written beside its name and renamed: a write cut short (here by a file
+    size limit of 512 bytes, as a full disk would) leaves the old page and no temporary."""
+    import resource
+    import subprocess
+    import sys
+
+    import rankscope
+
+    a, b = _pair(tmp_path, [Slowdown(r, "forward", 0.5) for r in range(RANKS)])
+    out = tmp_path / "out"
+    out.mkdir()
+    page = out / "diff.html"
+    page.write_text("the page of an earlier diff\n", encoding="utf-8")
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, resource.RLIM_INFINITY))
+
+    src = str(Path(rankscope.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": src, "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "rankscope.cli", "diff", str(a), str(b), "--html", str(page)],
+        capture_output=True, text=True, env=env, preexec_fn=limit, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert page.read_text(encoding="utf-8") == "the page of an earlier diff\n"
+    assert sorted(p.name for p in out.iterdir()) == ["diff.html"]
+    (line,) = done.stderr.strip().splitlines()
+    assert line == f"rankscope diff: {page}: File too large", line
 
 
 # -- a real job: two spawned gloo ranks, the same loop run twice ----------------------------

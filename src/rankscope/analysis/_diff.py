@@ -104,7 +104,8 @@ class RunDiff:
     noise: float
     min_share: float
     floor_ms: float | None = None
-    """`min_share` of A's median step time: no smaller change is listed."""
+    """`min_share` of the shorter of A's and B's median step times: no smaller change is
+    listed (the same floor whichever side is A)."""
     step: dict[str, Any] | None = None
     """The step time: a_ms, b_ms, delta_ms, noise_ms (None without step records on both)."""
     changes: list[Change] = field(default_factory=list)
@@ -148,7 +149,8 @@ def diff_runs(
     """Compare run (or window) `b` against `a`: the changes above noise, biggest first.
 
     `noise` scales the noise estimate (2: twice as strict); `min_share` is the floor,
-    a share of A's median step time. A side that is neither a run directory nor one
+    a share of the shorter median step time of the two. Every rule takes A and B alike,
+    so B against A lists the same rows with opposite signs. A side that is neither a run directory nor one
     of its windows, or two sides with nothing in common to compare, is a TraceError
     naming why; what could not be read is said in `skipped`.
     """
@@ -165,7 +167,10 @@ def diff_runs(
     )
     diff.notes = side_a.notes + side_b.notes
     diff.skipped = [f"{side.label}: {line}" for side in (side_a, side_b) for line in side.skipped]
-    step_ms = side_a.phases.step_ms() if side_a.phases is not None else None
+    # A share of one side's step time would be a higher floor one way round than the
+    # other: a change could be listed A against B and not B against A.
+    steps = [s.phases.step_ms() for s in (side_a, side_b) if s.phases is not None]
+    step_ms = min((ms for ms in steps if ms is not None), default=None)
     diff.floor_ms = None if step_ms is None else min_share * step_ms
     if side_a.phases is not None and side_b.phases is not None:
         _compare_phases(diff, side_a.phases, side_b.phases)
@@ -567,7 +572,9 @@ def _compare_kernels(diff: RunDiff, a: dict[str, _KernelKind], b: dict[str, _Ker
             diff.notes.append(f"only {held}'s traces hold {words}: not compared")
             continue
         ka, kb = a[kind], b[kind]
-        floor = diff.min_share * ka.total_ms_per_step() if diff.floor_ms is None else diff.floor_ms
+        floor = diff.floor_ms
+        if floor is None:  # no step time: a share of the shorter of the traces' own times
+            floor = diff.min_share * min(ka.total_ms_per_step(), kb.total_ms_per_step())
         judged = min(len(ka.steps), len(kb.steps)) >= FEWEST_TRACES
         if not judged:  # the spread of one or two traces says nothing of the noise
             diff.notes.append(
@@ -613,12 +620,17 @@ def _phase_figures(values: Matrix) -> dict[str, Any] | None:
 
 
 def _shared(values: Vector) -> float:
+    """The median; of two middle values the one nearer zero (at least half the values are
+    as far from zero), and 0 where they are as near on either side: the answer for the
+    values negated is this one negated, so B against A mirrors A against B."""
     finite = np.sort(values[np.isfinite(values)])
     n = len(finite)
     if not n:
         return math.nan
     low, high = float(finite[(n - 1) // 2]), float(finite[n // 2])  # one value for odd n
-    return low if abs(low) <= abs(high) else high
+    if abs(low) == abs(high):
+        return low if low == high else 0.0
+    return low if abs(low) < abs(high) else high
 
 
 def _median(values: Any) -> float:
