@@ -418,6 +418,15 @@ def test_plain_ddp_ranks_left_in_backward_wait_for_the_rank_that_left_the_loop(
     assert "note: no stalled rank is in a comm phase: ranks 0-2 are taken to wait" in " ".join(
         out.split()
     )
+    # One rank left in backward: it waits there too (for the ranks that are not stalled).
+    for rank in (1, 2):
+        live_path(run, rank).unlink()
+    found = find_hangs(run, now_ns=NOW)
+    assert found.summary == (
+        "no stalled rank is outside a collective; rank 0 waits in backward (compute) at "
+        "step 120; rank 3 stopped at step 119 (stop() ran: it left the loop early?); "
+        "ranks 1, 2 wrote no heartbeat"
+    )
 
 
 def test_a_rank_still_in_backward_when_the_others_are_past_it_is_stuck(tmp_path: Path) -> None:

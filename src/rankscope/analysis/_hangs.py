@@ -188,8 +188,8 @@ class HangReport:
     files_read: int = 0
     """Heartbeats and hang files that passed their checks (of any attempt)."""
     order: StepOrder | None = None
-    """The step's phases as the run's timings show them; None without timings (or
-    where no stalled ranks needed them)."""
+    """The step's phases as the run's timings show them; None without timings, or where
+    every stalled rank is in a comm phase (the timings are then not read)."""
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -296,7 +296,7 @@ def hangs_of(meta: RunMeta, now_ns: int) -> HangReport:
     size = world if world is not None else max(present, default=-1) + 1
     report.missing = [r for r in range(size) if r not in present]
     stalled = _judge(report, beats, open_hangs, meta)
-    if sum(f.kind != "comm" for f in stalled) > 1:  # only then can the order change a role
+    if any(f.kind != "comm" for f in stalled):  # else every role is known without it
         report.order = step_order(meta, report.skipped)
     report.findings = _roles(stalled, report.order)
     report.stalls_ended = _ended(ended)
