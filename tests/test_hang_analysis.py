@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from rankscope._layout import hang_path, live_path, meta_path, stall_name
+from rankscope._synthetic import write_timings
 from rankscope.analysis import find_hangs
 from rankscope.cli import main
 
@@ -278,6 +279,7 @@ def test_the_lowest_step_is_stuck_and_later_steps_wait(tmp_path: Path) -> None:
     )
     found = find_hangs(tmp_path, now_ns=NOW)
     assert [(f.rank, f.role) for f in found.findings] == [(0, "stuck"), (1, "waits")]
+    assert [f.why for f in found.findings] == ["earliest", "at a later step"]
 
 
 def test_when_every_stalled_rank_waits_the_ranks_not_there_are_named(tmp_path: Path) -> None:
@@ -318,6 +320,124 @@ def test_a_rank_killed_mid_step_is_stuck_where_it_died(tmp_path: Path) -> None:
         "ranks 0-3: stalled past their threshold with no hang file, so the watchdog did not "
         "write one: it is off (hang.enable), or the process is gone (killed, crashed without "
         "stop(), or its host down) and this is where it was when it went"
+    ]
+
+
+# -- plain DDP: the collective hides inside backward --------------------------------------
+
+
+def ddp_run(run: Path, where: dict[int, str], *, timings: bool = True) -> Path:
+    """A 4-rank DDP job stalled at step 120, rank r in phase where[r] (compute phases:
+    the gradient all-reduce runs inside backward) for 230 s (its watchdog's hang file not
+    yet due); with the timings of its
+    earlier steps (_synthetic's DDP step, whose backward ends in the all-reduce), or none."""
+    if timings:
+        write_timings(run, ranks=4, steps=30, seed=1)
+    for rank, name in where.items():
+        write_heartbeat(
+            run, heartbeat(rank, moved_ago=230, open_phases=[phase(name, "compute", 230)])
+        )
+    return run
+
+
+def test_plain_ddp_the_rank_behind_in_the_step_is_stuck_and_the_ones_ahead_wait(
+    tmp_path: Path,
+) -> None:
+    from rankscope.analysis._top import top_rows
+
+    run = ddp_run(tmp_path, {0: "backward", 1: "forward", 2: "backward", 3: "backward"})
+    found = find_hangs(run, now_ns=NOW)
+    assert found.summary == (
+        "rank 1 has been stuck in forward (compute) at step 120 for 4 min; "
+        "ranks 0, 2, 3 wait in backward (compute) at step 120"
+    )
+    data = strict(json.dumps(found.to_dict(), allow_nan=False))
+    assert (data["ranks"]["stuck"], data["ranks"]["waiting"]) == ([1], [0, 2, 3])
+    assert [(f["rank"], f["why"]) for f in data["findings"]] == [
+        (0, "at a later phase of the step"),
+        (1, "earliest"),
+        (2, "at a later phase of the step"),
+        (3, "at a later phase of the step"),
+    ]
+    assert data["phases"] == {
+        "order": ["host_to_device", "forward", "backward", "optimizer", "loss_allreduce"],
+        "end_in_collective": ["backward", "loss_allreduce"],
+    }
+    assert data["notes"] == [
+        "no stalled rank is in a comm phase: ranks 0, 2, 3 are taken to wait in backward as "
+        "further along than rank 1 and the run's timings show backward to end in a "
+        "collective (its ranks leave it together though they enter it apart); where a "
+        "collective runs inside a phase (DDP's gradient all-reduce inside backward), time "
+        'the collective as its own phase (kind="comm") to see where each rank waits'
+    ]
+    _, rows = top_rows(run, now_ns=NOW)
+    assert [(r["rank"], r["role"]) for r in rows] == [
+        (1, "stuck"),
+        (0, "waits"),
+        (2, "waits"),
+        (3, "waits"),
+    ]
+
+    # Without timings the order within the step is unknown: every rank at the lowest
+    # step is stuck, and the note says why they cannot be told apart.
+    for path in (run / "timings").iterdir():
+        path.unlink()
+    found = find_hangs(run, now_ns=NOW)
+    assert found.order is None and [f.role for f in found.findings] == ["stuck"] * 4
+    assert found.notes == [
+        "every stalled rank is in backward, forward, not a comm phase, and without the "
+        "run's timings their order in the step is not known: where a collective runs inside "
+        "(DDP's gradient all-reduce inside backward), time the collective as its own phase "
+        '(kind="comm") to see where each rank waits and to tell the stuck rank from its '
+        "waiters"
+    ]
+
+
+def test_plain_ddp_ranks_left_in_backward_wait_for_the_rank_that_left_the_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Uneven data: rank 3 ran out of batches and its stop() ran; the others wait in the
+    # gradient all-reduce inside backward, which the timings show to end in a collective.
+    run = ddp_run(tmp_path, {0: "backward", 1: "backward", 2: "backward"})
+    write_heartbeat(run, heartbeat(3, step=STEP - 1, state="stopped", written_ago=230))
+    found = find_hangs(run, now_ns=NOW)
+    assert found.summary == (
+        "no stalled rank is outside a collective; ranks 0-2 wait in backward (compute) at "
+        "step 120; rank 3 stopped at step 119 (stop() ran: it left the loop early?)"
+    )
+    assert {f.why for f in found.findings} == {"in a phase that ends in a collective"}
+    assert found.notes == [
+        "no stalled rank is in a comm phase: ranks 0-2 are taken to wait in backward as the "
+        "run's timings show backward to end in a collective (its ranks leave it together "
+        "though they enter it apart); where a collective runs inside a phase (DDP's "
+        'gradient all-reduce inside backward), time the collective as its own phase (kind="comm") '
+        "to see where each rank waits"
+    ]
+    code, out, err = run_cli(["hang", str(run)], capsys)
+    assert code == 0, err
+    assert "note: no stalled rank is in a comm phase: ranks 0-2 are taken to wait" in " ".join(
+        out.split()
+    )
+    # One rank left in backward: it waits there too (for the ranks that are not stalled).
+    for rank in (1, 2):
+        live_path(run, rank).unlink()
+    found = find_hangs(run, now_ns=NOW)
+    assert found.summary == (
+        "no stalled rank is outside a collective; rank 0 waits in backward (compute) at "
+        "step 120; rank 3 stopped at step 119 (stop() ran: it left the loop early?); "
+        "ranks 1, 2 wrote no heartbeat"
+    )
+
+
+def test_a_rank_still_in_backward_when_the_others_are_past_it_is_stuck(tmp_path: Path) -> None:
+    # The others left backward's all-reduce: rank 0 is not waiting in it.
+    run = ddp_run(tmp_path, {0: "backward", 1: "optimizer", 2: "optimizer", 3: "optimizer"})
+    found = find_hangs(run, now_ns=NOW)
+    assert [(f.rank, f.role, f.why) for f in found.findings] == [
+        (0, "stuck", "earliest"),
+        (1, "waits", "at a later phase of the step"),
+        (2, "waits", "at a later phase of the step"),
+        (3, "waits", "at a later phase of the step"),
     ]
 
 

@@ -264,6 +264,96 @@ def test_one_rank_stuck_in_data_loading_is_named_and_the_others_wait(
     assert stack["threads"][0]["stack"][-1]["function"] == "wait"  # Event.wait, where it sits
 
 
+def ddp_hang_in_forward(rank: int, world_size: int, init: str, run_dir: str, stuck: int) -> None:
+    """Plain DDP on gloo, forward and backward timed as compute phases (the gradient
+    all-reduce hides inside backward); rank `stuck` blocks for good in forward at step
+    30, so the others wait for it inside backward (the test kills them). Spawned ranks
+    import it by module path."""
+    import threading
+    from datetime import timedelta
+
+    import torch
+    from torch import nn
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
+    )
+    model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir,
+        timer=rankscope.TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1),
+        hang=HangConfig(after_s=2.0, heartbeat_s=0.5),
+    )
+    with rankscope.Profiler(config) as prof:
+        for step in range(10_000):
+            with prof.phase("forward"):
+                if rank == stuck and step == DDP_STUCK_STEP:
+                    threading.Event().wait()  # a dead data-loader worker: forever
+                # Ranks reach backward apart and leave it together: its all-reduce.
+                time.sleep(0.005 * (rank + 1))
+                loss = model(torch.randn(8, 16)).sum()
+            with prof.phase("backward"):
+                loss.backward()
+            prof.step()
+
+
+DDP_STUCK_STEP = 30
+
+
+@pytest.mark.slow
+def test_plain_ddp_names_the_rank_stuck_in_forward_and_the_others_wait_in_backward(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch.multiprocessing as mp
+
+    from rankscope.cli import main
+
+    world, stuck, run = 4, 1, tmp_path / "run"
+    ranks = mp.start_processes(
+        ddp_hang_in_forward,
+        args=(world, f"file://{tmp_path}/rendezvous", str(run), stuck),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            # Of that step alone: a busy machine may have made an earlier step a stall too.
+            hangs = sorted((run / "hangs").glob(f"step-{DDP_STUCK_STEP:06d}-*/rank-*.json"))
+            if len(hangs) == world:
+                break
+            time.sleep(0.5)
+        assert sorted(h.name for h in hangs) == [f"rank-{r:05d}.json" for r in range(world)]
+        time.sleep(1.0)  # the heartbeats that say the stall
+        assert main(["hang", str(run), "--json"]) == 0
+        found = json.loads(capsys.readouterr().out)
+        assert main(["hang", str(run)]) == 0
+        terminal = capsys.readouterr().out
+    finally:
+        for process in ranks.processes:
+            process.kill()
+            process.join()
+    by_rank = {f["rank"]: f for f in found["findings"]}
+    assert sorted(by_rank) == list(range(world))
+    assert (found["ranks"]["stuck"], found["ranks"]["waiting"]) == ([stuck], [0, 2, 3])
+    assert (by_rank[stuck]["phase"], by_rank[stuck]["step"]) == ("forward", DDP_STUCK_STEP)
+    for rank in (0, 2, 3):
+        assert (by_rank[rank]["phase"], by_rank[rank]["step"]) == ("backward", DDP_STUCK_STEP)
+    assert found["summary"].startswith(
+        f"rank {stuck} has been stuck in forward (compute) at step {DDP_STUCK_STEP} for "
+    )
+    # The stall has not ended: the hang file says why there is no dump from the start.
+    for f in by_rank.values():
+        assert f["flight_recorder_skipped"] == "no NCCL process group (backend gloo)"
+    assert "no Flight Recorder dump: no NCCL process group (backend gloo)" in terminal
+    (note,) = [n for n in found["notes"] if "comm" in n]
+    assert 'time the collective as its own phase (kind="comm")' in note
+    assert f"note: {note[:40]}" in " ".join(terminal.split())
+
+
 def test_a_run_that_ends_inside_a_stall_ends_the_stall(tmp_path: Path) -> None:
     with rankscope.Profiler(_config(tmp_path, factor=1.0), rank=0, world_size=1) as prof:
         prof.step()

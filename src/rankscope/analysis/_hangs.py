@@ -14,9 +14,14 @@ from the ranks that wait for it (docs/hangs.md says these rules for users).
   than its threshold, judged against now: the hang file's `threshold_s`, else the
   heartbeat's, else max(hang.factor x its median step time, hang.after_s), from the
   rank's config in its meta file (the watchdog's own rule and defaults).
-- Stuck or waiting. Of the stalled ranks, those whose innermost open phase is not of
-  kind "comm" (or that are in no phase) and whose step is the lowest among such ranks
-  are stuck; every other stalled rank waits (in a collective, or at a later step).
+- Stuck or waiting. A stalled rank whose innermost open phase is of kind "comm" waits.
+  Of the others, those at the earliest place (the lowest step; in it, the earliest
+  phase, in the order the run's timings show a step runs its phases) are stuck, and
+  those further along wait for them. A stuck candidate in a phase that the timings show
+  to end in a collective (its ranks leave it together though they enter apart: a DDP
+  backward, analysis/_stragglers.py's rule) waits there instead when no stalled rank is
+  further along: the rank it waits for is one that is not stalled. Without timings the
+  order within a step is unknown: the ranks at the lowest step are stuck.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from .._config import HangConfig
-from .._errors import ConfigError
+from .._errors import ConfigError, TraceError
+from .._layout import RunDir
 from .._text import format_ranks, number_ranges
 from .read._attempts import ONE_LAUNCH_NS, AttemptMark, mark_of, run_attempts
 from .read._run import RunMeta, read_run_meta
@@ -42,6 +48,7 @@ __all__ = [
     "STALL_FLOOR_S",
     "HangFinding",
     "HangReport",
+    "StepOrder",
     "duration",
     "find_hangs",
     "hangs_of",
@@ -60,6 +67,32 @@ _SUMMARY_GROUPS = 3  # groups of one role named in the summary sentence; the tab
 
 STUCK = "stuck"
 WAITS = "waits"
+
+# Why a rank has its role (a finding's `why`).
+EARLIEST = "earliest"
+"""Stuck: at the earliest step and phase of the stalled ranks outside a collective."""
+IN_COMM = "in a comm phase"
+IN_SYNC = "in a phase that ends in a collective"
+LATER_STEP = "at a later step"
+LATER_PHASE = "at a later phase of the step"
+
+
+@dataclass(frozen=True, slots=True)
+class StepOrder:
+    """What a run's timings say of its steps: the order a step runs its phases in, and
+    which phases end in a collective."""
+
+    places: dict[str, int]
+    """Each phase's place in the step, the first 0."""
+    sync: frozenset[str]
+    """The phases of kind "comm", and those whose ranks leave them together though they
+    enter apart (analysis/_stragglers.py's rule: a DDP backward)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "order": sorted(self.places, key=self.places.__getitem__),
+            "end_in_collective": sorted(self.sync, key=self.places.__getitem__),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +115,8 @@ class HangFinding:
     threshold_s: float
     hang: HangFile | None
     """Its open stall's hang file, where its watchdog wrote one."""
+    why: str = ""
+    """Why it has its role: EARLIEST (stuck), IN_COMM, IN_SYNC, LATER_STEP, LATER_PHASE."""
 
     @property
     def phase(self) -> str | None:
@@ -101,6 +136,7 @@ class HangFinding:
             "rank": self.rank,
             "host": self.host,
             "role": self.role,
+            "why": self.why,
             "phase": self.phase,
             "kind": self.kind,
             "step": self.step,
@@ -151,6 +187,9 @@ class HangReport:
     """Heartbeat and hang file names found, readable or not."""
     files_read: int = 0
     """Heartbeats and hang files that passed their checks (of any attempt)."""
+    order: StepOrder | None = None
+    """The step's phases as the run's timings show them; None without timings, or where
+    every stalled rank is in a comm phase (the timings are then not read)."""
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
@@ -207,6 +246,7 @@ class HangReport:
             else {"rank": longest[1], "s": round(longest[0], 3)},
             "stalls_ended": self.stalls_ended,
             "older_hang_files": self.older_hang_files,
+            "phases": None if self.order is None else self.order.to_dict(),
             "notes": self.notes,
             "skipped": self.skipped,
         }
@@ -255,7 +295,10 @@ def hangs_of(meta: RunMeta, now_ns: int) -> HangReport:
     present = set(beats) | set(open_hangs) | {h.rank for h in ended}
     size = world if world is not None else max(present, default=-1) + 1
     report.missing = [r for r in range(size) if r not in present]
-    report.findings = _roles(_judge(report, beats, open_hangs, meta))
+    stalled = _judge(report, beats, open_hangs, meta)
+    if any(f.kind != "comm" for f in stalled):  # else every role is known without it
+        report.order = step_order(meta, report.skipped)
+    report.findings = _roles(stalled, report.order)
     report.stalls_ended = _ended(ended)
     report.state = _state(report, beats)
     report.summary = _summary(report)
@@ -445,13 +488,121 @@ def _positive(rule: object, key: str, default: float) -> float:
     return float(value) if math.isfinite(value) and 0 < value <= 1e9 else default
 
 
-def _roles(stalled: list[HangFinding]) -> list[HangFinding]:
-    """Stuck: outside a collective, at the lowest step of such ranks; the rest wait."""
-    low = min((f.step for f in stalled if f.kind != "comm"), default=None)
-    return [
-        dataclasses.replace(f, role=STUCK) if f.kind != "comm" and f.step == low else f
-        for f in stalled
-    ]
+# A rank's place: its step, and the places of its open phases, outermost first, up to
+# the first the timings do not know.
+_Place = tuple[int, tuple[int, ...]]
+
+
+def _roles(stalled: list[HangFinding], order: StepOrder | None) -> list[HangFinding]:
+    """Stuck: outside a collective, at the earliest place of such ranks; the rest wait
+    (the module's docstring says the rule)."""
+    places = {f.rank: _place_of(f, order) for f in stalled}
+    outside = {places[f.rank] for f in stalled if f.kind != "comm"}
+    low = min((step for step, _ in outside), default=None)
+    # Within a step, places are few (the step's phases): comparing each pair is cheap.
+    first = [p for p in outside if p[0] == low]
+    last = max(step for step, _ in places.values()) if places else None
+    at_last = {p for p in places.values() if p[0] == last}
+    sync = order.sync if order is not None else frozenset()
+    out = []
+    for f in stalled:
+        place = places[f.rank]
+        if f.kind == "comm":
+            why = IN_COMM
+        elif place[0] != low:
+            why = LATER_STEP
+        elif any(_before(p, place) for p in first):
+            why = LATER_PHASE
+        elif f.phase in sync and place[0] == last and not any(_before(place, p) for p in at_last):
+            why = IN_SYNC  # no stalled rank is past it: it waits for one that is not stalled
+        else:
+            why = EARLIEST
+        out.append(dataclasses.replace(f, role=STUCK if why == EARLIEST else WAITS, why=why))
+    return out
+
+
+def _place_of(finding: HangFinding, order: StepOrder | None) -> _Place:
+    places: list[int] = []
+    for p in finding.open:
+        place = None if order is None else order.places.get(p.phase)
+        if place is None:
+            break
+        places.append(place)
+    return finding.step, tuple(places)
+
+
+def _before(a: _Place, b: _Place) -> bool:
+    """`a` is strictly earlier than `b`. Within a step, places are compared as far as
+    both are known: a rank in `train` and one in `train > forward` are at one place."""
+    if a[0] != b[0]:
+        return a[0] < b[0]
+    for x, y in zip(a[1], b[1], strict=False):
+        if x != y:
+            return x < y
+    return False
+
+
+# -- the step's order, from the timings ----------------------------------------------------
+
+
+@dataclass
+class _LastRead:
+    """The last order read, and the timings files it was read from (name, size, mtime):
+    `rankscope top` asks every second, and a hung run's timings rarely change."""
+
+    key: tuple[Path, tuple[tuple[str, int, int], ...]] | None = None
+    order: StepOrder | None = None
+    skipped: list[str] = field(default_factory=list)
+
+
+_LAST_READ = _LastRead()
+
+
+def step_order(meta: RunMeta, skipped: list[str]) -> StepOrder | None:
+    """The order a step of the run runs its phases in, and which end in a collective,
+    from its timings; None without timings. What of the timings could not be used is
+    added to `skipped`. Read again only when a timings file changed since the last call."""
+    last = _LAST_READ
+    key = (meta.root.resolve(), _timings_files(meta.root))
+    if last.key != key:
+        last.order, last.skipped = _read_order(meta)
+        last.key = key
+    skipped.extend(last.skipped)
+    return last.order
+
+
+def _timings_files(root: Path) -> tuple[tuple[str, int, int], ...]:
+    out = []
+    for found in RunDir(root).timings():
+        try:
+            st = os.stat(found.path, follow_symlinks=False)
+        except OSError:
+            continue
+        out.append((found.path.name, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def _read_order(meta: RunMeta) -> tuple[StepOrder | None, list[str]]:
+    # Imported here: `rankscope top` and a run without a stalled rank need no DuckDB.
+    from ._matrix import STEP, matrices_of
+    from ._stragglers import _arrivals, _ends_together
+    from .read._engine import read_run_records
+
+    try:
+        records = read_run_records(meta.root)
+    except TraceError:
+        return None, []
+    skipped = list(records.skipped)
+    m = matrices_of(records)
+    arrive, leave = _arrivals(m, meta.hosts)
+    named = [(p, phase) for p, phase in enumerate(m.phases) if phase != STEP]
+    places = {phase: i for i, (_, phase) in enumerate(named)}
+    sync = frozenset(
+        phase
+        for p, phase in named
+        if m.kinds[p] == "comm" or _ends_together(arrive[p], leave[p], m.ms[p])
+    )
+    return StepOrder(places=places, sync=sync), skipped
 
 
 def _ended(ended: list[HangFile]) -> list[dict[str, Any]]:
@@ -582,13 +733,9 @@ def _notes(report: HangReport) -> list[str]:
             "(hang.enable), or the process is gone (killed, crashed without stop(), or its "
             "host down) and this is where it was when it went"
         )
-    stuck = [f for f in report.findings if f.role == STUCK]
-    if len(stuck) > 1 and len(stuck) == len(report.findings) and len({f.phase for f in stuck}) == 1:
-        notes.append(
-            f"every stalled rank is in {stuck[0].phase}, which is not a comm phase: where a "
-            "collective runs inside it (DDP's gradient all-reduce inside backward), time the "
-            'collective as its own phase (kind="comm") to tell the stuck rank from its waiters'
-        )
+    hidden = _hidden_collective(report)
+    if hidden:
+        notes.append(hidden)
     if report.earlier_launch:
         notes.append(
             f"{format_ranks(report.earlier_launch)}: heartbeats of an earlier launch of the job "
@@ -607,6 +754,50 @@ def _notes(report: HangReport) -> list[str]:
             f"{number_ranges(g['steps'])}{how}"
         )
     return notes
+
+
+_TIME_IT = 'time the collective as its own phase (kind="comm") to see where each rank waits'
+
+
+def _hidden_collective(report: HangReport) -> str | None:
+    """Where no stalled rank is in a comm phase, the collective they wait in is inside
+    another phase (DDP's gradient all-reduce inside backward): say how the waiting ranks
+    were told, and how to see the wait itself."""
+    found = report.findings
+    if len(found) < 2 or any(f.kind == "comm" for f in found):
+        return None
+    stuck = [f.rank for f in found if f.role == STUCK]
+    waits = [f for f in found if f.role == WAITS]
+    phases = [p for p in dict.fromkeys(f.phase for f in waits or found) if p is not None]
+    named = ", ".join(phases)
+    if not waits:
+        told = (
+            "without the run's timings their order in the step is not known"
+            if report.order is None
+            else "the step's phase order does not tell them apart"
+        )
+        return (
+            f"every stalled rank is {'in ' + named if phases else 'outside any phase'}, not "
+            f"a comm phase, and {told}: where a "
+            f"collective runs inside (DDP's gradient all-reduce inside backward), {_TIME_IT} "
+            "and to tell the stuck rank from its waiters"
+        )
+    how = []
+    if any(f.why in (LATER_STEP, LATER_PHASE) for f in waits):
+        how.append(f"further along than {format_ranks(stuck) if stuck else 'the others'}")
+    synced = [p for p in phases if report.order is not None and p in report.order.sync]
+    if synced:
+        how.append(
+            f"the run's timings show {', '.join(synced)} to end in a collective (its ranks "
+            "leave it together though they enter it apart)"
+        )
+    return (
+        f"no stalled rank is in a comm phase: {format_ranks([f.rank for f in waits])} "
+        f"{'is' if len(waits) == 1 else 'are'} taken to wait "
+        f"{'in ' + named if phases else 'outside any phase'} as "
+        f"{' and '.join(how)}; where a collective runs inside a phase (DDP's gradient "
+        f"all-reduce inside backward), {_TIME_IT}"
+    )
 
 
 def _epoch_s(ns: int) -> float:

@@ -48,6 +48,9 @@ _FRAMES_KEPT = 64  # innermost frames kept per thread in a hang file
 # Rewritten this often even when nothing changed: a rank stuck but alive keeps its
 # written_ns moving (moved_ns does not), so a reader tells it from a killed one.
 _KEEPALIVE_NS = 60 * 10**9
+# What a hang file says of the dump while torch writes it: one that still says so later
+# is one whose dump never finished (NCCL itself stuck).
+_ASKED = {"skipped": "asked for; torch has not finished it"}
 
 
 class Watchdog:
@@ -221,14 +224,15 @@ class Watchdog:
             "median_step_s": None if median is None else round(median, 6),
             "open": self._open_phases(now),
             "threads": _stacks(self._pulse.owner),
-            "flight_recorder": {"skipped": "not asked yet"},
+            # Why there is no dump is known at once (no process group, not NCCL).
+            "flight_recorder": _no_flight_recorder() or _ASKED,
             "ended_ns": None,
             "stalled_s": None,
         }
         path = hang_path(self._run_dir, step, self._rank, self._token)
         self._write(path, self._stall, "a hang file")  # first: the dump below may be slow
-        self._stall["flight_recorder"] = self._flight_recorder(step)
-        if "path" in self._stall["flight_recorder"]:
+        if self._stall["flight_recorder"] is _ASKED:
+            self._stall["flight_recorder"] = self._flight_recorder(step)
             self._write(path, self._stall, "a hang file")
         self._changed = True
         self._write_heartbeat(now, stopped=False)  # says the stall at once
@@ -251,14 +255,8 @@ class Watchdog:
         self._write(path, stall, "a hang file")
 
     def _flight_recorder(self, step: int) -> dict[str, str]:
-        """torch's Flight Recorder dump, beside the hang file, where NCCL is in use."""
-        dist = sys.modules.get("torch.distributed")
+        """torch's Flight Recorder dump, beside the hang file (NCCL is in use)."""
         try:
-            if dist is None or not dist.is_available() or not dist.is_initialized():
-                return {"skipped": "torch.distributed is not initialized"}
-            backend = str(dist.get_backend())
-            if "nccl" not in backend:
-                return {"skipped": f"no NCCL process group (backend {backend})"}
             dump = getattr(sys.modules["torch"]._C._distributed_c10d, "_dump_nccl_trace", None)
             if dump is None:
                 return {"skipped": "this torch has no Flight Recorder dump"}
@@ -291,6 +289,21 @@ class Watchdog:
             type(exc).__name__,
             exc,
         )
+
+
+def _no_flight_recorder() -> dict[str, str] | None:
+    """Why there can be no Flight Recorder dump (no NCCL process group); None where NCCL
+    is in use. Asks torch nothing that could block: no collective, no NCCL call."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return {"skipped": "torch.distributed is not initialized"}
+        backend = str(dist.get_backend())
+    except Exception as exc:
+        return {"skipped": f"the backend could not be read ({type(exc).__name__}: {exc})"}
+    if "nccl" not in backend:
+        return {"skipped": f"no NCCL process group (backend {backend})"}
+    return None
 
 
 def _stacks(training: int) -> list[dict[str, Any]]:

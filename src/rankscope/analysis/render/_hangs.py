@@ -172,6 +172,6 @@ def _rule(rules: Mapping[str, Any]) -> str:
         '<p class="rule">Rule: a running rank is stalled when its watchdog wrote a hang file for '
         "its step, or it has not moved (no step(), no phase entered or left) for longer than "
         f"its threshold (the watchdog's; else {factor:g} x its median step time, at least "
-        f"{floor:g} s). The stalled ranks outside a comm phase at the lowest step are stuck; "
-        "the others wait.</p>"
+        f"{floor:g} s). The stalled ranks outside a comm phase at the earliest step and phase "
+        "(the step's phase order from the run's timings) are stuck; the others wait.</p>"
     )
