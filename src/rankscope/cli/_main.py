@@ -297,6 +297,7 @@ def _configure_logging(verbose: bool) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from ..analysis import build_report, render_html
+    from ..analysis.render._html import write_html
 
     render = None if args.json else terminal("report")
     with _progress(render, "reading") as progress:
@@ -312,7 +313,7 @@ def _report(args: argparse.Namespace) -> int:
     html = None
     if not args.no_html:
         html = args.output or RunDir(report["run_dir"]).report_path
-        html.write_text(render_html(report), encoding="utf-8")
+        write_html(html, render_html(report))
         report["html"] = str(html)
     if render is None:
         print_json(report)
@@ -435,6 +436,7 @@ def _rank_or_none(text: str) -> int | None:
 
 def _demo(args: argparse.Namespace) -> int:
     from ..analysis import build_report, render_html
+    from ..analysis.render._html import write_html
     from ..demo._job import DemoJob, run_demo
 
     job = DemoJob(
@@ -459,7 +461,7 @@ def _demo(args: argparse.Namespace) -> int:
         trained = time.perf_counter() - started
         report = build_report(run_dir, progress=progress)
     html = RunDir(run_dir).report_path
-    html.write_text(render_html(report), encoding="utf-8")
+    write_html(html, render_html(report))
     report["html"] = str(html)
     if render is None:
         print_json(report)
