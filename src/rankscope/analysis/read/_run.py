@@ -10,7 +10,7 @@ from typing import Any
 
 from ..._errors import TraceError
 from ..._layout import META, RunDir, is_run_dir, open_regular, runs_in
-from ..._text import format_ranks
+from ..._text import format_ranks, printable
 
 __all__ = ["RunMeta", "read_run_meta"]
 
@@ -101,7 +101,7 @@ def _folder_of_runs(root: Path, runs: list[Path]) -> str:
     if len(runs) > _RUNS_NAMED:
         names += f", ... ({len(runs)} in all)"
     one = "it" if len(runs) == 1 else "one of them"
-    return (
+    return printable(  # a run's name may hold a byte that is not UTF-8
         f"{root}: a folder holding {len(runs)} run{'s' if len(runs) > 1 else ''} ({names}), "
         f"not a run; give {one}, e.g. {runs[0]}"
     )
