@@ -275,3 +275,123 @@ def test_json_is_strict_with_msgspec_and_without(
         monkeypatch.setitem(sys.modules, "msgspec", None)  # import msgspec now fails
     print_json({"a": float("nan"), "b": (1.5, float("inf")), 3: ["x", None, True]})
     assert capsys.readouterr().out == '{"a":null,"b":[1.5,null],"3":["x",null,true]}\n'
+
+
+# -- a folder that holds runs, and names that are not UTF-8 ------------------------------
+
+
+@pytest.fixture
+def folder_of_runs(tmp_path: Path) -> Path:
+    """runs/ holding two runs, a and b, each with timings, heartbeats and a window."""
+    from rankscope._synthetic import write_run_traces, write_timings
+
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        write_timings(runs / name, ranks=2, steps=10)
+        write_run_traces(runs / name, "step-000003-000004", [0, 1], world_size=2, size_bytes=20_000)
+    return runs
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["report", "{runs}"],
+        ["report", "{runs}", "--json"],
+        ["stragglers", "{runs}"],
+        ["stragglers", "{runs}", "--json"],
+        ["hang", "{runs}"],
+        ["top", "--once", "{runs}"],
+        ["top", "{runs}", "--json"],
+        ["sql", "{runs}", "select count(*) from timings"],
+        ["export", "{runs}", "--parquet", "{runs}/../parquet"],
+        ["hosts", "{runs}"],
+        ["diff", "{runs}", "{runs}/a"],
+        ["diff", "{runs}/a", "{runs}", "--json"],
+        ["trigger", "--status", "{runs}"],
+        ["trigger", "{runs}"],
+        ["collectives", "{runs}"],
+    ],
+)
+def test_a_folder_of_runs_is_said_as_such_by_every_command(
+    folder_of_runs: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    runs = folder_of_runs
+    code, out, err = run_cli([a.format(runs=runs) for a in argv], capsys)
+    assert (code, out) == (2, ""), (out, err)
+    assert len(err.strip().splitlines()) == 1, err
+    said = f"{runs}: a folder holding 2 runs (a, b), not a run; give one of them, e.g. {runs / 'a'}"
+    assert said in err
+    # nothing written into it: no report of the two runs added together, no trigger
+    assert sorted(p.name for p in runs.iterdir()) == ["a", "b"]
+
+
+def test_one_run_of_the_folder_is_read_alone(
+    folder_of_runs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(["report", str(folder_of_runs / "a"), "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    (window,) = report["kernels"]["windows"]
+    assert window["ranks"] == [0, 1]  # the run's own two traces, not the folder's four
+    assert report["ranks"]["present"] == [0, 1]
+
+
+def _not_utf8_run(root: Path) -> tuple[Path, str]:
+    """A run whose timings/ holds a file whose name is not valid UTF-8, and that name as
+    the output writes it."""
+    import os
+
+    from rankscope._synthetic import write_timings
+
+    write_timings(root, ranks=2, steps=10)
+    bad = os.path.join(os.fsencode(root / "timings"), b"rank-00009\xff.jsonl")
+    with open(bad, "wb") as fh:
+        fh.write(b"not json\n")
+    return root, "rank-00009\\xff.jsonl"
+
+
+def test_a_name_that_is_not_utf8_is_printed_escaped_in_every_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, shown = _not_utf8_run(tmp_path / "run")
+    for argv in (["report", str(run)], ["stragglers", str(run)]):
+        code, out, err = run_cli(argv, capsys)
+        assert code == 0 and "Traceback" not in err, err
+        assert f"{run / 'timings' / shown}: not a timings file" in out
+    page = (run / "report.html").read_bytes().decode("utf-8")  # strict: it is UTF-8
+    assert shown in page and "\udcff" not in page
+    for argv in (["report", str(run), "--json"], ["stragglers", str(run), "--json"]):
+        code, out, err = run_cli(argv, capsys)
+        assert code == 0, err
+        out.encode("utf-8")  # no lone surrogate, escaped or not: any JSON parser reads it
+        assert "\\ud" not in out
+        skipped = json.loads(out)["skipped"]
+        assert any(line.startswith(str(run / "timings" / shown)) for line in skipped)
+    # written whole or not at all: no temporary left beside it
+    assert sorted(p.name for p in run.iterdir() if p.is_file()) == ["report.html"]
+
+
+def test_what_was_skipped_is_summed_up_on_the_terminal_and_listed_in_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rankscope._synthetic import write_timings
+
+    write_timings(tmp_path, ranks=4, steps=10)
+    timings = tmp_path / "timings"
+    for n in range(12):  # 12 files of rank 3 besides its own: one line naming 13 files
+        own = (timings / "rank-00003.jsonl").read_text()
+        (timings / f"rank-{'0' * (n + 6)}3.jsonl").write_text(own)
+    for n in (10, 11):  # and two files that are not timings: two lines each
+        (timings / f"rank-000{n}.jsonl").write_text("not json\n")
+    code, out, err = run_cli(["stragglers", str(tmp_path)], capsys)
+    assert code == 0, err
+    listed = out.split("Skipped input: ", 1)[1].splitlines()
+    assert listed[0] == "6 files or lines (the first 5 below; --json lists all):"
+    assert len(listed) == 7 and listed[6] == "  ... and 1 more"
+    assert all(len(line) <= 152 for line in listed), listed  # the 13 names: cut short
+    assert any(line.endswith("...") and "rank 3 is claimed by 13 files" in line for line in listed)
+    code, out, _ = run_cli(["stragglers", str(tmp_path), "--json"], capsys)
+    skipped = json.loads(out)["skipped"]
+    assert len(skipped) == 6 and skipped[-1] == "rank 3: no timings (of a world of 4)"
+    claimed = next(line for line in skipped if "rank 3 is claimed by 13 files" in line)
+    assert claimed.count(str(timings)) == 13  # the JSON keeps every name

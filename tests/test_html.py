@@ -349,7 +349,9 @@ def test_a_report_with_nothing_but_the_run_dir_says_none() -> None:
 )
 def test_malformed_parts_do_not_crash(broken: dict[str, Any]) -> None:
     page = render_html({"run_dir": "/r", **broken})
-    assert page.count("<section") == 6
+    assert (
+        page.count("<section") == 7
+    )  # summary, heatmap, details, over-steps, breakdown, kernels, skipped
     json.loads(_embedded_text(page))
 
 
@@ -577,7 +579,7 @@ def test_the_hangs_section_says_who_is_stuck_and_shows_its_stack(tmp_path: Path)
 )
 def test_malformed_hangs_do_not_crash(broken: Any) -> None:
     page = render_html({"run_dir": "/r", "hangs": broken})
-    assert page.count("<section") == 7
+    assert page.count("<section") == 8  # the seven sections, and hangs
 
 
 @pytest.mark.slow
@@ -739,3 +741,57 @@ def test_a_1024_rank_report_stays_light_in_chromium(
     assert re.match(r"ranks 0-\d+ \(the slowest of these \d+\)\nsteps 0-19 \(mean\)\n", tip), tip
     note = browser.evaluate("document.querySelector('#heatmap .note').textContent")
     assert "rank 777, named by the findings, on rows of their own" in note
+
+
+# --------------------------------------------------------------------------- the first screen
+
+_FIRST_SCREEN = """(() => {
+  // where the heatmap and its slow rank's mark are drawn, in a laptop's first screen
+  const c = document.getElementById("heatmap-canvas");
+  const box = c.getBoundingClientRect();
+  const data = JSON.parse(document.getElementById("rankscope-data").textContent).heatmap;
+  const g = Number(c.dataset.gutter), t = Number(c.dataset.top), ch = Number(c.dataset.ch);
+  const ctx = c.getContext("2d");
+  const marks = data.marks.map(([row]) => {
+    const y = t + row * ch + Math.floor(ch / 2);
+    const px = ctx.getImageData(g - 6, y, 1, 1).data;  // the mark's bar, beside the row
+    return {row, label: data.labels[row], bottom: box.top + t + (row + 1) * ch,
+            rgb: [px[0], px[1], px[2]]};
+  });
+  const tables = [...document.querySelectorAll("table")].map((e) => e.getBoundingClientRect().top);
+  return {top: box.top, scrollY: window.scrollY, height: window.innerHeight,
+          width: window.innerWidth, tables, marks, metric: c.dataset.metric,
+          words: document.querySelector("#summary ul.findings").getBoundingClientRect().top};
+})()"""
+
+
+def _first_screen(browser: Chromium, path: Path) -> Any:
+    browser.call(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False},
+    )
+    assert browser.open(path) == []
+    return browser.evaluate(_FIRST_SCREEN)
+
+
+@pytest.mark.slow
+def test_the_page_opens_on_the_findings_picture_in_chromium(
+    browser: Chromium, slow_h2d: tuple[dict[str, Any], str], tmp_path: Path
+) -> None:
+    pages = {
+        "real": (slow_h2d[1], "1", "host_to_device"),
+        "realistic": (render_html(realistic_report()), "2", "forward"),
+    }
+    for name, (page, rank, metric) in pages.items():
+        path = tmp_path / f"{name}.html"
+        path.write_text(page, encoding="utf-8")
+        shown = _first_screen(browser, path)
+        assert (shown["width"], shown["height"], shown["scrollY"]) == (1280, 800, 0), name
+        # the finding in words, then its picture, whole on the first screen, above every table
+        assert shown["words"] < shown["top"] < shown["height"], (name, shown)
+        assert shown["tables"] and min(shown["tables"]) > shown["top"], (name, shown)
+        assert shown["metric"] == metric
+        # the slow rank is marked in it, in red beside its row, and that row is on screen
+        (mark,) = shown["marks"]
+        assert mark["label"] == rank and mark["rgb"] == [224, 48, 30], (name, mark)
+        assert mark["bottom"] < shown["height"], (name, shown)

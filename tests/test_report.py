@@ -211,3 +211,27 @@ def test_a_run_with_heartbeats_alone_is_reported(tmp_path: Path) -> None:
     report = build_report(data_stuck_run(tmp_path, dead=True))
     assert report["hangs"]["state"] == "hung"
     assert "stragglers" not in report and "kernels" not in report
+
+
+def test_the_html_is_written_whole_or_not_at_all(tmp_path: Path, small_disk: Path) -> None:
+    from rankscope.analysis.render._html import write_html
+
+    page = tmp_path / "report.html"
+    write_html(page, "<p>first</p>")
+    write_html(page, "<p>second</p>")
+    assert page.read_text() == "<p>second</p>"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # a disk that fills part-way: the earlier report stays, and no temporary is left
+    earlier = small_disk / "report.html"
+    write_html(earlier, "<p>earlier</p>")
+    with pytest.raises(OSError):
+        write_html(earlier, "<p>" + "x" * 200_000 + "</p>")
+    assert earlier.read_text() == "<p>earlier</p>"
+    assert sorted(p.name for p in small_disk.iterdir()) == ["report.html"]
+    # a folder in its place: the error, and nothing else
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(OSError):
+        write_html(tmp_path / "taken", "<p>page</p>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["report.html", small_disk.name, "taken"]
+    )

@@ -76,6 +76,7 @@ __all__ = [
     "phase_window_name",
     "rank_name",
     "rank_of_file",
+    "runs_in",
     "slow_phase_tag",
     "stall_name",
     "step_window_name",
@@ -477,6 +478,35 @@ def is_run_dir(path: str | os.PathLike[str]) -> bool:
     """True when `path` holds a folder that only a run directory has."""
     root = Path(path)
     return any((root / part).is_dir() for part in (TRACES, TIMINGS, META, LIVE))
+
+
+def runs_in(folder: str | os.PathLike[str]) -> list[Path]:
+    """The run directories right inside `folder` when it is not one itself (`runs/`, a
+    folder that holds runs), sorted; none for a run directory or any other folder.
+
+    One level only: a folder of runs is given where one run is meant, and a deeper
+    search of a large folder (/tmp) would cost more than the mistake it tells.
+    """
+    root = Path(folder)
+    if is_run_dir(root):
+        return []
+    try:
+        with os.scandir(root) as entries:
+            folders = [
+                Path(entry.path)
+                for entry in entries
+                if not is_temp(entry.name) and _is_folder(entry)
+            ]
+    except OSError:  # not a folder, or one that cannot be listed: the reader says which
+        return []
+    return sorted(path for path in folders if is_run_dir(path))
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def summary_of(trace: Path) -> Path | None:

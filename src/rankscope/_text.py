@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 
-__all__ = ["format_ranks", "format_steps", "number_ranges", "shown"]
+__all__ = ["format_ranks", "format_steps", "number_ranges", "printable", "shown"]
 
 
 def number_ranges(numbers: Iterable[int], fold: int = 2) -> str:
@@ -54,3 +55,21 @@ def shown(value: object, width: int = 40) -> str:
     except (TypeError, ValueError, RecursionError):
         text = f"a {type(value).__name__}"
     return text if len(text) <= width else f"{text[: width - 3]}..."
+
+
+def printable(text: str) -> str:
+    """`text` safe to write as UTF-8: a byte of a file name that is not valid UTF-8 (which
+    Python holds as a lone surrogate, U+DC80-U+DCFF) reads as `\\xff`, any other lone
+    surrogate (a trace may hold one) as `\\ud800`. Names come from the files present:
+    written as they are, one such byte made the output end in UnicodeEncodeError."""
+    if _SURROGATE.search(text) is None:  # nearly always: the text as it is
+        return text
+    return _SURROGATE.sub(_escaped, text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"

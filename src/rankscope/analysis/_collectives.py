@@ -44,7 +44,7 @@ from ._kernels import find_traces
 from ._parallel import file_size, ordered_map
 from .merge._plan import base_of
 from .read._collective_events import Arrival, RankCollectives, read_rank_collectives
-from .read._run import RunMeta, read_run_meta
+from .read._run import RunMeta, read_run_meta, run_root
 
 __all__ = ["CollectiveReport", "HostOffsets", "collectives_of_run", "find_collectives"]
 
@@ -236,6 +236,8 @@ def collectives_of_run(
 def _traces_of(sources: Sequence[str | os.PathLike[str]], skipped: list[str]) -> list[Path]:
     for source in sources:
         path = Path(source)
+        if path.is_dir():
+            run_root(path)  # a TraceError for a folder that holds runs (runs/)
         run = path if is_run_dir(path) else path.parent
         if path.is_dir() and (path == run or path.name == TRACES) and is_run_dir(run):
             windows = RunDir(run).windows()

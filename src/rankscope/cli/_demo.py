@@ -68,6 +68,7 @@ def _rank_or_none(text: str) -> int | None:
 
 def _demo(args: argparse.Namespace) -> int:
     from ..analysis import build_report, render_html
+    from ..analysis.render._html import write_html
     from ..demo._job import DemoJob, run_demo
 
     job = DemoJob(
@@ -92,7 +93,7 @@ def _demo(args: argparse.Namespace) -> int:
         trained = time.perf_counter() - started
         report = build_report(run_dir, progress=update)
     html = RunDir(run_dir).report_path
-    html.write_text(render_html(report), encoding="utf-8")
+    write_html(html, render_html(report))
     report["html"] = str(html)
     if render is None:
         print_json(report)

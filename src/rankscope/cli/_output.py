@@ -1,14 +1,17 @@
 """What every command prints through: strict JSON in pieces, the terminal renderer, the
-exit code of bad input."""
+exit code of bad input, what was skipped summed up."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["EXIT_BAD_INPUT", "print_json", "terminal"]
+from .._text import printable
+
+__all__ = ["EXIT_BAD_INPUT", "SafeStdout", "print_json", "skipped_lines", "terminal"]
 
 EXIT_BAD_INPUT = 2
 
@@ -23,6 +26,8 @@ def print_json(data: Any) -> None:
             text = json.dumps(data, separators=(",", ":"), allow_nan=False)
         except ValueError:
             text = json.dumps(_strict(data), separators=(",", ":"), allow_nan=False)
+    if "\\ud" in text:  # a lone surrogate's escape, or (rarely) a name that holds "\\ud"
+        text = json.dumps(_strict(data, printable), separators=(",", ":"), allow_nan=False)
     # In pieces, as json.dump writes: a reader that goes away (`| head`) is then noticed
     # at the next piece, where one large write would leave it to the exit.
     for start in range(0, len(text), _PIECE):
@@ -47,15 +52,54 @@ def _encoded(data: Any) -> str | None:
         return None
 
 
-def _strict(value: Any) -> Any:
-    """`value` with every float that JSON cannot hold (NaN, infinities) made None."""
+def _strict(value: Any, text: Any = None) -> Any:
+    """`value` with every float that JSON cannot hold (NaN, infinities) made None, and
+    with `text` (str -> str) applied to every string, keys too, where given."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value if text is None else text(value)
     if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
+        return {_strict(key, text): _strict(item, text) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_strict(item) for item in value]
+        return [_strict(item, text) for item in value]
     return value
+
+
+class SafeStdout:
+    """sys.stdout (whichever it is at the time) for the terminal renderers: every text
+    goes through `printable`, so no file's name can end a command in UnicodeEncodeError
+    (a byte that is not UTF-8 is written `\\xff`)."""
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(printable(text))
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding
+        return getattr(sys.stdout, name)
+
+
+SHOWN_SKIPPED = 5
+"""Skipped files or lines a terminal lists; `--json` lists them all."""
+_SKIPPED_WIDTH = 150
+"""A skipped line past this is cut (to stay one line of a 160-column terminal): one can
+name a thousand files, or a name of 4 KB."""
+
+
+def skipped_lines(lines: Sequence[str], shown: int = SHOWN_SKIPPED) -> list[str]:
+    """What was skipped, summed up for a terminal: how many, then the first `shown`, each
+    on one line cut to a readable length; where more were skipped, how many more.
+    Nothing for nothing skipped."""
+    if not lines:
+        return []
+    n = len(lines)
+    more = f" (the first {shown} below; --json lists all)" if n > shown else ""
+    out = [f"Skipped input: {n} file{'s' if n != 1 else ''} or line{'s' if n != 1 else ''}{more}:"]
+    for line in lines[:shown]:
+        one = " ".join(printable(line).split())  # one line, whatever a name held
+        out.append(f"  {one if len(one) <= _SKIPPED_WIDTH else one[: _SKIPPED_WIDTH - 3] + '...'}")
+    if n > shown:
+        out.append(f"  ... and {n - shown} more")
+    return out
 
 
 def terminal(command: str) -> Any:

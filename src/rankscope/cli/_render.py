@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 from rich import box
 from rich.console import Console
@@ -24,6 +24,7 @@ from ..analysis._findings import cost_lines, speedup_text
 from ..analysis._hangs import duration
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport, ratio_text
+from ._output import SafeStdout, skipped_lines
 
 __all__ = [
     "Progress",
@@ -39,7 +40,12 @@ __all__ = [
 ]
 
 # Piped output has no width to fit: wide enough that kernel names stay readable.
-_console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+_console = Console(
+    file=cast("IO[str]", SafeStdout()),  # what rich writes to: write() and flush() do
+    highlight=False,
+    soft_wrap=False,
+    width=None if sys.stdout.isatty() else 160,
+)
 _NAME_WIDTH = 60
 
 
@@ -79,14 +85,12 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _skipped(lines: list[str], limit: int = 5) -> None:
-    if not lines:
-        return
-    _console.print(f"\n[yellow]Skipped input ({len(lines)}):[/yellow]")
-    for line in lines[:limit]:
-        _console.print(Text(f"  {line}"))
-    if len(lines) > limit:
-        _console.print(f"  ... and {len(lines) - limit} more (all of them in --json)")
+def _skipped(lines: list[str]) -> None:
+    summed = skipped_lines(lines)
+    if summed:
+        _console.print(Text(f"\n{summed[0]}", style="yellow"))
+    for line in summed[1:]:
+        _console.print(Text(line))
 
 
 def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int | None) -> Table:

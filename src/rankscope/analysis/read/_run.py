@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import TraceError
-from ..._layout import META, RunDir, is_run_dir, open_regular
-from ..._text import format_ranks
+from ..._layout import META, RunDir, is_run_dir, open_regular, runs_in
+from ..._text import format_ranks, printable
 
 __all__ = ["RunMeta", "read_run_meta"]
 
@@ -78,13 +78,33 @@ def _enclosing_run_dir(path: Path) -> Path | None:
 
 
 def run_root(run_dir: str | os.PathLike[str]) -> Path:
-    """`run_dir` as a Path, or a TraceError when it is no directory at all."""
+    """`run_dir` as a Path, or a TraceError when it is no directory at all, or a folder
+    that holds runs (`runs/`) rather than a run: read as one, its runs' windows would
+    add up (a kernel counted once per run)."""
     root = Path(run_dir)
     if not root.exists():
         raise TraceError(f"{root}: no such directory")
     if not root.is_dir():
         raise TraceError(f"{root}: not a directory (expected a run directory)")
+    runs = runs_in(root)
+    if runs:
+        raise TraceError(_folder_of_runs(root, runs))
     return root
+
+
+_RUNS_NAMED = 4
+"""The runs a message names, of a folder that holds runs."""
+
+
+def _folder_of_runs(root: Path, runs: list[Path]) -> str:
+    names = ", ".join(run.name for run in runs[:_RUNS_NAMED])
+    if len(runs) > _RUNS_NAMED:
+        names += f", ... ({len(runs)} in all)"
+    one = "it" if len(runs) == 1 else "one of them"
+    return printable(  # a run's name may hold a byte that is not UTF-8
+        f"{root}: a folder holding {len(runs)} run{'s' if len(runs) > 1 else ''} ({names}), "
+        f"not a run; give {one}, e.g. {runs[0]}"
+    )
 
 
 def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:

@@ -2,8 +2,10 @@
 
 The page's style and script are report.css and report.js beside this module, inlined.
 
-Sections: summary (ranks, steps, stragglers in words, phases), hangs where the run had
-the watch on (render/_hangs.py), a rank x sampled-step heatmap drawn on a canvas, the
+Sections: the summary (the stragglers in words), hangs where the run had the watch on
+(render/_hangs.py), a rank x sampled-step heatmap drawn on a canvas with the slow ranks
+marked (the finding's picture, on the first screen), the run and its findings (ranks,
+steps, the findings' rule, causes, costs and table, phases), the phases over steps, the
 per-rank phase breakdown, the top kernels per captured window, and the input that was
 skipped. Every name from the data is HTML-escaped in the page, the data embedded for the
 script is safe inside <script>, the script inserts text with textContent only, and a
@@ -18,15 +20,19 @@ Chromium opens it in about 0.3 s and draws a metric in under 20 ms.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import itertools
 import json
 import math
+import os
 from collections.abc import Mapping
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
-from ..._text import format_ranks, number_ranges
+from ..._layout import temp_name
+from ..._text import format_ranks, number_ranges, printable
 from .._findings import cost_lines, ratio_text, speedup_text
 from ._breakdown import breakdown_section
 from ._charts import charts_section
@@ -48,7 +54,7 @@ from ._values import (
     us_text,
 )
 
-__all__ = ["render_html"]
+__all__ = ["render_html", "write_html"]
 
 _TOP_KERNELS = 15
 _MAX_FINDINGS = 20  # rows of the findings table: a slow rank can have 1023 waiting for it
@@ -74,9 +80,11 @@ def render_html(report: Mapping[str, Any]) -> str:
     body = "\n".join(
         [
             _header(report, run_dir),
-            _summary(report, findings, hosts),
+            # The finding in words, then its picture, on the first screen; the tables after.
+            _summary(report, findings),
             *([hangs_section(report)] if "hangs" in report else []),
             heatmap_html,
+            _details(report, findings, hosts),
             charts_section(report, findings),
             breakdown_section(report, findings),
             _kernels(report),
@@ -84,7 +92,9 @@ def render_html(report: Mapping[str, Any]) -> str:
             _skipped(report),
         ]
     )
-    return (
+    # A name that is not valid UTF-8 (its bytes as lone surrogates) reads as "\\xff" on
+    # the page, as in the terminal: written as it is, it could not be saved as UTF-8.
+    return printable(
         "<!doctype html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n'
@@ -114,13 +124,20 @@ def _header(report: Mapping[str, Any], run_dir: str) -> str:
         f'<p class="run"><code>{esc(run_dir)}</code></p>\n'
         f'<p class="meta">{" · ".join(meta)}</p>\n'
         f'<nav><a href="#summary">summary</a>{hangs}<a href="#heatmap">heatmap</a>'
-        '<a href="#over-steps">phases over steps</a><a href="#breakdown">breakdown</a><a href="#kernels">kernels</a>'
+        '<a href="#details">run and findings</a><a href="#over-steps">phases over steps</a><a href="#breakdown">breakdown</a><a href="#kernels">kernels</a>'
         f"{collectives}"
         '<a href="#skipped">skipped input</a></nav>\n</header>'
     )
 
 
-def _summary(
+def _summary(report: Mapping[str, Any], findings: list[Mapping[str, Any]]) -> str:
+    """The findings in a few sentences: what the page opens on, with the heatmap below."""
+    return (
+        f'<section id="summary">\n<h2>Summary</h2>\n{_finding_words(report, findings)}\n</section>'
+    )
+
+
+def _details(
     report: Mapping[str, Any], findings: list[Mapping[str, Any]], hosts: dict[str, str]
 ) -> str:
     ranks = as_map(report.get("ranks"))
@@ -146,7 +163,7 @@ def _summary(
     ]
     table = "\n".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
     return (
-        '<section id="summary">\n<h2>Summary</h2>\n'
+        '<section id="details">\n<h2>The run and its findings</h2>\n'
         f'<table class="facts">\n{table}\n</table>\n'
         f"{_stragglers(report, findings, hosts)}\n{_phases(report)}\n</section>"
     )
@@ -210,9 +227,37 @@ def _steps_line(steps: Mapping[str, Any]) -> str:
     return line
 
 
+def _finding_words(report: Mapping[str, Any], findings: list[Mapping[str, Any]]) -> str:
+    """The stragglers' sentences; or that there is none, with the rule; or no analysis."""
+    stragglers = as_map(report.get("stragglers"))
+    if not stragglers:
+        return '<p class="none">No straggler analysis: no timings were read.</p>'
+    sentences = [as_text(s) for s in as_list(stragglers.get("summary")) if as_text(s)]
+    if not sentences and not findings:
+        return f'<p class="clean">No straggler found with the thresholds used ({_rule(stragglers)}).</p>'
+    words = "".join(f"<li>{esc(s)}</li>" for s in sentences)
+    if not words:  # findings the sentences did not say (a report from elsewhere)
+        n = len(findings)
+        words = f"<li>{n} finding{plural(n)}: see the table below</li>"
+    return f'<ul class="findings">{words}</ul>'
+
+
+def _rule(stragglers: Mapping[str, Any]) -> str:
+    threshold = as_float(stragglers.get("threshold"))
+    persistence = as_float(stragglers.get("min_persistence"))
+    reference = as_text(stragglers.get("reference")) or "median"
+    return (
+        f"a rank counts as slow in a phase when it is at least {pct_over(threshold)} slower than the "
+        f"{esc(reference)} on at least {share_text(persistence)} of sampled steps"
+        if threshold is not None and persistence is not None
+        else "thresholds not given"
+    )
+
+
 def _stragglers(
     report: Mapping[str, Any], findings: list[Mapping[str, Any]], hosts: dict[str, str]
 ) -> str:
+    """The findings' rule, causes, costs and table (their sentences lead the page)."""
     stragglers = as_map(report.get("stragglers"))
     head = "<h3>Stragglers</h3>\n"
     if not stragglers:
@@ -220,23 +265,8 @@ def _stragglers(
             head
             + '<p class="none">none: this report has no straggler analysis (no timings read).</p>'
         )
-    sentences = [as_text(s) for s in as_list(stragglers.get("summary")) if as_text(s)]
-    threshold = as_float(stragglers.get("threshold"))
-    persistence = as_float(stragglers.get("min_persistence"))
     reference = as_text(stragglers.get("reference")) or "median"
-    rule = (
-        f"a rank counts as slow in a phase when it is at least {pct_over(threshold)} slower than the "
-        f"{esc(reference)} on at least {share_text(persistence)} of sampled steps"
-        if threshold is not None and persistence is not None
-        else "thresholds not given"
-    )
-    if not sentences and not findings:
-        return head + (
-            f'<p class="clean">No straggler found with the thresholds used ({rule}).</p>'
-        )
-    words = "".join(f"<li>{esc(s)}</li>" for s in sentences)
-    out = head + (f'<ul class="findings">{words}</ul>\n' if words else "")
-    out += f'<p class="rule">Rule: {rule}.</p>\n'
+    out = head + f'<p class="rule">Rule: {_rule(stragglers)}.</p>\n'
     out += _causes(findings)
     out += _costs(stragglers)
     if findings:
@@ -568,6 +598,26 @@ def _skipped(report: Mapping[str, Any]) -> str:
     )
 
 
+def write_html(path: str | os.PathLike[str], page: str) -> None:
+    """Write `page` to `path` whole or not at all.
+
+    Through a hidden temporary beside it, renamed over `path` once complete: a failure
+    part-way (a full disk, an interrupt) leaves the earlier report, or none, never half
+    a page, and the temporary is removed.
+    """
+    final = Path(path)
+    temp = temp_name(final, str(os.getpid()))
+    data = page.encode("utf-8", "backslashreplace")  # render_html leaves nothing to replace
+    try:
+        with open(temp, "wb") as out:
+            out.write(data)
+        os.replace(temp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
 # ---------------------------------------------------------------------------- embedded data
 
 
@@ -584,7 +634,8 @@ def _encode(value: object) -> str:
     if isinstance(value, _Raw):
         return str(value)
     if value is None or isinstance(value, (bool, str)):
-        return json.dumps(value, ensure_ascii=False)
+        # printable's backslash is escaped here: one put in the JSON text after would not be
+        return json.dumps(printable(value) if isinstance(value, str) else value, ensure_ascii=False)
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
