@@ -25,7 +25,7 @@ from .._text import format_ranks
 from ._cost import without_waiting
 from ._kernels import find_traces, latest_of_the_same_steps, read_summaries
 from ._matrix import STEP, matrices_of, nanmedian, quiet
-from ._stragglers import find_stragglers
+from ._stragglers import ends_in_collective
 from .read._engine import TIME_BASES, read_run_records
 from .read._run import read_run_meta, run_root
 
@@ -339,7 +339,7 @@ class _Side:
             hosts = None
         m = matrices_of(records)
         # Judged over the whole run: a window's few steps cannot show which phases end together.
-        sync = set(find_stragglers(m, hosts=hosts).sync_phases)
+        sync = set(ends_in_collective(m, hosts))
         values = without_waiting(m, sync)
         cols = np.arange(len(m.steps))
         if self.window is not None:

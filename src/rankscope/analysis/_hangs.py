@@ -585,7 +585,7 @@ def _timings_files(root: Path) -> tuple[tuple[str, int, int], ...]:
 def _read_order(meta: RunMeta) -> tuple[StepOrder | None, list[str]]:
     # Imported here: `rankscope top` and a run without a stalled rank need no DuckDB.
     from ._matrix import STEP, matrices_of
-    from ._stragglers import _arrivals, _ends_together
+    from ._stragglers import ends_in_collective
     from .read._engine import read_run_records
 
     try:
@@ -594,14 +594,9 @@ def _read_order(meta: RunMeta) -> tuple[StepOrder | None, list[str]]:
         return None, []
     skipped = list(records.skipped)
     m = matrices_of(records)
-    arrive, leave = _arrivals(m, meta.hosts)
-    named = [(p, phase) for p, phase in enumerate(m.phases) if phase != STEP]
-    places = {phase: i for i, (_, phase) in enumerate(named)}
-    sync = frozenset(
-        phase
-        for p, phase in named
-        if m.kinds[p] == "comm" or _ends_together(arrive[p], leave[p], m.ms[p])
-    )
+    named = [phase for phase in m.phases if phase != STEP]
+    places = {phase: i for i, phase in enumerate(named)}
+    sync = frozenset(ends_in_collective(m, meta.hosts))
     return StepOrder(places=places, sync=sync), skipped
 
 

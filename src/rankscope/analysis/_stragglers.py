@@ -52,6 +52,7 @@ __all__ = [
     "StragglerReport",
     "Undecided",
     "clock_offsets",
+    "ends_in_collective",
     "find_stragglers",
     "format_ranks",
     "ratio_text",
@@ -127,7 +128,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             continue
         d = m.ms[p]
         ref = _reference(d, reference)
-        sync = kind == "comm" or _ends_together(arrive[p], leave[p], d)
+        sync = _sync(kind, arrive[p], leave[p], d)
         if sync:
             report.sync_phases.append(phase)
             # In a phase that ends in a collective a rank can only take longer by
@@ -262,6 +263,22 @@ def _step_ms(m: PhaseMatrices) -> float:
         values = np.nansum(np.stack(tops), axis=0) if tops else np.zeros(0)
     finite = values[np.isfinite(values)]
     return float(np.median(finite)) if finite.size else 0.0
+
+
+def ends_in_collective(m: PhaseMatrices, hosts: Mapping[int, str] | None = None) -> list[str]:
+    """The phases of `m` that end in a collective: kind "comm", or ranks that leave the
+    phase together although they entered it apart (a DDP backward). The one rule the
+    stragglers, the hangs and the diff share."""
+    arrive, leave = _arrivals(m, hosts)
+    return [
+        phase
+        for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True))
+        if phase != STEP and _sync(kind, arrive[p], leave[p], m.ms[p])
+    ]
+
+
+def _sync(kind: str, arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
+    return kind == "comm" or _ends_together(arrive, leave, d)
 
 
 def _arrivals(
