@@ -19,14 +19,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import ConfigError, TraceError
+from .._errors import TraceError
 from .._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folder, window_steps
 from .._text import format_ranks
 from ._cost import without_waiting
 from ._kernels import find_traces, latest_of_the_same_steps, read_summaries
 from ._matrix import STEP, matrices_of, nanmedian, quiet
+from ._options import DiffOptions
 from ._stragglers import ends_in_collective
-from .read._engine import TIME_BASES, read_run_records
+from .read._engine import read_run_records
 from .read._run import read_run_meta, run_root
 
 __all__ = ["FEWEST_TRACES", "Change", "RunDiff", "diff_runs"]
@@ -140,26 +141,20 @@ class RunDiff:
 def diff_runs(
     a: str | os.PathLike[str],
     b: str | os.PathLike[str],
+    options: DiffOptions | None = None,
     *,
-    time: str = "host",
-    noise: float = 1.0,
-    min_share: float = 0.01,
     workers: int | None = None,
 ) -> RunDiff:
     """Compare run (or window) `b` against `a`: the changes above noise, biggest first.
 
-    `noise` scales the noise estimate (2: twice as strict); `min_share` is the floor,
+    The options' `noise` scales the noise estimate (2: twice as strict); `min_share` is the floor,
     a share of the shorter median step time of the two. Every rule takes A and B alike,
     so B against A lists the same rows with opposite signs. A side that is neither a run directory nor one
     of its windows, or two sides with nothing in common to compare, is a TraceError
     naming why; what could not be read is said in `skipped`.
     """
-    if time not in TIME_BASES:
-        raise ConfigError("time", time, " or ".join(TIME_BASES))
-    if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise > 0):
-        raise ConfigError("noise", noise, "a number > 0 (1: the noise as estimated)")
-    if not (isinstance(min_share, (int, float)) and 0 <= min_share < 1):
-        raise ConfigError("min_share", min_share, "a share of the step time in [0, 1)")
+    options = DiffOptions() if options is None else options
+    time, noise, min_share = options.time, options.noise, options.min_share
     side_a = _Side.read("A", a, time, workers)
     side_b = _Side.read("B", b, time, workers)
     diff = RunDiff(

@@ -139,7 +139,7 @@ class DiffOptions:
     noise: float = 1.0
     """Scale the noise estimate: 2 lists only changes twice as clear."""
     min_share: float = 0.01
-    """Leave out changes below this share of A's step time."""
+    """Leave out changes below this share of the shorter step time, A's or B's."""
 
     def __post_init__(self) -> None:
         _one_of("time", self.time, TIME_BASES)

@@ -4,14 +4,14 @@ in the terminal, as JSON, or as a small self-contained HTML page (analysis/rende
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .._layout import TRACES
-from ._options import json_option, positive
+from ..analysis._options import DiffOptions
+from ._options import add_options, json_option, options_from, positive
 from ._output import print_json, terminal
 
 __all__ = ["add_commands"]
@@ -35,26 +35,7 @@ def add_commands(commands: Any) -> None:
     )
     diff.add_argument("a", type=Path, metavar="A", help="the run (or window) to compare against")
     diff.add_argument("b", type=Path, metavar="B", help="the run (or window) that changed")
-    diff.add_argument(
-        "--time",
-        choices=("host", "device"),
-        default="host",
-        help="compare host times (cpu_ms) or device times (gpu_ms) (default: host)",
-    )
-    diff.add_argument(
-        "--noise",
-        type=_noise,
-        default=1.0,
-        metavar="K",
-        help="scale the noise estimate: 2 lists only changes twice as clear (default: 1)",
-    )
-    diff.add_argument(
-        "--min-share",
-        type=_share,
-        default=0.01,
-        metavar="SHARE",
-        help="leave out changes below this share of the shorter step time, A's or B's (default: 0.01)",
-    )
+    add_options(diff, DiffOptions)
     diff.add_argument(
         "--top", type=positive, default=_SHOWN, help=f"changes shown (default: {_SHOWN})"
     )
@@ -63,26 +44,12 @@ def add_commands(commands: Any) -> None:
     diff.set_defaults(run=_diff)
 
 
-def _noise(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
-    return value
-
-
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a share in [0, 1), got {text}")
-    return value
-
-
 def _diff(args: argparse.Namespace) -> int:
     from ..analysis._diff import diff_runs
     from ..analysis.render._diff import write_diff_html
 
     render = None if args.json else terminal("diff")  # says which extra brings rich
-    found = diff_runs(args.a, args.b, time=args.time, noise=args.noise, min_share=args.min_share)
+    found = diff_runs(args.a, args.b, options_from(DiffOptions, args))
     data = found.to_dict()
     if args.html is not None:
         write_diff_html(data, args.html)
