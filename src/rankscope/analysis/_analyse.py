@@ -94,6 +94,7 @@ def stragglers_in(
         hosts=run.meta.hosts if hosts is None else hosts,
         groups=run.meta.groups,
         values=values,
+        gpus=run.meta.gpus,
     )
 
 

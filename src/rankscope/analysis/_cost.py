@@ -12,8 +12,10 @@ and the time a rank spends in a step outside any phase (the step record less its
 phases) is work of the last segment. A fix sets a rank's phase to the median of the
 other ranks at each sampled step (never slower than it was) and the model is run again:
 the saving is the difference, so the collective's own time, which no fix changes, drops
-out. A "waits" finding costs what fixing the rank it waits for costs: that rank's work
-in the segment before the collective set to the others' median.
+out. A "waits" finding is the cost of the slow finding of the rank it waits for, and
+has none of its own; where that rank has no slow finding (it is slow across phases, or
+its slow phase is not sampled), the fix is that rank's work in the segment before the
+collective set to the others' median.
 
 What it cannot see: overlap of compute with communication inside one phase (a DDP
 backward with its all-reduce inside is one collective here), work the phases do not
@@ -47,7 +49,9 @@ class Costs:
     and per host."""
 
     each: list[Cost | None]
-    """None where a finding cannot be costed (said in `notes`)."""
+    """None where a finding cannot be costed (said in `notes`), or is another's cost."""
+    of: list[tuple[int, str] | None]
+    """Per finding, the (rank, phase) of the slow finding whose cost it is ("waits")."""
     all: Cost
     hosts: list[HostCost]
     model_step_ms: float
@@ -55,11 +59,34 @@ class Costs:
 
 
 def estimate_costs(
-    m: PhaseMatrices, report: StragglerReport, hosts: Mapping[int, str] | None = None
+    m: PhaseMatrices,
+    report: StragglerReport,
+    hosts: Mapping[int, str] | None = None,
+    gpus: bool | None = None,
 ) -> Costs:
-    """What fixing each finding of `report` (found over `m`) would save, and all of them."""
+    """What fixing each finding of `report` (found over `m`) would save, and all of them.
+
+    One answer: every saving per step is taken over the same steps, those from the
+    latest start of a costed finding on, where every finding holds and every fix
+    applies. At each of those steps fixing more never saves less (the model's step is a
+    sum of maxima), so fixing every finding saves at least what fixing any one does, and
+    each line's "of a ... step" is the same step. Hours over the run so far are each
+    fix's own, from the step its finding began. A rank that waits for a rank with a slow
+    finding costs nothing of its own: its wait is that finding's cost (`of`). `gpus`
+    says whether the ranks ran on GPUs (GPU-hours), where known.
+    """
     model = _StepModel(m, set(report.sync_phases))
-    found = [model.fixes(f) for f in report.findings]
+    slow_of: dict[int, StragglerFinding] = {}
+    for f in report.findings:
+        if f.role == "slow" and f.rank not in slow_of:
+            slow_of[f.rank] = f  # the first: the most time lost
+    of: list[tuple[int, str] | None] = []
+    for f in report.findings:
+        cause = slow_of.get(f.waits_for[0]) if f.role == "waits" and f.waits_for else None
+        of.append(None if cause is None else (cause.rank, cause.phase))
+    found = [
+        None if o is not None else model.fixes(f) for f, o in zip(report.findings, of, strict=True)
+    ]
     notes = sorted(
         {
             f"{f.phase} (rank {f.rank}, {f.role}): not costed; {fix}"
@@ -67,17 +94,25 @@ def estimate_costs(
             if isinstance(fix, str)
         }
     )
-    fixes = [set() if isinstance(fix, str) else fix for fix in found]
-    since = {f.since_step for f in report.findings}
+    fixes = [fix if isinstance(fix, set) else set() for fix in found]
+    costed = [
+        f.since_step
+        for f, fix in zip(report.findings, found, strict=True)
+        if isinstance(fix, set) and fix
+    ]
+    since = [f.since_step for f in report.findings]
+    first = min(costed, default=min(since))
+    basis = max(costed, default=first)
+    price = _Pricing(model, basis, gpus)
     said: dict[tuple[frozenset[Cell], int], Cost] = {}  # findings that share a fix
     each: list[Cost | None] = []
     for f, fix in zip(report.findings, found, strict=True):
-        if isinstance(fix, str):
+        if not isinstance(fix, set):
             each.append(None)
             continue
         key = (frozenset(fix), f.since_step)
         if key not in said:
-            said[key] = model.cost(fix, f.since_step)
+            said[key] = price.cost(fix, f.since_step)
         each.append(said[key])
     every = {cell for fix in fixes for cell in fix}
     host_costs = []
@@ -89,17 +124,31 @@ def estimate_costs(
                 held.setdefault(host, []).append(i)
         for host, indices in sorted(held.items()):
             cells = {cell for i in indices for cell in fixes[i]}
-            first = min(report.findings[i].since_step for i in indices)
+            began = min(report.findings[i].since_step for i in indices)
             ranks = tuple(sorted({report.findings[i].rank for i in indices}))
-            host_costs.append(HostCost(host, ranks, model.cost(cells, first)))
+            host_costs.append(HostCost(host, ranks, price.cost(cells, began)))
         host_costs.sort(key=lambda h: -h.cost.step_ms_saved)
     return Costs(
         each=each,
-        all=model.cost(every, min(since)),
+        of=of,
+        all=price.cost(every, first),
         hosts=host_costs,
-        model_step_ms=round(model.modelled_step_ms(min(since)), 3),
+        model_step_ms=round(model.modelled_step_ms(basis), 3),
         notes=notes,
     )
+
+
+@dataclass(frozen=True)
+class _Pricing:
+    """The costs of one report: per step over the steps from `basis` on, hours from each
+    fix's own start."""
+
+    model: _StepModel
+    basis: int
+    gpus: bool | None
+
+    def cost(self, cells: set[Cell], since_step: int) -> Cost:
+        return self.model.cost(cells, since_step, self.basis, self.gpus)
 
 
 class _StepModel:
@@ -228,22 +277,24 @@ class _StepModel:
             return "no rank is named as the one it waits for"
         return {(late, p, since) for p in self.segments[segment]}
 
-    def cost(self, cells: set[Cell], since_step: int) -> Cost:
-        """What setting `cells` to the other ranks' median saves, from `since_step` on."""
+    def cost(self, cells: set[Cell], since_step: int, basis: int, gpus: bool | None) -> Cost:
+        """What setting `cells` to the other ranks' median saves: per step over the steps
+        from `basis` on, in hours over those from `since_step` on."""
         earliest: dict[tuple[int, int], int] = {}  # one cell fixed by two findings: the earlier
         for r, p, step in cells:
             earliest[r, p] = min(step, earliest.get((r, p), step))
         saved = self._saved(frozenset((r, p, step) for (r, p), step in earliest.items()))
-        after = np.asarray(self.m.steps) >= since_step
-        if not after.any():
-            after[:] = True
-        per_step = max(0.0, float(np.mean(saved[after])))
-        now = float(np.mean(self.measured[after]))
+        over = self._after(basis)
+        per_step = max(0.0, float(np.mean(saved[over])))
+        now = float(np.mean(self.measured[over]))
+        after = self._after(since_step)
         hours = max(0.0, float(np.sum(saved[after] * self.span[after]))) / _MS_PER_HOUR
+        ranks = _significant(hours * len(self.m.ranks))
         return Cost(
             step_ms_saved=round(per_step, 3),
             run_hours_saved=_significant(hours),
-            gpu_hours_saved=_significant(hours * len(self.m.ranks)),
+            rank_hours_saved=ranks,
+            gpu_hours_saved=ranks if gpus else None,
             speedup=round(now / (now - per_step), 4) if now > per_step > 0 else 1.0,
             step_ms=round(now, 3),
         )

@@ -48,17 +48,22 @@ class Cost:
     """What a fix would save, from the step model (analysis/_cost.py)."""
 
     step_ms_saved: float
-    """Step time saved per step, mean over the sampled steps it applies to."""
+    """Step time saved per step, mean over the steps every finding holds (the same steps
+    for every cost of one report, so that the lines add up)."""
     run_hours_saved: float
-    """Over the run so far: the saving at each sampled step, times the steps each stands for."""
-    gpu_hours_saved: float
+    """Over the run so far: the saving at each sampled step from the finding's start on,
+    times the steps each stands for."""
+    rank_hours_saved: float
     """`run_hours_saved` on every rank: ranks x hours."""
+    gpu_hours_saved: float | None
+    """`rank_hours_saved` where the ranks ran on GPUs (their meta files say so); None on a
+    run that used none, or where no meta file says."""
     speedup: float
     """The step time now over the step time with the fix."""
     step_ms: float
-    """The step time now (measured), mean over the same steps."""
+    """The step time now (measured), mean over the same steps as `step_ms_saved`."""
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -110,7 +115,10 @@ class StragglerFinding:
     ratios: tuple[float | None, ...] = ()
     """The ratio at every sampled step (None where the rank has no record)."""
     cost: Cost | None = None
-    """What fixing it would save (analysis/_cost.py); for "waits", fixing whom it waits for."""
+    """What fixing it would save (analysis/_cost.py). None for "waits" where the rank it
+    waits for has a slow finding: its lost time is that finding's cost (`cost_of`)."""
+    cost_of: tuple[int, str] | None = None
+    """For "waits": the (rank, phase) of the slow finding whose cost its waiting is."""
     cause: Cause | None = None
     """Why it is slow (analysis/_cause.py); None for "waits"."""
 
@@ -120,6 +128,9 @@ class StragglerFinding:
         out["waits_for"] = list(self.waits_for)
         out["ratios"] = list(self.ratios)
         out["cost"] = None if self.cost is None else self.cost.to_dict()
+        out["cost_of"] = (
+            None if self.cost_of is None else {"rank": self.cost_of[0], "phase": self.cost_of[1]}
+        )
         out["cause"] = None if self.cause is None else self.cause.to_dict()
         return out
 
@@ -313,7 +324,7 @@ def cost_lines(
     slow = [f for f in findings if f.get("role") == "slow" and f.get("cost")]
     for f in slow[:limit]:
         what = f"fixing rank {f.get('rank')} in {f.get('phase')}"
-        lines.append((cost_text(f["cost"], what), f["cost"]))
+        lines.append((cost_text(f["cost"], what) + _waiting(findings, f), f["cost"]))
     if len(slow) > limit:
         more = f"... {len(slow) - limit} more slow findings (--json has each one's cost)"
         lines.append((more, {}))
@@ -333,6 +344,20 @@ def cost_lines(
     return [text for text, _ in lines]
 
 
+def _waiting(findings: Sequence[Mapping[str, Any]], slow: Mapping[str, Any]) -> str:
+    """The ranks whose waiting is this slow finding's cost, said beside it, so that
+    their lost time is not read as a second cause."""
+    cause = {"rank": slow.get("rank"), "phase": slow.get("phase")}
+    by_phase: dict[str, list[int]] = {}
+    for f in findings:
+        if f.get("role") == "waits" and f.get("cost_of") == cause:
+            by_phase.setdefault(str(f.get("phase")), []).append(int(f.get("rank", -1)))
+    said = [f"{format_ranks(sorted(r))} in {phase}" for phase, r in by_phase.items()]
+    if not said:
+        return ""
+    return f"; it is also the time {' and '.join(said)} lose waiting for it, not a second cause"
+
+
 def _same_saving(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Two costs that would read alike: savings within 1% of each other (two fixes of
     one rank can differ in the last digit when one also fixes its other phases)."""
@@ -342,10 +367,11 @@ def _same_saving(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 def cost_text(cost: Mapping[str, Any], what: str = "fixing it") -> str:
     """A cost (Cost.to_dict()) in words: "fixing it saves 38 ms of a 95 ms step (1.68x as
-    fast): 1.2 h over the run so far, 4.8 GPU-hours"."""
+    fast): 1.2 h over the run so far, 4.8 GPU-hours" (rank-hours on a run with no GPU)."""
     saved, step = _number(cost.get("step_ms_saved")), _number(cost.get("step_ms"))
     speedup = _number(cost.get("speedup"))
-    hours, gpu = _number(cost.get("run_hours_saved")), _number(cost.get("gpu_hours_saved"))
+    hours = _number(cost.get("run_hours_saved"))
+    gpu, ranks = _number(cost.get("gpu_hours_saved")), _number(cost.get("rank_hours_saved"))
     if saved is None or step is None:
         return f"{what}: no estimate"
     text = f"{what} saves {_ms(saved)} of a {_ms(step)} step"
@@ -353,6 +379,8 @@ def cost_text(cost: Mapping[str, Any], what: str = "fixing it") -> str:
         text += f" ({speedup_text(speedup)} as fast)"
     if hours is not None and gpu is not None:
         text += f": {_duration(hours)} over the run so far, {_duration(gpu, 'GPU-')}"
+    elif hours is not None and ranks is not None:
+        text += f": {_duration(hours)} over the run so far, {_duration(ranks, 'rank-')}"
     return text
 
 
@@ -373,7 +401,8 @@ def _ms(value: float) -> str:
 
 
 def _duration(hours: float, prefix: str = "") -> str:
-    """Hours as people say them: "4.8 h", "12 min", "40 s" (with "GPU-": GPU-hours...)."""
+    """Hours as people say them: "4.8 h", "12 min", "40 s" (with "GPU-": GPU-hours...,
+    with "rank-": rank-hours...)."""
     if hours >= 0.1:
         return f"{hours:,.1f} {prefix}hours" if prefix else f"{hours:,.1f} h"
     if hours * 60 >= 0.1:

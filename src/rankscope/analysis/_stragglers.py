@@ -80,6 +80,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     hosts: Mapping[int, str] | None = None,
     groups: Mapping[int, Mapping[str, object]] | None = None,
     values: Callable[[set[str]], PhaseValues] | None = None,
+    gpus: bool | None = None,
 ) -> StragglerReport:
     """Name the persistently slow (rank, phase) pairs of `m` and the ranks that wait for
     them, what fixing them would save (analysis/_cost.py) and why each slow rank is slow
@@ -93,7 +94,8 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     without it every rank's clock may be off. `groups` (rank -> the parallel groups it
     named) and `values` (given the phases with a slow rank, their per-step values:
     read/_values.py read_phase_values) serve the causes; `values` is called only where
-    there is a slow rank.
+    there is a slow rank. `gpus` (the ranks ran on GPUs, from the meta files) words the
+    costs in GPU-hours, rank-hours otherwise.
     """
     if not isinstance(m, PhaseMatrices):
         raise TypeError(
@@ -123,6 +125,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     since = _first_arrival(m, arrive)
     unconfirmed: list[StragglerFinding] = []
     steady: set[tuple[int, str]] = set()  # slow rows slow at their fastest steps too
+    waiting: dict[tuple[int, str], _Row] = {}  # the rows of the "waits" findings
     for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True)):
         if phase == STEP:
             continue
@@ -212,6 +215,8 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
                 waits_for=tuple(m.ranks[i] for i in waits_for),
                 ratios=rounded(ratio[r]),
             )
+            if sync:
+                waiting[rank, phase] = row
             if sync or _slow_at_its_best(d, r, row.valid[onset:], threshold):
                 steady.add((rank, phase))
                 report.findings.append(finding)
@@ -221,11 +226,12 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     # does: it stands only where the others are found waiting for this rank.
     waited_for = {f.waits_for[0] for f in report.findings if f.waits_for}
     report.findings.extend(f for f in unconfirmed if f.rank in waited_for)
+    report.findings = _waiting_since_the_cause(report.findings, waiting, m.steps)
     # The cause before its consequence: a slow rank's waiters often lose more time than it.
     report.findings.sort(key=lambda f: (f.role != "slow", -f.lost_ms, f.rank, f.phase))
     report.summary = sentences(report)
     if report.findings:
-        costs = estimate_costs(m, report, hosts)
+        costs = estimate_costs(m, report, hosts, gpus)
         slow = {f.phase for f in report.findings if f.role == "slow"}
         known = values(slow) if values is not None and slow else None
         causes = causes_of(
@@ -238,13 +244,49 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             groups=groups,
         )
         report.findings = [
-            replace(f, cost=c, cause=why)
-            for f, c, why in zip(report.findings, costs.each, causes, strict=True)
+            replace(f, cost=c, cost_of=of, cause=why)
+            for f, c, of, why in zip(report.findings, costs.each, costs.of, causes, strict=True)
         ]
         report.notes = costs.notes + (known.notes if known is not None else [])
         report.cost, report.host_costs = costs.all, costs.hosts
         report.model_step_ms = costs.model_step_ms
     return report
+
+
+def _waiting_since_the_cause(
+    findings: list[StragglerFinding], rows: dict[tuple[int, str], _Row], steps: list[int]
+) -> list[StragglerFinding]:
+    """The "waits" findings of a rank with a slow finding, taken from the step that rank
+    turned slow: they wait for it from then, not from the start of the run (their own
+    onset can fall earlier, where the noise of waiting put a few steps above). Their
+    ratio, share, lost time and steps follow."""
+    began: dict[int, int] = {}
+    for f in findings:
+        if f.role == "slow":
+            began[f.rank] = min(f.since_step, began.get(f.rank, f.since_step))
+    out = []
+    for f in findings:
+        row = rows.get((f.rank, f.phase))
+        cause = began.get(f.waits_for[0]) if f.role == "waits" and f.waits_for else None
+        if row is None or cause is None or cause == f.since_step:
+            out.append(f)
+            continue
+        at = np.asarray(steps)[row.valid] >= cause
+        if not at.any():
+            out.append(f)
+            continue
+        onset = int(np.argmax(at))
+        out.append(
+            replace(
+                f,
+                median_ratio=row.median_ratio(onset),
+                share_above=row.share(onset),
+                lost_ms=row.lost(onset),
+                steps=len(row.valid) - onset,
+                since_step=steps[int(row.valid[onset])],
+            )
+        )
+    return out
 
 
 def _reference(d: Matrix, reference: str) -> Matrix:

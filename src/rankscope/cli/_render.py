@@ -125,10 +125,16 @@ def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int |
             f"{f['lost_ms']:.1f}",
             str(f["since_step"]),
             ", ".join(str(r) for r in f["waits_for"]),
-            _ms(f["cost"]["step_ms_saved"]) if f.get("cost") else "",
+            _ms(f["cost"]["step_ms_saved"]) if f.get("cost") else _cost_of(f),
             speedup_text((f.get("cost") or {}).get("speedup")),
         )
     return table
+
+
+def _cost_of(finding: dict[str, Any]) -> str:
+    """A waiting rank's fix is the slow rank's: said so, not priced twice."""
+    cause = finding.get("cost_of")
+    return f"rank {cause['rank']}'s" if isinstance(cause, dict) else ""
 
 
 def _causes(findings: list[dict[str, Any]], notes: list[str]) -> None:

@@ -53,6 +53,15 @@ class RunMeta:
                     out[rank] = kept
         return out
 
+    @property
+    def gpus(self) -> bool | None:
+        """Whether the ranks ran on GPUs: True where a meta file names a CUDA device,
+        False where every one that names a device names the CPU, None where none says."""
+        devices = [str(m["device"]) for m in self.meta.values() if isinstance(m.get("device"), str)]
+        if any(d.startswith("cuda") for d in devices):
+            return True
+        return False if devices and all(d == "cpu" for d in devices) else None
+
     def missing(self, present: set[int] | list[int]) -> list[int]:
         """Ranks below the world size that `present` lacks (below max+1 without meta)."""
         have = set(present)

@@ -318,6 +318,9 @@ def _findings_table(
         else ""
     )
     rows = []
+    # GPU-hours where the ranks ran on GPUs, rank-hours (ranks x hours) otherwise.
+    gpus = any(as_map(f.get("cost")).get("gpu_hours_saved") is not None for f in findings)
+    unit = "gpu_hours_saved" if gpus else "rank_hours_saved"
     for f in findings[:_MAX_FINDINGS]:
         rank = as_int(f.get("rank"))
         host = hosts.get(str(rank), "")
@@ -337,21 +340,37 @@ def _findings_table(
             f'<td class="num">{esc(as_text(f.get("steps"))) or "none"}</td>'
             f'<td class="num">{esc(as_text(f.get("since_step"))) or "none"}</td>'
             f"<td>{esc(number_ranges(waits)) if waits else ''}</td>"
-            f'<td class="num">{ms_text(as_float(cost.get("step_ms_saved")))}</td>'
-            f'<td class="num">{speedup_text(cost.get("speedup")) or "none"}</td>'
-            f'<td class="num">{_gpu_hours(as_float(cost.get("gpu_hours_saved")))}</td></tr>'
+            f'<td class="num">{_saves(cost, as_map(f.get("cost_of")))}</td>'
+            f'<td class="num">{speedup_text(cost.get("speedup")) or _none(cost)}</td>'
+            f'<td class="num">{_hours(as_float(cost.get(unit)), cost)}</td></tr>'
         )
     return (
         '<div class="table-wrap"><table class="data">\n<tr><th>rank</th><th>host</th>'
         f"<th>phase</th><th>kind</th><th>role</th><th>time vs the {esc(_reference_rank(reference))} (typical step)</th>"
         "<th>steps above threshold</th><th>time lost</th><th>steps</th><th>since step</th>"
         "<th>waits for ranks</th><th>a fix saves per step</th><th>speedup if fixed</th>"
-        "<th>GPU-hours saved so far</th></tr>\n" + "\n".join(rows) + "\n</table></div>" + more
+        f"<th>{'GPU' if gpus else 'rank'}-hours saved so far</th></tr>\n"
+        + "\n".join(rows)
+        + "\n</table></div>"
+        + more
     )
 
 
-def _gpu_hours(value: float | None) -> str:
-    return "none" if value is None else f"{value:.3g}"
+def _saves(cost: Mapping[str, Any], cost_of: Mapping[str, Any]) -> str:
+    """A fix's saving per step; for a rank that waits, whose fix it is (priced there)."""
+    if not cost and cost_of:
+        return f"rank {esc(as_text(cost_of.get('rank')))}'s fix"
+    return ms_text(as_float(cost.get("step_ms_saved")))
+
+
+def _none(cost: Mapping[str, Any]) -> str:
+    return "none" if cost else ""
+
+
+def _hours(value: float | None, cost: Mapping[str, Any]) -> str:
+    if value is None:
+        return _none(cost)
+    return f"{value:.3g}"
 
 
 def _reference_rank(reference: str) -> str:
