@@ -991,3 +991,35 @@ def test_trace_options_left_idle_by_trace_enable_false_are_said_once(
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         Profiler(ProfileConfig(output_dir=run_dir), rank=0, world_size=1)
     assert caplog.records == []
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "closest"),
+    [
+        ({"trace": {"shedule": {"active": 2}}}, "trace.shedule", "trace.schedule"),
+        ({"trace": {"enabled": True}}, "trace.enabled", "trace.enable"),
+        ({"timer": {"every_n_step": 5}}, "timer.every_n_step", "timer.every_n_steps"),
+        ({"trace": {"schedule": {"warmpu": 1}}}, "trace.schedule.warmpu", "trace.schedule.warmup"),
+        ({"trace": {"auto": {"ratoi": 2.0}}}, "trace.auto.ratoi", "trace.auto.ratio"),
+        ({"hang": {"after": 60}}, "hang.after", "hang.after_s"),
+        ({"outputdir": "runs/x"}, "outputdir", "output_dir"),
+    ],
+)
+def test_a_misspelled_field_names_the_closest_as_a_misspelled_variable_does(
+    data: dict[str, Any], field: str, closest: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"^{re.escape(field)}=") as info:
+        ProfileConfig.from_dict(data)
+    assert f"unknown field (did you mean {closest}?)" in str(info.value)
+    assert info.value.field == field
+
+
+def test_a_field_close_to_none_says_no_guess(tmp_path: Path) -> None:
+    path = tmp_path / "profile.yaml"
+    path.write_text("trace:\n  bogus: 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^trace\.bogus=1 is not valid: unknown field;") as info:
+        ProfileConfig.from_yaml(path)
+    assert "did you mean" not in str(info.value)
+    path.write_text("trace:\n  shedule:\n    active: 2\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"did you mean trace\.schedule\?"):
+        ProfileConfig.from_yaml(path)

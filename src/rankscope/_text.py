@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable
 
-__all__ = ["format_ranks", "format_steps", "number_ranges", "shown"]
+__all__ = ["closest", "format_ranks", "format_steps", "number_ranges", "shown"]
 
 
 def number_ranges(numbers: Iterable[int], fold: int = 2) -> str:
@@ -54,3 +55,12 @@ def shown(value: object, width: int = 40) -> str:
     except (TypeError, ValueError, RecursionError):
         text = f"a {type(value).__name__}"
     return text if len(text) <= width else f"{text[: width - 3]}..."
+
+
+def closest(word: str, names: Iterable[str]) -> str | None:
+    """The name `word` most likely misspells ("did you mean"), or None where none is close.
+
+    One rule for every misspelling rankscope answers: a RANKSCOPE_* variable, a config field.
+    """
+    close = difflib.get_close_matches(word, list(names), n=1, cutoff=0.6)
+    return close[0] if close else None
