@@ -208,3 +208,29 @@ def test_every_documented_order_of_options_parses(
     ):
         assert main(argv) == 0, capsys.readouterr().err
         assert capsys.readouterr().out.split() == ["rank", "0", "1", "2", "3"]
+
+
+def test_the_terminal_table_rounds_floats_and_json_and_csv_keep_them_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _run(tmp_path)
+    query = (
+        "select 2.1652899999999997::double as ms, 12345.678::double as big, "
+        "0.000012346::double as tiny, 5::double as whole, 'nan'::double as nan, 7 as n"
+    )
+    assert main(["sql", str(root), query]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].replace("│", " ").split() == [
+        "2.165",
+        "12346",
+        "1.235e-05",
+        "5",
+        "nan",
+        "7",
+    ], out
+    assert "2.16528" not in out
+    assert main(["sql", str(root), query, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["ms"] == 2.1652899999999997 and row["big"] == 12345.678
+    assert main(["sql", str(root), "--csv", query]) == 0
+    assert "2.1652899999999997,12345.678" in capsys.readouterr().out
