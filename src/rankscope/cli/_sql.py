@@ -105,14 +105,13 @@ def _plain(value: Any) -> Any:
 
 
 def _table(names: list[str], rows: list[tuple[Any, ...]]) -> None:
-    terminal("sql")  # says which extra brings rich, where it is missing
-    from rich.console import Console
+    render = terminal("sql")  # says which extra brings rich, where it is missing
     from rich.table import Table
 
     table = Table(*names, show_edge=False, header_style="bold")
     for row in rows[:_SHOWN]:
         table.add_row(*(_cell(_plain(v)) for v in row))
-    console = Console()
+    console = render.console()
     console.print(table)
     if len(rows) > _SHOWN:
         console.print(f"{len(rows) - _SHOWN} more rows (--csv or --json prints them all)")
