@@ -459,3 +459,44 @@ def test_a_step_captured_again_under_another_name_counts_once(tmp_path: Path) ->
     # Windows that share no step are all summed, as before.
     write_run_traces(tmp_path, "step-000009-000010", [0], world_size=2, size_bytes=40_000)
     assert len(kernel_report([tmp_path]).traces) == 3
+
+
+def test_the_rerun_of_sampled_steps_is_said_as_step_ranges(tmp_path: Path) -> None:
+    # The timer sampled every 2nd step: attempt 1 ran steps 0-98, attempt 2 started again
+    # at 0 and ran 0-78 before it stopped. Steps 0, 2, ..., 78 were each recorded twice;
+    # the warning says a range, not 40 numbers.
+    for rank in range(2):
+        _write(tmp_path, rank, _attempt_lines(rank, "aaa", range(0, 100, 2), 10.0))
+        _write(tmp_path, rank, _attempt_lines(rank, "bbb", range(0, 80, 2), 30.0))
+    attempts = read_timings(tmp_path).attempts
+    assert attempts.rerun_steps == list(range(0, 80, 2))
+    assert attempts.note is not None
+    assert "; steps 0-78 ran twice; the latest record of each is used" in attempts.note
+    assert attempts.to_dict()["rerun_steps"] == number_ranges(range(0, 80, 2))  # every step
+
+
+def test_a_sampled_step_recorded_once_splits_the_ranges(tmp_path: Path) -> None:
+    # Steps 12-18 (sampled every 2nd) ran once, between two stretches that ran twice.
+    _write(tmp_path, 0, _attempt_lines(0, "aaa", range(0, 40, 2), 10.0))
+    _write(tmp_path, 0, _attempt_lines(0, "bbb", range(0, 12, 2), 30.0))
+    _write(tmp_path, 0, _attempt_lines(0, "ccc", range(20, 32, 2), 30.0))
+    _write(tmp_path, 1, _attempt_lines(1, "aaa", range(0, 40, 2), 10.0))
+    note = read_timings(tmp_path).attempts.note
+    assert note is not None and "; steps 0-10, 20-30 ran twice;" in note
+
+
+@pytest.mark.parametrize(
+    ("numbers", "among", "said"),
+    [
+        ([0, 2, 4, 6], range(0, 20, 2), "0-6"),
+        ([0, 2, 4, 6], range(20), "0, 2, 4, 6"),
+        ([0, 4, 8, 20, 24], [0, 4, 8, 12, 16, 20, 24], "0-8, 20-24"),
+        ([5], [1, 5, 9], "5"),
+        ([1, 3], [1, 3, 5], "1-3"),  # two in a row fold, as number_ranges folds 1, 2
+        ([], [1, 2], ""),
+    ],
+)
+def test_number_ranges_among_the_numbers_that_could_be(
+    numbers: list[int], among: list[int], said: str
+) -> None:
+    assert number_ranges(numbers, among=among) == said

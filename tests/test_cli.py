@@ -395,3 +395,46 @@ def test_what_was_skipped_is_summed_up_on_the_terminal_and_listed_in_json(
     assert len(skipped) == 6 and skipped[-1] == "rank 3: no timings (of a world of 4)"
     claimed = next(line for line in skipped if "rank 3 is claimed by 13 files" in line)
     assert claimed.count(str(timings)) == 13  # the JSON keeps every name
+
+
+def _words_of(text: str) -> list[str]:
+    return text.replace("│", " ").split()
+
+
+@pytest.mark.parametrize("columns", [60, 100])
+def test_sentences_wrap_at_word_boundaries_to_the_width_columns_gives(
+    tmp_path: Path, columns: int
+) -> None:
+    # Piped output (a log, `| less`) takes the width COLUMNS says: a sentence of 200
+    # characters is wrapped by rich between words, never by the terminal mid-word.
+    import os
+    import subprocess
+
+    import rankscope
+
+    run = _straggler_run(tmp_path / "run")
+    source = str(Path(rankscope.__file__).resolve().parents[1])
+    env = {**os.environ, "COLUMNS": str(columns)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "rankscope.cli", "stragglers", str(run)]
+    shown = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    data = json.loads(
+        subprocess.run(
+            [*command, "--json"], env=env, capture_output=True, text=True, check=True
+        ).stdout
+    )
+    lines = shown.splitlines()
+    assert max(len(line) for line in lines) <= columns, shown
+    # Each sentence is there whole: its words in order, none cut in two.
+    words = _words_of(shown)
+    sentences = [
+        *data["summary"],
+        *(f["cause"]["text"] for f in data["findings"] if f.get("cause")),
+    ]
+    assert sentences and max(len(s) for s in sentences) > columns  # there is something to wrap
+    for sentence in sentences:
+        want = sentence.split()
+        assert any(words[i : i + len(want)] == want for i in range(len(words))), (sentence, shown)
+    # A wrapped sentence's next lines keep its indent: the sentence reads as one block.
+    (first,) = [i for i, line in enumerate(lines) if line.startswith("  why rank")]
+    assert lines[first + 1].startswith("  ") and lines[first + 1][2] != " "

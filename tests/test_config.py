@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+import rankscope
 from rankscope import (
     AutoTrigger,
     ConfigError,
@@ -991,3 +992,108 @@ def test_trace_options_left_idle_by_trace_enable_false_are_said_once(
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         Profiler(ProfileConfig(output_dir=run_dir), rank=0, world_size=1)
     assert caplog.records == []
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "closest"),
+    [
+        ({"trace": {"shedule": {"active": 2}}}, "trace.shedule", "trace.schedule"),
+        ({"trace": {"enabled": True}}, "trace.enabled", "trace.enable"),
+        ({"timer": {"every_n_step": 5}}, "timer.every_n_step", "timer.every_n_steps"),
+        ({"trace": {"schedule": {"warmpu": 1}}}, "trace.schedule.warmpu", "trace.schedule.warmup"),
+        ({"trace": {"auto": {"ratoi": 2.0}}}, "trace.auto.ratoi", "trace.auto.ratio"),
+        ({"hang": {"after": 60}}, "hang.after", "hang.after_s"),
+        ({"outputdir": "runs/x"}, "outputdir", "output_dir"),
+    ],
+)
+def test_a_misspelled_field_names_the_closest_as_a_misspelled_variable_does(
+    data: dict[str, Any], field: str, closest: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"^{re.escape(field)}=") as info:
+        ProfileConfig.from_dict(data)
+    assert f"unknown field (did you mean {closest}?)" in str(info.value)
+    assert info.value.field == field
+
+
+def test_a_field_close_to_none_says_no_guess(tmp_path: Path) -> None:
+    path = tmp_path / "profile.yaml"
+    path.write_text("trace:\n  bogus: 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^trace\.bogus=1 is not valid: unknown field;") as info:
+        ProfileConfig.from_yaml(path)
+    assert "did you mean" not in str(info.value)
+    path.write_text("trace:\n  shedule:\n    active: 2\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"did you mean trace\.schedule\?"):
+        ProfileConfig.from_yaml(path)
+
+
+@pytest.mark.slow
+def test_a_bad_config_in_a_torchrun_job_is_said_once_and_every_rank_stops(tmp_path: Path) -> None:
+    # Every rank raises the same ConfigError in Profiler(); torchrun prints each one's
+    # traceback, and the reason is said once, plainly, by rank 0.
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from .test_torchrun_example import EXAMPLE, _free_port
+
+    ranks = 4
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}
+    # The ranks import the rankscope this test imports, wherever the job's cwd is.
+    source = str(Path(rankscope.__file__).resolve().parents[1])
+    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [source, clean.get("PYTHONPATH")]))
+    began = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={ranks}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={_free_port()}",
+            str(EXAMPLE),
+            "--steps=50",
+            "--batch=8",
+            f"--rankscope-output-dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        env={**clean, "OMP_NUM_THREADS": "1", "RANKSCOPE_TIMER_EVERY": "0"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert time.monotonic() - began < 120  # not a hang that a timeout ends
+    said = [line for line in done.stderr.splitlines() if "rankscope: bad config" in line]
+    assert len(said) == 1, done.stderr
+    assert said[0].endswith(
+        "rankscope: bad config, so every rank of this job stops: RANKSCOPE_TIMER_EVERY=0 is "
+        "not valid; accepted: an int >= 1 (said by rank 0 alone)"
+    )
+    assert said[0].startswith("[rank0]:") or said[0].startswith("rankscope:")
+    # No rank trained: the error was raised before the first step on each.
+    assert not (tmp_path / "run" / "timings").exists()
+    raised = {
+        line.split("]")[0]
+        for line in done.stderr.splitlines()
+        if "ConfigError: RANKSCOPE_TIMER_EVERY=0" in line
+    }
+    assert raised, done.stderr  # a traceback names the error on the ranks torchrun let finish
+    assert "done: 50 steps" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("rank", "world_size", "said"), [(0, 4, 1), (1, 4, 0), (3, 4, 0), (0, 1, 0)]
+)
+def test_a_bad_config_is_logged_by_rank_0_of_a_job_alone(
+    caplog: pytest.LogCaptureFixture, rank: int, world_size: int, said: int
+) -> None:
+    # One process alone has its traceback to read; a job's rank 0 says it for all ranks.
+    with caplog.at_level(logging.ERROR, logger="rankscope"), pytest.raises(ConfigError):
+        rankscope.Profiler(
+            {"timer": {"every_n_steps": 0}}, rank=rank, world_size=world_size, environ={}
+        )
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == said
+    assert all("timer.every_n_steps=0 is not valid" in line for line in lines)

@@ -170,3 +170,67 @@ def test_export_writes_parquet_that_reads_back(tmp_path: Path) -> None:
     ms = con.execute(f"select cpu_ms from '{out / 'timings.parquet'}' order by all").fetchnumpy()
     want = np.sort(np.concatenate([t.cpu_ms for t in read_timings(root).ranks.values()]))
     assert np.array_equal(ms["cpu_ms"], want)
+
+
+def _documented(command: str) -> list[list[str]]:
+    """Every `rankscope COMMAND ...` line of the README and docs/, as argv."""
+    import shlex
+
+    repo = Path(__file__).resolve().parent.parent
+    out = []
+    for page in [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            words = line.strip().strip("`").split("#")[0]
+            if words.startswith(f"rankscope {command} "):
+                out.append(shlex.split(words)[1:])
+    return out
+
+
+def test_every_documented_order_of_options_parses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The docs put --csv between RUN_DIR and QUERY; argparse alone stops filling the
+    # positionals at the first option and called the query an unrecognized argument.
+    root = _run(tmp_path / "run")
+    forms = _documented("sql")
+    assert any(argv.index("--csv") < len(argv) - 1 for argv in forms if "--csv" in argv)
+    for argv in forms:
+        code = main([str(root) if word == "runs/exp1" else word for word in argv])
+        out, err = capsys.readouterr()
+        assert code == 0, (argv, err)
+        if "--csv" in argv:
+            assert out.splitlines()[0] in ("step,cpu_ms", "rank,step,cpu_ms"), out
+    query = "select rank from timings where step = 0 and phase = 'forward' order by rank"
+    for argv in (
+        ["sql", str(root), "--csv", query],
+        ["sql", "--csv", str(root), query],
+        ["sql", str(root), query, "--csv"],
+    ):
+        assert main(argv) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.split() == ["rank", "0", "1", "2", "3"]
+
+
+def test_the_terminal_table_rounds_floats_and_json_and_csv_keep_them_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _run(tmp_path)
+    query = (
+        "select 2.1652899999999997::double as ms, 12345.678::double as big, "
+        "0.000012346::double as tiny, 5::double as whole, 'nan'::double as nan, 7 as n"
+    )
+    assert main(["sql", str(root), query]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].replace("│", " ").split() == [
+        "2.165",
+        "12346",
+        "1.235e-05",
+        "5",
+        "nan",
+        "7",
+    ], out
+    assert "2.16528" not in out
+    assert main(["sql", str(root), query, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["ms"] == 2.1652899999999997 and row["big"] == 12345.678
+    assert main(["sql", str(root), "--csv", query]) == 0
+    assert "2.1652899999999997,12345.678" in capsys.readouterr().out

@@ -17,6 +17,7 @@ from . import _env
 from ._errors import ConfigError
 from ._fields import CONFIG_DEST, NOT_GIVEN, ConfigField, dest, flag_name, leaf_fields
 from ._ranks import RankSet, RankSpec, parse_ranks
+from ._text import closest
 
 __all__ = [
     "ACTIVITIES",
@@ -597,8 +598,14 @@ def _check_keys(prefix: str, data: Mapping[str, Any], cls: type) -> None:
     known = [f.name for f in dataclasses.fields(cls)]
     for key in data:
         if key not in known:
+            close = closest(str(key), known)
+            problem = (
+                "unknown field"
+                if close is None
+                else f"unknown field (did you mean {prefix}{close}?)"
+            )
             raise ConfigError(
-                f"{prefix}{key}", data[key], f"the fields {', '.join(known)}", "unknown field"
+                f"{prefix}{key}", data[key], f"the fields {', '.join(known)}", problem
             )
 
 

@@ -8,7 +8,6 @@ closest known one, rather than silently ignored.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import re
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ConfigError
+from ._text import closest
 
 __all__ = [
     "KNOWN_VARIABLES",
@@ -133,19 +133,19 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> dict[str, str
         if not name.startswith(_PREFIX) or name in KNOWN_VARIABLES or not env[name].strip():
             continue
         # Compared without the prefix, which every name shares and would make all look close.
-        close = difflib.get_close_matches(name[len(_PREFIX) :], known, n=1, cutoff=0.6)
-        out[name] = known[close[0]] if close else None
+        close = closest(name[len(_PREFIX) :], known)
+        out[name] = None if close is None else known[close]
     return out
 
 
 def _warn_unknown(env: Mapping[str, str]) -> None:
-    for name, closest in unknown_variables(env).items():
+    for name, guess in unknown_variables(env).items():
         if name in _warned:
             continue
         _warned.add(name)
         hint = (
-            f"did you mean {closest}?"
-            if closest is not None
+            f"did you mean {guess}?"
+            if guess is not None
             else f"the config variables are {', '.join(sorted(_OVERRIDES))}"
         )
         logger.warning(

@@ -77,9 +77,13 @@ class Profiler:
             raise ConfigError("first_step", first_step, "an int >= 0 (the step the loop starts at)")
         self.first_step = first_step
         """The global step the loop starts at: a resumed job's checkpoint step, else 0."""
-        self.config: ProfileConfig = _as_config(config).with_env(environ)
-        self.rank_info: RankInfo = detect_rank_info(rank, world_size, environ)
-        self.config.check_world_size(self.rank_info.world_size, environ)
+        try:
+            self.config: ProfileConfig = _as_config(config).with_env(environ)
+            self.rank_info: RankInfo = detect_rank_info(rank, world_size, environ)
+            self.config.check_world_size(self.rank_info.world_size, environ)
+        except ConfigError as exc:
+            _say_bad_config(exc, rank, world_size, environ)
+            raise
         run_dir = str(self.config.output_dir)
         trace, timer = self.config.trace, self.config.timer
         self._capture: TraceCapture | None = None
@@ -470,6 +474,26 @@ def annotate(name: str, kind: str = "compute", **meta: Any) -> Callable[[F], F]:
         return _decorate(fn, make)
 
     return decorator
+
+
+def _say_bad_config(
+    exc: ConfigError, rank: int | None, world_size: int | None, environ: Mapping[str, str] | None
+) -> None:
+    """Say a bad config in one plain line, on the job's rank 0 alone, before it raises.
+
+    Every rank reads the same config and raises the same error, and a launcher prints
+    each rank's traceback (torchrun: four ranks, 130 lines): the reason is said once
+    where it is easy to find. Every rank still raises; the job stops at once.
+    """
+    try:
+        info = detect_rank_info(rank, world_size, environ)
+    except ConfigError:  # the rank variables themselves are wrong: no rank 0 to speak
+        return
+    if info.world_size > 1 and info.rank == 0:
+        logger.error(
+            "rankscope: bad config, so every rank of this job stops: %s (said by rank 0 alone)",
+            exc,
+        )
 
 
 def _say_other_job(run_dir: str, attempt: Attempt) -> None:

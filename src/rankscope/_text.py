@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Iterable
 
-__all__ = ["format_ranks", "format_steps", "number_ranges", "printable", "shown"]
+__all__ = ["closest", "format_ranks", "format_steps", "number_ranges", "printable", "shown"]
 
 
-def number_ranges(numbers: Iterable[int], fold: int = 2) -> str:
+def number_ranges(numbers: Iterable[int], fold: int = 2, among: Iterable[int] | None = None) -> str:
     """`0-3, 5, 7-9` for [0, 1, 2, 3, 5, 7, 8, 9]: 1024 ranks stay one short line.
 
     A run of `fold` or more consecutive numbers is written as a range; shorter runs
-    are listed.
+    are listed. `among` holds every number that could be listed (the steps the timer
+    sampled: 0, 2, 4, ...): numbers next to each other in it count as consecutive, so
+    0, 2, ..., 78 read `0-78`.
     """
     ordered = sorted(set(numbers))
+    place = None if among is None else {n: i for i, n in enumerate(sorted(set(among)))}
+
+    def next_to(a: int, b: int) -> bool:
+        if place is None or a not in place or b not in place:
+            return b == a + 1
+        return place[b] == place[a] + 1
+
     parts: list[str] = []
     i = 0
     while i < len(ordered):
         j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+        while j + 1 < len(ordered) and next_to(ordered[j], ordered[j + 1]):
             j += 1
         if j > i and j - i + 1 >= fold:
             parts.append(f"{ordered[i]}-{ordered[j]}")
@@ -73,3 +83,12 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def _escaped(found: re.Match[str]) -> str:
     code = ord(found.group())
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
+def closest(word: str, names: Iterable[str]) -> str | None:
+    """The name `word` most likely misspells ("did you mean"), or None where none is close.
+
+    One rule for every misspelling rankscope answers: a RANKSCOPE_* variable, a config field.
+    """
+    close = difflib.get_close_matches(word, list(names), n=1, cutoff=0.6)
+    return close[0] if close else None

@@ -70,6 +70,24 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
+    _intermixing = False
+
+    def parse_known_args(  # type: ignore[override]  # typeshed's overloads, one behaviour
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # A command's options go anywhere among its positionals (`sql RUN --csv QUERY`, as
+        # the docs write it): argparse alone stops filling positionals at the first option.
+        # The intermixed parse calls back here, and takes no parser that has commands.
+        if self._intermixing or any(
+            isinstance(a, argparse._SubParsersAction) for a in self._actions
+        ):
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
     def command_list(self) -> str:
         """The commands, one line each, with the help each was added with."""
         # argparse keeps a command's help only on this (private, long-stable) list.

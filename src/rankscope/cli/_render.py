@@ -6,6 +6,7 @@ Names from traces go into Text objects, never markup: a kernel name like
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import IO, Any, cast
 
 from rich import box
 from rich.console import Console
+from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as _RichProgress
 from rich.table import Table
@@ -39,13 +41,28 @@ __all__ = [
     "trigger_written",
 ]
 
-# Piped output has no width to fit: wide enough that kernel names stay readable.
-_console = Console(
-    file=cast("IO[str]", SafeStdout()),  # what rich writes to: write() and flush() do
-    highlight=False,
-    soft_wrap=False,
-    width=None if sys.stdout.isatty() else 160,
-)
+
+def console(**options: Any) -> Console:
+    """A console for stdout whose sentences wrap between words at the terminal's width.
+
+    Piped output (a log, `| less`) has no terminal to ask: it takes the width COLUMNS
+    says, else 160, wide enough that kernel names stay readable. Left at 160 where
+    COLUMNS is narrower, the terminal would cut each long line mid-word instead.
+    """
+    width = None if sys.stdout.isatty() else shutil.get_terminal_size((160, 24)).columns
+    # What rich writes to: write() and flush(), with names that are not UTF-8 escaped.
+    out = cast("IO[str]", SafeStdout())
+    return Console(file=out, highlight=False, width=width, **options)
+
+
+_console = console(soft_wrap=False)
+
+
+def _sentence(text: str, indent: int = 2, style: str = "") -> None:
+    """One sentence, wrapped between words, its next lines indented under its first."""
+    _console.print(Padding(Text(text, style=style), (0, 0, 0, indent)))
+
+
 _NAME_WIDTH = 60
 
 
@@ -141,13 +158,11 @@ def _causes(findings: list[dict[str, Any]], notes: list[str]) -> None:
     """Why each slow rank is slow (the first few), and what the causes could not use."""
     slow = [f for f in findings if f.get("cause")]
     for f in slow[:_CAUSES]:
-        _console.print(
-            Text(f"  why rank {f['rank']} is slow in {f['phase']}: {f['cause']['text']}")
-        )
+        _sentence(f"why rank {f['rank']} is slow in {f['phase']}: {f['cause']['text']}")
     if len(slow) > _CAUSES:
         _console.print(f"  ... {len(slow) - _CAUSES} more slow ranks (--json has each one's cause)")
     for note in notes:
-        _console.print(Text(f"  note: {note}", style="yellow"))
+        _sentence(f"note: {note}", style="yellow")
 
 
 _CAUSES = 5
@@ -158,22 +173,20 @@ def _costs(strag: dict[str, Any]) -> None:
     if not strag.get("cost"):
         return
     for line in cost_lines(strag.get("findings", []), strag["cost"], strag.get("host_costs", [])):
-        _console.print(Text(f"  {line}"))
+        _sentence(line)
     model, measured = strag.get("model_step_ms"), strag["cost"].get("step_ms")
     if model and measured and abs(model - measured) > 0.25 * measured:
-        _console.print(
-            Text(
-                f"  note: the cost model gives a {model:.1f} ms step against {measured:.1f} ms "
-                "measured: the estimates are rough here (see docs/analysis.md, Cost)",
-                style="yellow",
-            )
+        _sentence(
+            f"note: the cost model gives a {model:.1f} ms step against {measured:.1f} ms "
+            "measured: the estimates are rough here (see docs/analysis.md, Cost)",
+            style="yellow",
         )
 
 
 def _sentences(summary: list[str], threshold: float, persistence: float) -> None:
     if summary:
         for sentence in summary:
-            _console.print(Text(f"  {sentence}", style="bold"))
+            _sentence(sentence, style="bold")
     else:
         _console.print(
             f"  No straggler: no rank is {threshold - 1:.0%} above the others "

@@ -6,6 +6,7 @@ import argparse
 import csv
 import datetime
 import decimal
+import math
 import sys
 import uuid
 from pathlib import Path
@@ -104,14 +105,24 @@ def _plain(value: Any) -> Any:
 
 
 def _table(names: list[str], rows: list[tuple[Any, ...]]) -> None:
-    terminal("sql")  # says which extra brings rich, where it is missing
-    from rich.console import Console
+    render = terminal("sql")  # says which extra brings rich, where it is missing
     from rich.table import Table
 
     table = Table(*names, show_edge=False, header_style="bold")
     for row in rows[:_SHOWN]:
-        table.add_row(*("" if v is None else str(_plain(v)) for v in row))
-    console = Console()
+        table.add_row(*(_cell(_plain(v)) for v in row))
+    console = render.console()
     console.print(table)
     if len(rows) > _SHOWN:
         console.print(f"{len(rows) - _SHOWN} more rows (--csv or --json prints them all)")
+
+
+def _cell(value: Any) -> str:
+    """A value as the terminal table shows it: a float to 4 significant digits (the
+    whole number from 10000 on), since sums of doubles read 2.1652899999999997; --json
+    and --csv keep every digit."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+    return str(value)

@@ -95,6 +95,10 @@ class Attempts:
     """Per attempt: n, started_ns, launcher, job, restart, ranks."""
     rerun_steps: list[int] = field(default_factory=list)
     """Steps that more than one attempt recorded (on any rank)."""
+    recorded_steps: list[int] = field(default_factory=list)
+    """The steps recorded by the ranks of more than one attempt: the note folds rerun
+    steps that are next to each other here into a range (sampled every 2nd, 0-78 is a
+    run). Not in to_dict."""
     times: int = 1
     """The most attempts that recorded one step."""
     dropped: int = 0
@@ -121,9 +125,10 @@ class Attempts:
             return f"{head}; no step ran in more than one, so every record is used"
         ran = "twice" if self.times == 2 else f"{self.times} times"
         steps = "step" if len(self.rerun_steps) == 1 else "steps"
+        rerun = number_ranges(self.rerun_steps, among=self.recorded_steps)
         return (
-            f"{head}; {steps} {number_ranges(self.rerun_steps)} ran {ran}; the latest record "
-            f"of each is used ({self.dropped} earlier records left out; --attempt N picks one)"
+            f"{head}; {steps} {rerun} ran {ran}; the latest record of each is used "
+            f"({self.dropped} earlier records left out; --attempt N picks one)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,6 +154,7 @@ def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
     out = Attempts(count=max(len(groups), 1), described=_describe(groups))
     out.marks = [dict(group) for group in groups]  # a rank starts once per attempt
     rerun: set[int] = set()
+    recorded: set[int] = set()
     for rank, timings in list(ranks.items()):
         if len(timings.attempts) == 1:  # every record is of the rank's one attempt
             ran = int(of_rank[rank][0])
@@ -162,8 +168,9 @@ def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
         if pick is not None:
             keep = of_rank[rank][own] == pick - 1
         else:
-            keep, steps, times = latest_rows(timings.step, timings.phase, own)
+            keep, steps, times, seen = latest_rows(timings.step, timings.phase, own)
             rerun.update(steps)
+            recorded.update(seen)
             out.times = max(out.times, times)
         timings.attempt = of_rank[rank][own].astype(np.int32)
         if not keep.all():
@@ -174,6 +181,7 @@ def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
             out.without.append(rank)
     out.used = pick
     out.rerun_steps = sorted(rerun)
+    out.recorded_steps = sorted(recorded) if rerun else []
     return out
 
 
@@ -233,9 +241,9 @@ def _near(first: int | None, started: int | None) -> bool:
 
 def latest_rows(
     step: np.ndarray[Any, Any], phase: np.ndarray[Any, Any], attempt: np.ndarray[Any, Any]
-) -> tuple[np.ndarray[Any, Any], list[int], int]:
+) -> tuple[np.ndarray[Any, Any], list[int], int, list[int]]:
     """(rows to keep: those of the latest attempt of their (step, phase); the steps more
-    than one attempt recorded; the most attempts one step had)."""
+    than one attempt recorded; the most attempts one step had; every step recorded)."""
     _, where = np.unique(np.stack([step, phase.astype(np.int64)]), axis=1, return_inverse=True)
     where = where.reshape(-1)
     latest = np.full(int(where.max(initial=-1)) + 1, -1, np.int64)
@@ -245,7 +253,7 @@ def latest_rows(
     pairs = np.unique(np.stack([step, attempt.astype(np.int64)]), axis=1)
     steps, counts = np.unique(pairs[0], return_counts=True)
     rerun = steps[counts > 1]
-    return keep, [int(s) for s in rerun], int(counts.max(initial=1))
+    return keep, rerun.tolist(), int(counts.max(initial=1)), steps.tolist()
 
 
 def _describe(groups: list[list[tuple[int, AttemptMark]]]) -> list[dict[str, Any]]:
