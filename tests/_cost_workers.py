@@ -93,3 +93,44 @@ def train_with_uneven_data(rank: int, world: int, init: str, run_dir: str, heavy
     finally:
         gc.collect()
         dist.destroy_process_group()
+
+
+def train_ddp_with_slow_data(
+    rank: int, world: int, init: str, run_dir: str, slow: tuple[int, float, int, int]
+) -> None:
+    """A plain DDP loop (the gradient all-reduce inside backward, no comm phase) of
+    `slow[3]` steps: rank `slow[0]` sleeps `slow[1]` ms more in its data phase from step
+    `slow[2]` on."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(
+            nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+        )
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        config = rankscope.ProfileConfig(
+            output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
+        )
+        slow_rank, slow_ms, from_step, steps = slow
+        with rankscope.Profiler(config) as prof:
+            for step in range(steps):
+                with prof.phase("data", kind="data"):
+                    batch = torch.randn(32, 64)
+                    time.sleep(
+                        0.003 + (slow_ms / 1000 if rank == slow_rank and step >= from_step else 0)
+                    )
+                with prof.phase("forward"):
+                    loss = model(batch).pow(2).mean()
+                    time.sleep(0.005)
+                with prof.phase("backward"):
+                    opt.zero_grad()
+                    loss.backward()
+                    time.sleep(0.005)
+                with prof.phase("optimizer"):
+                    opt.step()
+                prof.step()
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
