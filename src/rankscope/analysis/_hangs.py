@@ -38,6 +38,7 @@ from .._config import HangConfig
 from .._errors import ConfigError, TraceError
 from .._layout import RunDir
 from .._text import format_ranks, number_ranges
+from ._options import HangOptions
 from .read._attempts import ONE_LAUNCH_NS, AttemptMark, mark_of, run_attempts
 from .read._run import RunMeta, read_run_meta
 from .read._watch import Frame, HangFile, Heartbeat, OpenPhase, read_watch
@@ -60,8 +61,6 @@ STALL_FACTOR = _DEFAULTS.factor
 """Median step times a rank may go unmoved (hang.factor), where its meta does not say..."""
 STALL_FLOOR_S = _DEFAULTS.after_s
 """...and never less than this many seconds (hang.after_s)."""
-_GRACE_S = 60.0
-"""How long past its threshold a stall may go before the missing hang file is news."""
 _NS = 1_000_000_000
 _SUMMARY_GROUPS = 3  # groups of one role named in the summary sentence; the table has all
 
@@ -252,7 +251,12 @@ class HangReport:
         }
 
 
-def find_hangs(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> HangReport:
+def find_hangs(
+    run_dir: str | os.PathLike[str],
+    options: HangOptions | None = None,
+    *,
+    now_ns: int | None = None,
+) -> HangReport:
     """Read a run's heartbeats (RUN_DIR/live) and hang files (RUN_DIR/hangs) and say
     who is stuck where, and who waits for it.
 
@@ -265,12 +269,12 @@ def find_hangs(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> Ha
     ):
         raise ConfigError("now_ns", now_ns, "epoch nanoseconds, an integer >= 0")
     meta = read_run_meta(run_dir)
-    report = hangs_of(meta, time.time_ns() if now_ns is None else now_ns)
+    report = hangs_of(meta, time.time_ns() if now_ns is None else now_ns, options)
     report.skipped[:0] = meta.skipped
     return report
 
 
-def hangs_of(meta: RunMeta, now_ns: int) -> HangReport:
+def hangs_of(meta: RunMeta, now_ns: int, options: HangOptions | None = None) -> HangReport:
     """`find_hangs` for a run whose meta files are read already; what the meta files
     could not give is the caller's to say (not in `skipped`)."""
     files = read_watch(meta.root)
@@ -302,7 +306,7 @@ def hangs_of(meta: RunMeta, now_ns: int) -> HangReport:
     report.stalls_ended = _ended(ended)
     report.state = _state(report, beats)
     report.summary = _summary(report)
-    report.notes = _notes(report)
+    report.notes = _notes(report, HangOptions() if options is None else options)
     return report
 
 
@@ -713,12 +717,12 @@ def _ranks(ranks: list[int]) -> str:
     return f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}: {number_ranges(ranks)}"
 
 
-def _notes(report: HangReport) -> list[str]:
+def _notes(report: HangReport, options: HangOptions) -> list[str]:
     notes = []
     unwatched = [
         f.rank
         for f in report.findings
-        if f.hang is None and (report.now_ns - f.moved_ns) / _NS > f.threshold_s + _GRACE_S
+        if f.hang is None and (report.now_ns - f.moved_ns) / _NS > f.threshold_s + options.grace_s
     ]
     if unwatched:
         their = "its" if len(unwatched) == 1 else "their"

@@ -22,7 +22,7 @@ def top_rows(
     (in that phase, or since it last moved) and `heartbeat_age_s`. Sorted stuck first,
     then waiting, then by step (the slowest first), then by how long they sit where they are.
     """
-    report = find_hangs(run_dir, now_ns)
+    report = find_hangs(run_dir, now_ns=now_ns)
     now = report.now_ns
     roles = {finding.rank: finding.role for finding in report.findings}
     rows: list[dict[str, Any]] = []

@@ -8,7 +8,8 @@ from typing import Any
 
 from .._errors import TraceError
 from .._layout import HANGS, LIVE
-from ._options import json_option
+from ..analysis._options import HangOptions
+from ._options import add_options, json_option, options_from
 from ._output import print_json, terminal
 
 __all__ = ["add_commands"]
@@ -26,6 +27,7 @@ def add_commands(commands: Any) -> None:
         ),
     )
     hang.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    add_options(hang, HangOptions)
     json_option(hang)
     hang.set_defaults(run=_hang)
 
@@ -34,7 +36,7 @@ def _hang(args: argparse.Namespace) -> int:
     from ..analysis import find_hangs
 
     render = None if args.json else terminal("hang")
-    found = find_hangs(args.run_dir)
+    found = find_hangs(args.run_dir, options_from(HangOptions, args))
     if found.files_read == 0:
         first = " ".join(found.skipped[0].split()) if found.skipped else ""  # one line
         why = f"; {len(found.skipped)} skipped, first {first}" if first else ""
