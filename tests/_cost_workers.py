@@ -1,4 +1,4 @@
-"""The job behind tests/test_cost.py, run in spawned ranks (importable by module path)."""
+"""The job behind tests/analysis/test_cost.py, run in spawned ranks (importable by module path)."""
 
 from __future__ import annotations
 

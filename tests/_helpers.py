@@ -63,7 +63,7 @@ def final_files(run_dir: Path, heartbeats: bool = False) -> list[str]:
     """Every file under run_dir with a final name, relative; temporary names start with a dot.
 
     The heartbeats (live/, on wherever the timer or capture is) are left out unless asked
-    for: tests/test_watchdog.py checks them.
+    for: tests/watch/test_watchdog.py checks them.
     """
     return sorted(
         str(p.relative_to(run_dir))
