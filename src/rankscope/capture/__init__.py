@@ -2,7 +2,7 @@
 
 One object per concern: `_capture` (TraceCapture: lifecycle, phases, faults),
 `_schedule` (the pure plan of steps), `_requests` (the one door for windows asked for at
-run time), `_ondemand` (who asks: triggers, SIGUSR2, slow steps), `_watch` (the anomaly
+run time), `_ondemand` (who asks: triggers, SIGUSR2, slow steps), `_anomaly` (the anomaly
 watch), `_profile` (making profilers), `_export` (saving windows), `_nsys`, `_memory`,
 `_trigger` (the trigger files) and `_ask` (asking a running job from outside it).
 
