@@ -511,6 +511,22 @@ def test_a_config_field_a_meta_file_leaves_out_reads_as_the_configs_default(
         ask_for_window(run, steps=trace.trigger_max_steps + 1)
 
 
+def test_a_meta_file_without_the_trigger_fields_listens_as_the_default_config_does(
+    tmp_path: Path,
+) -> None:
+    """A rank whose meta file leaves out trace.target and the check interval ran with
+    TraceConfig's defaults: a rank that checks for triggers, at the default interval."""
+    run = _run(tmp_path, timings=False)
+    for path in (run / "meta").glob("rank-*.json"):
+        meta = json.loads(path.read_text())
+        del meta["config"]["trace"]["target"]
+        del meta["config"]["trace"]["trigger_check_every_n_steps"]
+        path.write_text(json.dumps(meta))
+    asked = ask_for_window(run, at=50)
+    assert asked["listening"] == [0, 1, 2, 3] and asked["not_listening"] == {}
+    assert asked["check_every"] == rankscope.TraceConfig().trigger_check_every_n_steps
+
+
 # -- spawned ranks over gloo: the same window at the same step on exactly the chosen ranks --
 
 

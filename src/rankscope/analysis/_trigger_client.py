@@ -4,7 +4,7 @@ What `rankscope trigger` does, for any Python caller (a Ray driver, a notebook):
 the request against the ranks' meta files and the run's timings, then write the trigger
 file each rank's TriggerWatcher looks for (capture/_trigger.py, the job's side of the
 same files). Imports no torch. A rank's config comes from its meta file; a field the
-file leaves out reads as the config's own default (TraceConfig, TimerConfig).
+file leaves out reads as the config's own default (`config_in_meta`).
 
 Errors name the argument as the CLI spells its option (`--ranks`, `--steps`, `--at`),
 so the command and a Python caller see the same message.
@@ -12,7 +12,6 @@ so the command and a Python caller see the same message.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import math
 import os
@@ -21,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._config import TimerConfig, TraceConfig
 from .._errors import ConfigError, TraceError
 from .._layout import META_FILES, NSYS, TRACES, RunDir
 from .._ranks import RankSet, parse_ranks
 from ..capture._trigger import (
     Trigger,
+    config_in_meta,
     new_trigger_id,
     rank_listens,
     read_acks,
@@ -65,13 +64,13 @@ def ask_for_window(
             raise ConfigError(option, value, "a number >= 1")
     meta = _run_meta(run_dir)
     world = _world_size(meta)
-    spec = _config_of(meta.meta[min(meta.meta)], "trace")["ranks"] if ranks is None else ranks
+    spec = config_in_meta(meta.meta[min(meta.meta)], "trace")["ranks"] if ranks is None else ranks
     rank_set = parse_ranks(spec, "--ranks")
     rank_set.check_world_size(world, "--ranks")
     selected = list(range(world)) if rank_set.everything else sorted(rank_set.ranks)
     listening, unheard = _who_listens(meta, selected, rank_set)
-    traces = [_config_of(meta.meta[r], "trace") for r in listening]
-    timers = [_config_of(meta.meta[r], "timer") for r in listening]
+    traces = [config_in_meta(meta.meta[r], "trace") for r in listening]
+    timers = [config_in_meta(meta.meta[r], "timer") for r in listening]
     max_steps = min(int(t["trigger_max_steps"]) for t in traces)
     steps = min(2, max_steps) if steps is None else steps
     if steps > max_steps:
@@ -272,22 +271,6 @@ def _run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
     if not meta.meta:
         raise TraceError(f"{run_dir}: not a run directory (no {META_FILES} in it)")
     return meta
-
-
-# What a meta file's config leaves out, the job ran with: its config is built through these
-# dataclasses, so their defaults are the one statement of it.
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "trace": dataclasses.asdict(TraceConfig()),
-    "timer": dataclasses.asdict(TimerConfig()),
-}
-
-
-def _config_of(rank_meta: object, section: str) -> dict[str, Any]:
-    """One section ("trace", "timer") of a rank's config as its meta file holds it, each
-    field the file leaves out at the config's default."""
-    config = rank_meta.get("config") if isinstance(rank_meta, dict) else None
-    given = config.get(section) if isinstance(config, dict) else None
-    return {**_DEFAULTS[section], **(given if isinstance(given, dict) else {})}
 
 
 def _world_size(meta: RunMeta) -> int:
