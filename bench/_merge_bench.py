@@ -28,7 +28,7 @@ BASE_NS = 1_790_000_000_000_000_000
 _CHILD = """
 import json, resource, sys, time
 from rankscope.analysis.merge import merge_traces
-from rankscope.analysis.read._stream import scan_trace
+from rankscope._trace_stream import scan_trace
 what, paths = sys.argv[1], sys.argv[2:]
 t0 = time.perf_counter()
 if what == "floor":

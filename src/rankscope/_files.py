@@ -1,9 +1,9 @@
 """Writing inside the run directory and nowhere else.
 
-A running rank writes only under RUN_DIR and follows no symbolic link there (DESIGN.md,
-principle 7): a link planted at `triggers/<id>` or `traces/<window>` would otherwise
-carry a rank's writes into any folder its user may write. Every file the capture side
-writes goes through here:
+A running rank writes only under RUN_DIR and follows no symbolic link there (the promise
+docs/run-directory.md makes to users): a link planted at `triggers/<id>` or
+`traces/<window>` would otherwise carry a rank's writes into any folder its user may
+write. Every file the capture side writes goes through here:
 
 - a folder below RUN_DIR is opened one name at a time, each relative to the folder
   above it (`O_DIRECTORY | O_NOFOLLOW`, `dir_fd`), and made where it is missing;

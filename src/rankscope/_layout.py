@@ -1,5 +1,5 @@
 """The run directory's contract: every folder and file name, the one rule for a file's
-rank, and window names with their tags (DESIGN.md, "Run directory").
+rank, and window names with their tags (docs/run-directory.md says it for users).
 
 Writers build their paths with the `*_path` functions; readers list a run directory
 through `RunDir`, which finds each kind of file and says its rank. No other module

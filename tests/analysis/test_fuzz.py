@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rankscope import TraceError
+from rankscope._kineto import summarize_trace
 from rankscope._layout import summary_of
 from rankscope._synthetic import write_run_traces, write_timings
 from rankscope.analysis import (
@@ -37,7 +38,6 @@ from rankscope.analysis import (
     read_run_meta,
     read_timings,
 )
-from rankscope.analysis.read._kineto import summarize_trace
 
 from .._helpers import within
 

@@ -332,7 +332,7 @@ def test_auto_ranks_widen_the_watch_beyond_trace_ranks(tmp_path: Path) -> None:
         ),
     )
     watching = rankscope.Profiler(config, rank=3, world_size=4)
-    assert watching._capture is not None and watching._capture._watch is not None
+    assert watching._capture is not None and watching._capture._anomaly is not None
     narrow = rankscope.ProfileConfig(
         output_dir=tmp_path,
         trace=rankscope.TraceConfig(

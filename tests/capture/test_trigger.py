@@ -27,7 +27,7 @@ from rankscope._layout import trace_path
 from rankscope._meta import write_meta
 from rankscope._ranks import RankInfo
 from rankscope.analysis import build_report, read_timings
-from rankscope.capture._ask import ask_for_window, latest_step, trigger_status
+from rankscope.analysis._trigger_client import ask_for_window, latest_step, trigger_status
 from rankscope.capture._schedule import Action, StepPlan
 from rankscope.capture._trigger import (
     Trigger,
@@ -487,6 +487,44 @@ def test_a_python_caller_gets_the_cli_errors_and_nothing_is_written(tmp_path: Pa
     assert not trigger_dir(run).exists()
     with pytest.raises(TraceError, match="lies inside the run directory"):
         trigger_status(tmp_path / "meta")
+
+
+def test_a_config_field_a_meta_file_leaves_out_reads_as_the_configs_default(
+    tmp_path: Path,
+) -> None:
+    """The job built its config through TraceConfig and TimerConfig: where a meta file has
+    no value, the job ran with their default, and the trigger's start and length follow it."""
+    run = _run(tmp_path)
+    for path in (run / "meta").glob("rank-*.json"):
+        meta = json.loads(path.read_text())
+        del meta["config"]["timer"]["every_n_steps"], meta["config"]["timer"]["flush_every_n_steps"]
+        del meta["config"]["trace"]["trigger_max_steps"]
+        path.write_text(json.dumps(meta))
+    timer, trace = rankscope.TimerConfig(), rankscope.TraceConfig()
+    asked = ask_for_window(run)
+    # latest step 19 + timer lag (sampling + flush interval) + check interval + warm-up and margin 2
+    lead = timer.every_n_steps + timer.flush_every_n_steps + CHECK_EVERY + 2
+    assert (asked["start"], asked["steps"]) == (19 + lead, 2)
+    longest = ask_for_window(run, steps=trace.trigger_max_steps)
+    assert longest["steps"] == trace.trigger_max_steps
+    with pytest.raises(ConfigError, match=f"1 to {trace.trigger_max_steps}"):
+        ask_for_window(run, steps=trace.trigger_max_steps + 1)
+
+
+def test_a_meta_file_without_the_trigger_fields_listens_as_the_default_config_does(
+    tmp_path: Path,
+) -> None:
+    """A rank whose meta file leaves out trace.target and the check interval ran with
+    TraceConfig's defaults: a rank that checks for triggers, at the default interval."""
+    run = _run(tmp_path, timings=False)
+    for path in (run / "meta").glob("rank-*.json"):
+        meta = json.loads(path.read_text())
+        del meta["config"]["trace"]["target"]
+        del meta["config"]["trace"]["trigger_check_every_n_steps"]
+        path.write_text(json.dumps(meta))
+    asked = ask_for_window(run, at=50)
+    assert asked["listening"] == [0, 1, 2, 3] and asked["not_listening"] == {}
+    assert asked["check_every"] == rankscope.TraceConfig().trigger_check_every_n_steps
 
 
 # -- spawned ranks over gloo: the same window at the same step on exactly the chosen ranks --

@@ -1,4 +1,4 @@
-"""The anomaly watch (capture/_watch.py): it returns slow stretches and plans nothing."""
+"""The anomaly watch (capture/_anomaly.py): it returns slow stretches and plans nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from rankscope._config import AutoTrigger
-from rankscope.capture._watch import AnomalyWatch
+from rankscope.capture._anomaly import AnomalyWatch
 
 AUTO = AutoTrigger(enable=True, warmup_steps=5, consecutive=2, ratio=2.0, max_captures=1)
 

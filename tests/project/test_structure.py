@@ -1,12 +1,17 @@
 """The shape of the source tree: what the restructuring promised stays true.
 
 No file over 700 lines, no class over 25 methods, no import cycle between rankscope's
-modules, and no run-directory file name spelled outside `_layout.py`.
+modules, no run-directory file name spelled outside `_layout.py`, no module of the
+job side that reaches the analysis, and no comment citing a document the repository
+does not hold.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,7 +140,8 @@ def _docstrings(tree: ast.Module) -> set[int]:
 
 
 def test_run_directory_names_are_spelled_in_layout_alone() -> None:
-    """Docstrings may describe the layout; code may not spell it (STYLE.md, habit 13)."""
+    """Docstrings may describe the layout; code may not spell it: a file name written in
+    two places is two rules that can disagree (docs/run-directory.md is the layout)."""
     spelled = []
     for name, path in MODULES.items():
         if name == "rankscope._layout":
@@ -151,3 +157,86 @@ def test_run_directory_names_are_spelled_in_layout_alone() -> None:
                 if piece in node.value:
                     spelled.append(f"{name}:{node.lineno}: {node.value[:60]!r}")
     assert spelled == []
+
+
+# The code a training job imports: it talks to the analysis through the run directory's
+# files alone, so it never needs the analysis's dependencies, nor breaks when it changes.
+JOB_SIDE = (
+    "rankscope.capture",
+    "rankscope.timing",
+    "rankscope.watch",
+    "rankscope.integrations",
+    "rankscope._profiler",
+)
+
+
+def _is_under(name: str, roots: tuple[str, ...]) -> bool:
+    return any(name == root or name.startswith(root + ".") for root in roots)
+
+
+def test_the_job_side_never_imports_the_analysis() -> None:
+    """Followed through every module the job side imports, at any depth (shared modules
+    such as `_layout` and `_kineto` included): none of it is rankscope.analysis."""
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    job = sorted(name for name in MODULES if _is_under(name, JOB_SIDE))
+    assert "rankscope.capture._finalize" in job and "rankscope._profiler" in job
+    reached: list[str] = []
+    for start in job:
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in sorted(graph[todo.pop()] - seen):
+                if _is_under(nxt, ("rankscope.analysis",)):
+                    reached.append(f"{start} -> ... -> {nxt}")
+                seen.add(nxt)
+                todo.append(nxt)
+    assert reached == []
+
+
+def test_a_job_that_captures_loads_no_analysis_module(tmp_path: Path) -> None:
+    """The same at run time: a job that times and saves a window with its summary loads no
+    rankscope.analysis module (the finaliser's child process runs the module loaded here,
+    capture/_finalize.py, and its summariser)."""
+    code = f"""
+import sys
+import rankscope
+import rankscope.capture._finalize
+config = rankscope.ProfileConfig(
+    output_dir={str(tmp_path)!r},
+    trace=rankscope.TraceConfig(
+        enable=True, schedule=rankscope.Schedule(wait=0, warmup=0, active=1, repeat=1)
+    ),
+    timer=rankscope.TimerConfig(enable=True, every_n_steps=1),
+)
+with rankscope.Profiler(config, rank=0, world_size=1) as prof:
+    for _ in range(3):
+        with prof.phase("work"):
+            sum(range(1000))
+        prof.step()
+print(sorted(m for m in sys.modules if m.startswith("rankscope.analysis")))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    assert out.stdout.strip() == "[]", out.stderr
+    assert list(tmp_path.glob("traces/*/*.summary.json")), "no window was saved"
+
+
+REPO = SRC.parents[1]
+# A cited document: "docs/timer.md", "README.md", or "analysis.md" (read in docs/).
+_CITED = re.compile(r"[\w./-]+\.md\b")
+
+
+def test_every_document_the_code_cites_is_in_the_repository() -> None:
+    """A reader sent to a file that is not there (a design note kept elsewhere) is lost."""
+    code = [
+        path
+        for folder in ("src", "tests", "bench", "examples")
+        for path in (REPO / folder).rglob("*.py")
+    ]
+    missing = []
+    for path in code:
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for cited in _CITED.findall(line):
+                if not any((root / cited).is_file() for root in (REPO, REPO / "docs")):
+                    missing.append(f"{path.relative_to(REPO)}:{lineno}: {cited}")
+    assert missing == []

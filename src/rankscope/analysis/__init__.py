@@ -7,8 +7,9 @@ the stragglers; `_kernels`, `_hangs`, `_collectives`, `_hosts`, `_diff`, `_repor
 `merge/`); `render/` draws the HTML pages. `_parallel` is the one way they read files
 in parallel.
 
-Imports no torch: analysis runs anywhere. Names load on first use, so the trace
-finaliser (which needs only the summaries) never pays for numpy.
+Imports no torch: analysis runs anywhere. Names load on first use, so `import
+rankscope.analysis` never pays for numpy. The job side never imports this package: the
+trace summaries it writes come from `rankscope._kineto`, which both sides share.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .._kineto import load_trace, scan_trace, summarize_events, summarize_trace
     from ._analyse import (
         StragglerAnalysis,
         TimedRun,
@@ -42,7 +44,6 @@ if TYPE_CHECKING:
     from ._stragglers import StragglerFinding, StragglerReport, find_stragglers
     from .merge import MergeResult, merge_traces
     from .read._engine import RunRecords, read_run_records
-    from .read._kineto import load_trace, scan_trace, summarize_events, summarize_trace
     from .read._run import RunMeta, read_run_meta
     from .read._timings import RankTimings, RunTimings, read_rank_timings, read_timings
     from .render._html import render_html
@@ -124,10 +125,10 @@ _WHERE = {
     "KernelTable": "_kernels",
     "find_traces": "_kernels",
     "kernel_report": "_kernels",
-    "load_trace": "read._kineto",
-    "scan_trace": "read._kineto",
-    "summarize_events": "read._kineto",
-    "summarize_trace": "read._kineto",
+    "load_trace": "rankscope._kineto",
+    "scan_trace": "rankscope._kineto",
+    "summarize_events": "rankscope._kineto",
+    "summarize_trace": "rankscope._kineto",
     "PhaseMatrices": "_matrix",
     "phase_matrices": "_matrix",
     "matrices_of": "_matrix",
@@ -152,7 +153,9 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    # The trace readers live in rankscope._kineto, which the job side imports too.
+    path = module if module.startswith("rankscope.") else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError, TraceError
+from .._kineto import SUMMARY_VERSION, left_out_lines, summarize_trace, summary_problem
 from .._layout import (
     RunDir,
     is_run_dir,
@@ -22,7 +23,6 @@ from .._layout import (
 )
 from ._options import KernelOptions
 from ._parallel import PARALLEL_BYTES, file_size, ordered_map
-from .read._kineto import SUMMARY_VERSION, left_out_lines, summarize_trace, summary_problem
 
 __all__ = [
     "KernelReport",

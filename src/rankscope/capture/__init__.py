@@ -2,9 +2,10 @@
 
 One object per concern: `_capture` (TraceCapture: lifecycle, phases, faults),
 `_schedule` (the pure plan of steps), `_requests` (the one door for windows asked for at
-run time), `_ondemand` (who asks: triggers, SIGUSR2, slow steps), `_watch` (the anomaly
+run time), `_ondemand` (who asks: triggers, SIGUSR2, slow steps), `_anomaly` (the anomaly
 watch), `_profile` (making profilers), `_export` (saving windows), `_nsys`, `_memory`,
-`_trigger` (the trigger files) and `_ask` (asking a running job from outside it).
+and `_trigger` (the trigger files, as a rank reads and answers them; the client that
+writes them, `rankscope trigger`, is `analysis/_trigger_client`).
 
 Importing this package does not import torch; creating a TraceCapture does.
 """

@@ -3,7 +3,7 @@
 The capture holds the lifecycle (start, step, stop, phases) and the profiler's state
 machine; each other concern is an object of its own: the plan of windows and the one
 door to it (`_requests`), who asks at run time (`_ondemand`), the anomaly watch
-(`_watch`), making profilers (`_profile`) and saving windows (`_export`).
+(`_anomaly`), making profilers (`_profile`) and saving windows (`_export`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .._config import TraceConfig
 from .._layout import phase_window_name, step_window_name
 from .._ranks import RankInfo
 from .._torch import import_torch
+from ._anomaly import AnomalyWatch
 from ._auto import SlowSteps
 from ._export import MAX_BACKLOG, WindowExporter, let_go
 from ._faults import OneFault
@@ -30,7 +31,6 @@ from ._profile import ProfilerMaker, abandon, disable_autograd_profiler
 from ._requests import WindowRequests
 from ._schedule import Action, StepPlan
 from ._trigger import why_not_listening
-from ._watch import AnomalyWatch
 
 if TYPE_CHECKING:
     from ..timing import PhaseTimer
@@ -89,7 +89,7 @@ class TraceCapture(OneFault):
             and self._target_phase is None
             and rank in auto.rank_set(config.ranks)
         )
-        self._watch: AnomalyWatch | None = AnomalyWatch(auto, rank) if watched else None
+        self._anomaly: AnomalyWatch | None = AnomalyWatch(auto, rank) if watched else None
         self.on_window_closed: Callable[[str], None] | None = None
         """Called with a window's name on the training thread when it closes (memory snapshots)."""
         self._prof: Any = None
@@ -114,18 +114,19 @@ class TraceCapture(OneFault):
     # -- lifecycle ---------------------------------------------------------------
 
     def attach_timer(self, timer: PhaseTimer | None) -> None:
-        """The phase timer of this rank, whose records of trace.auto.phase feed the watch."""
-        if self._watch is not None:
-            self._watch.attach_timer(timer)
-            if not self._watch.watching:
-                self._watch = None
+        """The phase timer of this rank, whose records of trace.auto.phase feed the anomaly
+        watch."""
+        if self._anomaly is not None:
+            self._anomaly.attach_timer(timer)
+            if not self._anomaly.watching:
+                self._anomaly = None
 
     def start(self, first_step: int = 0) -> None:
         """Begin at `first_step`: a resumed job's global step (the schedule counts from 0)."""
         self._owner = threading.get_ident()
         self._step = self._first_step = first_step
-        if self._watch is not None:
-            self._watch.step_began = time.perf_counter()
+        if self._anomaly is not None:
+            self._anomaly.step_began = time.perf_counter()
         if self._config.on_signal and self._target_phase is None:
             # Installed even where capture is off (nsys without CUDA): the promise was that
             # SIGUSR2 asks for a window, and its default action would end the process.
@@ -149,21 +150,21 @@ class TraceCapture(OneFault):
 
     def step(self) -> None:
         if self._step + 1 < self._wake_at:
-            self._step += 1  # idle: no check, no window and no watch until then
+            self._step += 1  # idle: no trigger check, no window and no slow-step check until then
             return
-        watch = self._watch
-        if watch is not None:
+        anomaly = self._anomaly
+        if anomaly is not None:
             # Inline, not a method of its own: this runs every step of a watching rank.
             # A step a window recorded or warmed up in is not fed (see AnomalyWatch).
             profiled = self.recording or (
                 self._prof is not None and self._plan.action(self._step) is not Action.NONE
             )
-            now = time.perf_counter() if watch.steps is not None else 0.0
-            found = watch.observe(self._step, now, profiled, self.enabled)
+            now = time.perf_counter() if anomaly.steps is not None else 0.0
+            found = anomaly.observe(self._step, now, profiled, self.enabled)
             if found:
-                self._ask_for(watch, found)
-            if not watch.watching:
-                self._watch = None
+                self._ask_for(anomaly, found)
+            if not anomaly.watching:
+                self._anomaly = None
         self._step += 1
         if self._failure is not None:
             self.fault(self._failure)  # already warned on the worker thread
@@ -199,25 +200,25 @@ class TraceCapture(OneFault):
                 self._prof = None
         elif plan.next_added is not None and plan.next_added <= step + 1 and self.enabled:
             self._begin_added(step)
-        watch = self._watch
-        if watch is not None and watch.steps is not None:
+        anomaly = self._anomaly
+        if anomaly is not None and anomaly.steps is not None:
             # Measured from here: rankscope's own work in step() (an export) is not the job's.
-            watch.step_began = time.perf_counter()
+            anomaly.step_began = time.perf_counter()
         self._wake_at = self._next_work(step)
         hook = asking.signal
         if hook is not None and hook.pending:
             self._wake_at = 0  # a signal that came during this step() must not wait for a check
 
-    def _ask_for(self, watch: AnomalyWatch, found: Sequence[SlowSteps]) -> None:
-        """Ask for the windows that the slow stretches the watch found want."""
+    def _ask_for(self, anomaly: AnomalyWatch, found: Sequence[SlowSteps]) -> None:
+        """Ask for the windows that the slow stretches the anomaly watch found want."""
         auto = self._config.auto
         try:
             for slow in found:
                 self._asking.on_slow(slow, self._step + 1, auto.phase, auto.window_steps)
         except Exception as exc:
-            # Asking for its window failed: the watch goes off, the run and the windows
-            # already planned go on.
-            watch.give_up(exc)
+            # Asking for its window failed: the anomaly watch goes off, the run and the
+            # windows already planned go on.
+            anomaly.give_up(exc)
 
     def _wake(self) -> None:
         """Make the next step() do its work (SIGUSR2 arrived: an assignment, safe in a handler)."""
@@ -228,7 +229,7 @@ class TraceCapture(OneFault):
         (no profiler held, nothing watched each step); 0 when the next one may. A signal
         resets it (`_wake`)."""
         plan = self._plan
-        if self._prof is not None or self._watch is not None or not plan.schedule_over(step):
+        if self._prof is not None or self._anomaly is not None or not plan.schedule_over(step):
             return 0
         wake = sys.maxsize
         every = self._asking.check_every
@@ -265,8 +266,8 @@ class TraceCapture(OneFault):
             elif self._guarded("stop", self._prof.stop):
                 self._prof = None
         self.recording = False
-        if self._watch is not None:
-            self._watch.stop(self._step)
+        if self._anomaly is not None:
+            self._anomaly.stop(self._step)
         if (
             self.enabled
             and self._exporter.saved == 0

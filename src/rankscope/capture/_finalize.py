@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from .._files import Folder, open_folder
+from .._kineto import summarize_trace
 from .._layout import is_temp, temp_name
-from ..analysis import summarize_trace
 
 __all__ = ["RAW_NAME", "FinalizeJob", "discard", "finalize", "main"]
 

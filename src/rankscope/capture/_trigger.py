@@ -17,6 +17,7 @@ SIGUSR2 (`trace.on_signal`) asks one process for a window on its next steps: a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._config import TimerConfig, TraceConfig
 from .._errors import ConfigError
 from .._files import open_folder, read_regular, write_atomic
 from .._layout import (
@@ -53,6 +55,7 @@ __all__ = [
     "ack_path",
     "answered",
     "check_trigger_id",
+    "config_in_meta",
     "install_signal_hook",
     "new_trigger_id",
     "parse_trigger",
@@ -132,18 +135,31 @@ def why_not_listening(enable: object, target: object, every: object) -> str | No
     return None
 
 
+_SECTIONS = {"trace": TraceConfig, "timer": TimerConfig}
+
+
+def config_in_meta(meta: object, section: str) -> dict[str, Any]:
+    """One section ("trace", "timer") of a rank's config as its meta file holds it, each
+    field the file leaves out at the config's default: the job built its config through
+    these dataclasses, so their defaults are the one statement of what it ran with."""
+    config = meta.get("config") if isinstance(meta, dict) else None
+    given = config.get(section) if isinstance(config, dict) else None
+    defaults = dataclasses.asdict(_SECTIONS[section]())
+    return {**defaults, **(given if isinstance(given, dict) else {})}
+
+
 def rank_listens(meta: dict[str, Any] | None) -> str | None:
     """`why_not_listening` for a rank as its meta file (RUN_DIR/meta) describes it."""
     if meta is None:
         return "no meta file (the rank neither traces nor times, or has not started)"
     config = meta.get("config")
-    trace = config.get("trace") if isinstance(config, dict) else None
-    if not isinstance(trace, dict):
+    if not isinstance(config, dict) or not isinstance(config.get("trace"), dict):
         return "its meta file holds no trace config"
-    every = trace.get("trigger_check_every_n_steps", 0)
-    why = why_not_listening(trace.get("enable"), trace.get("target"), every)
+    trace = config_in_meta(meta, "trace")
+    every = trace["trigger_check_every_n_steps"]
+    why = why_not_listening(trace["enable"], trace["target"], every)
     device = meta.get("device")
-    if why is None and trace.get("tool") == "nsys" and not str(device).startswith("cuda"):
+    if why is None and trace["tool"] == "nsys" and not str(device).startswith("cuda"):
         return f"trace.tool is 'nsys' and the rank has no CUDA device ({device})"
     return why
 

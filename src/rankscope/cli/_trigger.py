@@ -58,7 +58,7 @@ def _step(text: str) -> int:
 
 
 def _trigger(args: argparse.Namespace) -> int:
-    from ..capture._ask import ask_for_window, trigger_status
+    from ..analysis._trigger_client import ask_for_window, trigger_status
 
     render = None if args.json else terminal("trigger")
     if args.status:

@@ -1,4 +1,7 @@
-"""Timing records (schema v1, DESIGN.md "Timing record"): one JSON object per line."""
+"""Timing records (schema v1): one JSON object per line.
+
+Their fields are what docs/run-directory.md ("timings/rank-NNNNN.jsonl") tells users.
+"""
 
 from __future__ import annotations
 

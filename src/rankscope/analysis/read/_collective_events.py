@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from ..._errors import TraceError
 from ..._layout import rank_of_file
-from ._stream import BatchDecoder, plain_events, scan_batches
+from ..._trace_stream import BatchDecoder, plain_events, scan_batches
 
 __all__ = ["Arrival", "RankCollectives", "SendRecvKernels", "read_rank_collectives"]
 

@@ -8,6 +8,9 @@ A cut is a guess, and decoding checks it: "[" + batch + "]" is valid JSON only w
 batch ends at the end of an event of the list. Where it is not (a "}" inside a string,
 or a fault in the file), the events up to that cut are read one by one by the same
 scanner, which says exactly what is wrong with a bad file.
+
+Shared by the job's summaries (`_kineto`) and the analysis's trace readers; it imports
+neither side.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from ..._errors import TraceError
-from ..._layout import open_regular
+from ._errors import TraceError
+from ._layout import open_regular
 
 __all__ = ["DICTS", "BatchDecoder", "plain_events", "scan_batches", "scan_trace"]
 

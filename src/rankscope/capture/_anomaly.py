@@ -1,6 +1,6 @@
 """The anomaly watch (trace.auto): a rank's step times, or one phase's, fed to the
 slow-step rule. It returns the slow stretches it sees and plans nothing: the capture
-asks for their windows through its one door."""
+asks for their windows through its one door. (Not the hang watchdog: that is `watch/`.)"""
 
 from __future__ import annotations
 

@@ -1,9 +1,12 @@
 """Reading Kineto (torch.profiler) traces and summarising their kernels, or their CPU ops.
 
-Imports no torch: analysis runs anywhere. A summary decodes only the seven fields it
-reads, batch by batch: with a typed msgspec decoder where msgspec can be imported (the
-analysis extra), else with the stdlib's json; the two give the same summary. The
-capture side summarises with the stdlib alone: a training job imports no msgspec.
+Shared by both sides, so it imports neither: the job's trace finaliser writes each
+window's summary with it (capture/_finalize.py) and the analysis reads and checks those
+summaries with it (analysis/_kernels.py); it imports no torch and no numpy. A summary
+decodes only the seven fields it reads, batch by batch: with a typed msgspec decoder
+where msgspec can be imported (the analysis extra), else with the stdlib's json; the two
+give the same summary. The capture side summarises with the stdlib alone: a training job
+imports no msgspec.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..._text import shown
-from ._stream import BatchDecoder, plain_events, scan_batches, scan_trace
+from ._text import shown
+from ._trace_stream import BatchDecoder, plain_events, scan_batches, scan_trace
 
 __all__ = [
     "MAX_DUR_US",

@@ -2,7 +2,9 @@
 
 What `rankscope trigger` does, for any Python caller (a Ray driver, a notebook): check
 the request against the ranks' meta files and the run's timings, then write the trigger
-file each rank's TriggerWatcher looks for (capture/_trigger.py). Imports no torch.
+file each rank's TriggerWatcher looks for (capture/_trigger.py, the job's side of the
+same files). Imports no torch. A rank's config comes from its meta file; a field the
+file leaves out reads as the config's own default (`config_in_meta`).
 
 Errors name the argument as the CLI spells its option (`--ranks`, `--steps`, `--at`),
 so the command and a Python caller see the same message.
@@ -21,10 +23,18 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ConfigError, TraceError
 from .._layout import META_FILES, NSYS, TRACES, RunDir
 from .._ranks import RankSet, parse_ranks
-from ._trigger import Trigger, new_trigger_id, rank_listens, read_acks, read_trigger, write_trigger
+from ..capture._trigger import (
+    Trigger,
+    config_in_meta,
+    new_trigger_id,
+    rank_listens,
+    read_acks,
+    read_trigger,
+    write_trigger,
+)
 
 if TYPE_CHECKING:
-    from ..analysis import RunMeta
+    from .read._run import RunMeta
 
 __all__ = ["Progress", "ask_for_window", "latest_step", "run_progress", "trigger_status"]
 
@@ -54,17 +64,14 @@ def ask_for_window(
             raise ConfigError(option, value, "a number >= 1")
     meta = _run_meta(run_dir)
     world = _world_size(meta)
-    spec = ranks
-    if spec is None:
-        config = meta.meta[min(meta.meta)].get("config") or {}
-        spec = (config.get("trace") or {}).get("ranks", "0")
+    spec = config_in_meta(meta.meta[min(meta.meta)], "trace")["ranks"] if ranks is None else ranks
     rank_set = parse_ranks(spec, "--ranks")
     rank_set.check_world_size(world, "--ranks")
     selected = list(range(world)) if rank_set.everything else sorted(rank_set.ranks)
     listening, unheard = _who_listens(meta, selected, rank_set)
-    traces = [meta.meta[r]["config"]["trace"] for r in listening]
-    timers = [meta.meta[r]["config"].get("timer") or {} for r in listening]
-    max_steps = min(int(t.get("trigger_max_steps", 1)) for t in traces)
+    traces = [config_in_meta(meta.meta[r], "trace") for r in listening]
+    timers = [config_in_meta(meta.meta[r], "timer") for r in listening]
+    max_steps = min(int(t["trigger_max_steps"]) for t in traces)
     steps = min(2, max_steps) if steps is None else steps
     if steps > max_steps:
         raise ConfigError(
@@ -99,7 +106,7 @@ def ask_for_window(
             f"a rank that sees it at step {start} or later declines it"
         )
     # With trace.tool="nsys", nsys writes the reports; rankscope notes each range there.
-    folder = NSYS if all(t.get("tool") == "nsys" for t in traces) else TRACES
+    folder = NSYS if all(t["tool"] == "nsys" for t in traces) else TRACES
     return {
         **trigger.to_dict(),
         "run_dir": str(run_dir),
@@ -205,7 +212,7 @@ _STALE_S = 300.0
 
 def run_progress(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> Progress:
     """Where the run stands: its heartbeats say it from the first step on."""
-    from ..analysis.read._watch import read_watch
+    from .read._watch import read_watch
 
     beats = read_watch(run_dir).heartbeats
     if not beats:
@@ -243,7 +250,8 @@ def run_progress(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> 
 def latest_step(run_dir: str | os.PathLike[str]) -> int | None:
     """The latest step in the run's timings; None without any. Read by DuckDB where the
     analysis extra is installed (seconds for thousands of ranks), else line by line."""
-    from ..analysis import read_run_records, read_timings
+    from .read._engine import read_run_records
+    from .read._timings import read_timings
 
     try:
         if importlib.util.find_spec("duckdb") is not None:
@@ -257,7 +265,7 @@ def latest_step(run_dir: str | os.PathLike[str]) -> int | None:
 
 
 def _run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
-    from ..analysis import read_run_meta
+    from .read._run import read_run_meta
 
     meta = read_run_meta(run_dir)
     if not meta.meta:
@@ -298,9 +306,7 @@ def _lead(timers: list[dict[str, Any]], check: int) -> int:
     interval, a rank looks every check interval, and the step before the window warms the
     profiler up."""
     lag = max(
-        int(t.get("every_n_steps", 1)) + int(t.get("flush_every_n_steps", 1))
-        if t.get("enable")
-        else 0
+        int(t["every_n_steps"]) + int(t["flush_every_n_steps"]) if t["enable"] else 0
         for t in timers
     )
     return lag + check + 2
