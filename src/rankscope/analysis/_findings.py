@@ -378,9 +378,9 @@ def cost_text(cost: Mapping[str, Any], what: str = "fixing it") -> str:
     if speedup is not None and speedup > 1:
         text += f" ({speedup_text(speedup)} as fast)"
     if hours is not None and gpu is not None:
-        text += f": {_duration(hours)} over the run so far, {_duration(gpu, 'GPU-')}"
+        text += f": {_duration(hours)} over the run so far, {_duration(gpu, 'GPU')}"
     elif hours is not None and ranks is not None:
-        text += f": {_duration(hours)} over the run so far, {_duration(ranks, 'rank-')}"
+        text += f": {_duration(hours)} over the run so far, {_duration(ranks, 'rank')}"
     return text
 
 
@@ -401,8 +401,9 @@ def _ms(value: float) -> str:
 
 
 def _duration(hours: float, prefix: str = "") -> str:
-    """Hours as people say them: "4.8 h", "12 min", "40 s" (with "GPU-": GPU-hours...,
-    with "rank-": rank-hours...)."""
+    """Hours as people say them: "4.8 h", "12 min", "40 s" (with a `prefix`, "GPU":
+    GPU-hours..., "rank": rank-hours...)."""
+    prefix = f"{prefix}-" if prefix else ""
     if hours >= 0.1:
         return f"{hours:,.1f} {prefix}hours" if prefix else f"{hours:,.1f} h"
     if hours * 60 >= 0.1:

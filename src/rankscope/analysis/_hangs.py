@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from .._config import HangConfig
-from .._errors import ConfigError, TraceError
-from .._layout import RunDir
+from .._errors import ConfigError
 from .._text import format_ranks, number_ranges
+from ._hang_launches import current_hangs, latest_launch, world_size_of
 from ._options import HangOptions
-from .read._attempts import ONE_LAUNCH_NS, AttemptMark, mark_of, run_attempts
+from ._step_order import StepOrder, step_order
 from .read._run import RunMeta, read_run_meta
 from .read._watch import Frame, HangFile, Heartbeat, OpenPhase, read_watch
 
@@ -74,24 +74,6 @@ IN_COMM = "in a comm phase"
 IN_SYNC = "in a phase that ends in a collective"
 LATER_STEP = "at a later step"
 LATER_PHASE = "at a later phase of the step"
-
-
-@dataclass(frozen=True, slots=True)
-class StepOrder:
-    """What a run's timings say of its steps: the order a step runs its phases in, and
-    which phases end in a collective."""
-
-    places: dict[str, int]
-    """Each phase's place in the step, the first 0."""
-    sync: frozenset[str]
-    """The phases of kind "comm", and those whose ranks leave them together though they
-    enter apart (analysis/_stragglers.py's rule: a DDP backward)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "order": sorted(self.places, key=self.places.__getitem__),
-            "end_in_collective": sorted(self.sync, key=self.places.__getitem__),
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,9 +260,9 @@ def hangs_of(meta: RunMeta, now_ns: int, options: HangOptions | None = None) -> 
     """`find_hangs` for a run whose meta files are read already; what the meta files
     could not give is the caller's to say (not in `skipped`)."""
     files = read_watch(meta.root)
-    beats, earlier = _latest_launch(files.heartbeats, meta)
-    open_hangs, ended, older = _current_hangs(files.hangs, beats, set(earlier), meta)
-    world = _world_size(meta, beats, earlier)
+    beats, earlier = latest_launch(files.heartbeats, meta)
+    open_hangs, ended, older = current_hangs(files.hangs, beats, set(earlier), meta)
+    world = world_size_of(meta, beats, earlier)
     running = [b.written_ns for b in beats.values() if not b.stopped]
     report = HangReport(
         run_dir=meta.root.resolve(),
@@ -308,115 +290,6 @@ def hangs_of(meta: RunMeta, now_ns: int, options: HangOptions | None = None) -> 
     report.summary = _summary(report)
     report.notes = _notes(report, HangOptions() if options is None else options)
     return report
-
-
-# -- attempts and launches -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Starts:
-    """What `run_attempts` reads of a rank: its starts (here one, its latest)."""
-
-    attempts: list[AttemptMark]
-
-
-def _meta_attempt(meta: RunMeta, rank: int) -> dict[str, Any] | None:
-    attempt = meta.meta.get(rank, {}).get("attempt")
-    return attempt if isinstance(attempt, dict) else None
-
-
-def _latest_launch(
-    beats: dict[int, Heartbeat], meta: RunMeta
-) -> tuple[dict[int, Heartbeat], list[int]]:
-    """The heartbeats of the run's latest launch, and the ranks whose heartbeat is of an
-    earlier one. A start is known from the heartbeat's `started_ns`, or from the rank's
-    meta file when it names the heartbeat's attempt; a rank whose start is not known is
-    kept."""
-    starts: dict[int, _Starts] = {}
-    for rank, beat in beats.items():
-        mark: AttemptMark | str | None = None
-        attempt = _meta_attempt(meta, rank)
-        if attempt is not None and attempt.get("attempt") == beat.attempt:
-            mark = mark_of(attempt)
-        if (not isinstance(mark, AttemptMark) or mark.started_ns is None) and beat.started_ns:
-            mark = AttemptMark(token=beat.attempt, started_ns=beat.started_ns)
-        if isinstance(mark, AttemptMark) and mark.started_ns is not None:
-            starts[rank] = _Starts([mark])
-    if len(starts) < 2 or _one_launch([s.attempts[0] for s in starts.values()]):
-        return beats, []
-    launches, _ = run_attempts(starts)
-    if len(launches) < 2:
-        return beats, []
-    latest = {rank for rank, _ in launches[-1]}
-    earlier = sorted(set(starts) - latest)
-    return {r: b for r, b in beats.items() if r not in earlier}, earlier
-
-
-def _one_launch(marks: list[AttemptMark]) -> bool:
-    """The common case, seen without pairing every rank with every other (`run_attempts`
-    does, which 4096 ranks make seconds): one launcher key, starts within its window."""
-    keys = {(m.launcher, m.job, m.restart) if m.job is not None else None for m in marks}
-    starts = [m.started_ns or 0 for m in marks]
-    return len(keys) == 1 and max(starts) - min(starts) < ONE_LAUNCH_NS
-
-
-def _current_hangs(
-    hangs: list[HangFile], beats: dict[int, Heartbeat], earlier: set[int], meta: RunMeta
-) -> tuple[dict[int, HangFile], list[HangFile], int]:
-    """(each rank's open stall of its current attempt, the stalls of that attempt that
-    ended, how many hang files were an earlier attempt's)."""
-    by_rank: dict[int, list[HangFile]] = {}
-    for hang in hangs:
-        by_rank.setdefault(hang.rank, []).append(hang)
-    open_hangs: dict[int, HangFile] = {}
-    ended: list[HangFile] = []
-    older = 0
-    for rank, files in sorted(by_rank.items()):
-        if rank in earlier:
-            older += len(files)
-            continue
-        beat = beats.get(rank)
-        attempt = _meta_attempt(meta, rank)
-        if beat is not None:
-            token = beat.attempt
-        elif attempt is not None and isinstance(attempt.get("attempt"), str):
-            token = attempt["attempt"]
-        else:
-            token = max(files, key=lambda h: h.detected_ns).attempt
-        mine = [h for h in files if h.attempt == token]
-        older += len(files) - len(mine)
-        still = [h for h in mine if _still_open(h, beat)]
-        ended.extend(h for h in mine if h not in still)
-        if still:
-            named = [h for h in still if beat is not None and h.stall == beat.hang]
-            pick = (named or sorted(still, key=lambda h: h.detected_ns))[-1]
-            open_hangs[rank] = pick
-            ended.extend(h for h in still if h is not pick)
-    return open_hangs, ended, older
-
-
-def _still_open(hang: HangFile, beat: Heartbeat | None) -> bool:
-    """A stall that has not ended: no ended_ns, and the rank's heartbeat (if any) is
-    running and still in that step (the watchdog's own rule: a stall lasts until the
-    step changes; its rewrite with ended_ns may not have landed, or the rank died)."""
-    if hang.ended_ns is not None:
-        return False
-    return beat is None or (not beat.stopped and beat.step == hang.step)
-
-
-def _world_size(meta: RunMeta, beats: dict[int, Heartbeat], earlier: list[int]) -> int | None:
-    """The world size the meta files state; after a launch with fewer ranks, the one the
-    latest launch's ranks state."""
-    if not earlier:
-        return meta.world_size
-    sizes = [
-        size
-        for rank in beats
-        if isinstance(size := meta.meta.get(rank, {}).get("world_size"), int)
-        and not isinstance(size, bool)
-        and rank < size <= (1 << 20)
-    ]
-    return max(sizes) if sizes else meta.world_size
 
 
 # -- judging each rank -----------------------------------------------------------------
@@ -547,61 +420,6 @@ def _before(a: _Place, b: _Place) -> bool:
 
 
 # -- the step's order, from the timings ----------------------------------------------------
-
-
-@dataclass
-class _LastRead:
-    """The last order read, and the timings files it was read from (name, size, mtime):
-    `rankscope top` asks every second, and a hung run's timings rarely change."""
-
-    key: tuple[Path, tuple[tuple[str, int, int], ...]] | None = None
-    order: StepOrder | None = None
-    skipped: list[str] = field(default_factory=list)
-
-
-_LAST_READ = _LastRead()
-
-
-def step_order(meta: RunMeta, skipped: list[str]) -> StepOrder | None:
-    """The order a step of the run runs its phases in, and which end in a collective,
-    from its timings; None without timings. What of the timings could not be used is
-    added to `skipped`. Read again only when a timings file changed since the last call."""
-    last = _LAST_READ
-    key = (meta.root.resolve(), _timings_files(meta.root))
-    if last.key != key:
-        last.order, last.skipped = _read_order(meta)
-        last.key = key
-    skipped.extend(last.skipped)
-    return last.order
-
-
-def _timings_files(root: Path) -> tuple[tuple[str, int, int], ...]:
-    out = []
-    for found in RunDir(root).timings():
-        try:
-            st = os.stat(found.path, follow_symlinks=False)
-        except OSError:
-            continue
-        out.append((found.path.name, st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
-def _read_order(meta: RunMeta) -> tuple[StepOrder | None, list[str]]:
-    # Imported here: `rankscope top` and a run without a stalled rank need no DuckDB.
-    from ._matrix import STEP, matrices_of
-    from ._stragglers import ends_in_collective
-    from .read._engine import read_run_records
-
-    try:
-        records = read_run_records(meta.root)
-    except TraceError:
-        return None, []
-    skipped = list(records.skipped)
-    m = matrices_of(records)
-    named = [phase for phase in m.phases if phase != STEP]
-    places = {phase: i for i, phase in enumerate(named)}
-    sync = frozenset(ends_in_collective(m, meta.hosts))
-    return StepOrder(places=places, sync=sync), skipped
 
 
 def _ended(ended: list[HangFile]) -> list[dict[str, Any]]:

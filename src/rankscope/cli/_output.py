@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from .._text import printable
 
-__all__ = ["EXIT_BAD_INPUT", "SafeStdout", "print_json", "skipped_lines", "terminal"]
+__all__ = ["EXIT_BAD_INPUT", "print_json", "terminal"]
 
 EXIT_BAD_INPUT = 2
 
@@ -64,42 +63,6 @@ def _strict(value: Any, text: Any = None) -> Any:
     if isinstance(value, (list, tuple)):
         return [_strict(item, text) for item in value]
     return value
-
-
-class SafeStdout:
-    """sys.stdout (whichever it is at the time) for the terminal renderers: every text
-    goes through `printable`, so no file's name can end a command in UnicodeEncodeError
-    (a byte that is not UTF-8 is written `\\xff`)."""
-
-    def write(self, text: str) -> int:
-        return sys.stdout.write(printable(text))
-
-    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding
-        return getattr(sys.stdout, name)
-
-
-SHOWN_SKIPPED = 5
-"""Skipped files or lines a terminal lists; `--json` lists them all."""
-_SKIPPED_WIDTH = 150
-"""A skipped line past this is cut (to stay one line of a 160-column terminal): one can
-name a thousand files, or a name of 4 KB."""
-
-
-def skipped_lines(lines: Sequence[str], shown: int = SHOWN_SKIPPED) -> list[str]:
-    """What was skipped, summed up for a terminal: how many, then the first `shown`, each
-    on one line cut to a readable length; where more were skipped, how many more.
-    Nothing for nothing skipped."""
-    if not lines:
-        return []
-    n = len(lines)
-    more = f" (the first {shown} below; --json lists all)" if n > shown else ""
-    out = [f"Skipped input: {n} file{'s' if n != 1 else ''} or line{'s' if n != 1 else ''}{more}:"]
-    for line in lines[:shown]:
-        one = " ".join(printable(line).split())  # one line, whatever a name held
-        out.append(f"  {one if len(one) <= _SKIPPED_WIDTH else one[: _SKIPPED_WIDTH - 3] + '...'}")
-    if n > shown:
-        out.append(f"  ... and {n - shown} more")
-    return out
 
 
 def terminal(command: str) -> Any:

@@ -26,7 +26,7 @@ from ..analysis._findings import cost_lines, speedup_text
 from ..analysis._hangs import duration
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport, ratio_text
-from ._output import SafeStdout, skipped_lines
+from ._lines import SafeStdout, skipped_lines
 
 __all__ = [
     "Progress",
