@@ -5,7 +5,7 @@ inputs. Each run is a fresh process that reports its wall time and peak RSS (its
 and its largest worker's); the floor is a process that only streams the same inputs
 with scan_trace, doing nothing with the events. Every rank's clock starts at its own
 baseTimeNanoseconds, so every ts is moved: the merge's slowest path. The traces are
-generated once (rankscope._synthetic) and cached in bench/.results/merge.
+generated once (rankscope.testing._synthetic) and cached in bench/.results/merge.
 
     python bench/_merge_bench.py [--quick]
 """
@@ -28,7 +28,7 @@ BASE_NS = 1_790_000_000_000_000_000
 _CHILD = """
 import json, resource, sys, time
 from rankscope.analysis.merge import merge_traces
-from rankscope._trace_stream import scan_trace
+from rankscope.traces._stream import scan_trace
 what, paths = sys.argv[1], sys.argv[2:]
 t0 = time.perf_counter()
 if what == "floor":
@@ -49,7 +49,7 @@ print(json.dumps({
 
 def _traces(size_mb: int) -> list[Path]:
     """Generated rank traces (gzipped), each starting its clock 0.25 s after the last."""
-    from rankscope._synthetic import write_trace
+    from rankscope.testing._synthetic import write_trace
 
     folder = RESULTS / f"{RANKS}x{size_mb}mb"
     paths = [folder / f"rank-{rank:05d}.pt.trace.json.gz" for rank in range(RANKS)]

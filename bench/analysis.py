@@ -171,7 +171,7 @@ def _generated(size_mb: int) -> Path:
     folder = RESULTS / "traces" / f"gen-{size_mb}mb"
     trace = folder / "rank-00000.pt.trace.json.gz"
     if not trace.exists():
-        from rankscope._synthetic import write_trace
+        from rankscope.testing._synthetic import write_trace
 
         print(f"  generating a {size_mb} MB trace (cached in {folder}) ...", flush=True)
         folder.mkdir(parents=True, exist_ok=True)
@@ -257,7 +257,7 @@ def _timings_run(ranks: int, steps: int) -> Path | None:
     if free < need:
         print(f"  skipped: generating it needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
         return None
-    from rankscope._synthetic import Slowdown, write_timings
+    from rankscope.testing._synthetic import Slowdown, write_timings
 
     print(f"  generating (cached in {run}) ...", flush=True)
     partial = run.with_name(f".partial-{run.name}")  # a cut-off run leaves no bad cache

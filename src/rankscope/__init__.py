@@ -11,8 +11,10 @@ import typing as _typing
 from ._version import __version__
 
 if _typing.TYPE_CHECKING:
-    from ._args import add_arguments
-    from ._config import (
+    from ._errors import ConfigError, RankscopeError, TraceError
+    from ._profiler import Profiler, annotate, current
+    from .config._args import add_arguments
+    from .config._config import (
         AutoTrigger,
         HangConfig,
         MemoryConfig,
@@ -21,9 +23,7 @@ if _typing.TYPE_CHECKING:
         TimerConfig,
         TraceConfig,
     )
-    from ._errors import ConfigError, RankscopeError, TraceError
-    from ._profiler import Profiler, annotate, current
-    from ._ranks import RankInfo, detect_rank_info
+    from .config._ranks import RankInfo, detect_rank_info
 
 __all__ = [
     "AutoTrigger",
@@ -46,22 +46,22 @@ __all__ = [
 ]
 
 _WHERE = {
-    "add_arguments": "_args",
-    "AutoTrigger": "_config",
-    "HangConfig": "_config",
-    "MemoryConfig": "_config",
-    "ProfileConfig": "_config",
-    "Schedule": "_config",
-    "TimerConfig": "_config",
-    "TraceConfig": "_config",
+    "add_arguments": "config._args",
+    "AutoTrigger": "config._config",
+    "HangConfig": "config._config",
+    "MemoryConfig": "config._config",
+    "ProfileConfig": "config._config",
+    "Schedule": "config._config",
+    "TimerConfig": "config._config",
+    "TraceConfig": "config._config",
     "ConfigError": "_errors",
     "RankscopeError": "_errors",
     "TraceError": "_errors",
     "Profiler": "_profiler",
     "annotate": "_profiler",
     "current": "_profiler",
-    "RankInfo": "_ranks",
-    "detect_rank_info": "_ranks",
+    "RankInfo": "config._ranks",
+    "detect_rank_info": "config._ranks",
 }
 
 

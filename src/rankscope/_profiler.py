@@ -18,12 +18,12 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._attempt import Attempt, current_attempt
-from ._config import ProfileConfig
 from ._errors import ConfigError
-from ._files import remove_stale_temps
-from ._meta import check_groups, previous_attempt, write_meta
-from ._ranks import RankInfo, detect_rank_info
+from .config._config import ProfileConfig
+from .config._ranks import RankInfo, detect_rank_info
+from .rundir._attempt import Attempt, current_attempt
+from .rundir._files import remove_stale_temps
+from .rundir._meta import check_groups, previous_attempt, write_meta
 
 if TYPE_CHECKING:
     from .capture import TraceCapture

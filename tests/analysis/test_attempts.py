@@ -13,12 +13,12 @@ import pytest
 import torch.multiprocessing as mp
 
 import rankscope
-from rankscope import _attempt
 from rankscope._text import number_ranges
 from rankscope.analysis import build_report, read_timings
 from rankscope.analysis.read._attempts import AttemptMark
 from rankscope.analysis.read._engine import read_run_records
 from rankscope.cli import main
+from rankscope.rundir import _attempt
 
 from .._dist_workers import train_attempt
 from .._helpers import profiler_steps, read_trace, tiny_model, tiny_step, trace_config
@@ -441,8 +441,8 @@ def test_a_first_step_that_is_not_a_step_is_refused(first_step: Any) -> None:
 
 
 def test_a_step_captured_again_under_another_name_counts_once(tmp_path: Path) -> None:
-    from rankscope._synthetic import write_run_traces
     from rankscope.analysis import kernel_report
+    from rankscope.testing._synthetic import write_run_traces
 
     write_run_traces(tmp_path, "step-000003-000004", [0, 1], world_size=2, size_bytes=40_000)
     old = tmp_path / "traces" / "step-000003-000004" / "rank-00000.pt.trace.json.gz"

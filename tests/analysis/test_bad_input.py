@@ -22,10 +22,17 @@ from typing import Any
 import pytest
 
 from rankscope import ConfigError, TraceError
-from rankscope._kineto import summarize_trace
-from rankscope._layout import RunDir, memory_path, nsys_path, summary_of, timing_path, trace_path
-from rankscope._synthetic import write_run_traces, write_timings, write_trace
 from rankscope.analysis import KernelOptions, build_report, kernel_report, merge_traces
+from rankscope.rundir._layout import (
+    RunDir,
+    memory_path,
+    nsys_path,
+    summary_of,
+    timing_path,
+    trace_path,
+)
+from rankscope.testing._synthetic import write_run_traces, write_timings, write_trace
+from rankscope.traces._kineto import summarize_trace
 
 from .._helpers import within
 

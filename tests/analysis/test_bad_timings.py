@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rankscope._synthetic import Slowdown, write_timings
 from rankscope.analysis import build_report, find_stragglers, phase_matrices, read_timings
 from rankscope.cli import main
+from rankscope.testing._synthetic import Slowdown, write_timings
 
 RANKS = 4
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch.multiprocessing as mp
 
-from rankscope._synthetic import Slowdown, write_timings
 from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
 from rankscope.analysis._cost import estimate_costs
 from rankscope.analysis._findings import (
@@ -22,6 +21,7 @@ from rankscope.analysis._findings import (
     cost_text,
 )
 from rankscope.analysis._matrix import STEP, PhaseMatrices
+from rankscope.testing._synthetic import Slowdown, write_timings
 
 from .._cost_workers import train_ddp_with_slow_data, train_with_a_slow_rank
 from .._helpers import run_cli

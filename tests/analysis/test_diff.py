@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from rankscope._layout import summary_path, timing_path, trace_path
-from rankscope._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
 from rankscope.analysis._diff import diff_runs
 from rankscope.analysis._findings import ratio_text
 from rankscope.cli import _diff, _main
+from rankscope.rundir._layout import summary_path, timing_path, trace_path
+from rankscope.testing._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
 
 from .._helpers import run_cli
 

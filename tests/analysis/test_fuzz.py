@@ -26,9 +26,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rankscope import TraceError
-from rankscope._kineto import summarize_trace
-from rankscope._layout import summary_of
-from rankscope._synthetic import write_run_traces, write_timings
 from rankscope.analysis import (
     build_report,
     find_stragglers,
@@ -38,6 +35,9 @@ from rankscope.analysis import (
     read_run_meta,
     read_timings,
 )
+from rankscope.rundir._layout import summary_of
+from rankscope.testing._synthetic import write_run_traces, write_timings
+from rankscope.traces._kineto import summarize_trace
 
 from .._helpers import within
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from rankscope._layout import hang_path, live_path, meta_path, stall_name
-from rankscope._synthetic import write_timings
 from rankscope.analysis import find_hangs
 from rankscope.cli import main
+from rankscope.rundir._layout import hang_path, live_path, meta_path, stall_name
+from rankscope.testing._synthetic import write_timings
 
 from .._helpers import run_cli
 

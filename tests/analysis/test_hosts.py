@@ -13,11 +13,11 @@ import pytest
 
 import rankscope
 from rankscope import ConfigError
-from rankscope import _attempt as attempt_module
-from rankscope._layout import meta_path, timing_path
-from rankscope._synthetic import Slowdown, write_timings
 from rankscope.analysis import HostOptions
 from rankscope.analysis._hosts import find_recurring_hosts
+from rankscope.rundir import _attempt as attempt_module
+from rankscope.rundir._layout import meta_path, timing_path
+from rankscope.testing._synthetic import Slowdown, write_timings
 from rankscope.timing._record import format_attempt
 
 from .._helpers import run_cli

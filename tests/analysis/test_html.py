@@ -606,8 +606,8 @@ def test_a_hung_run_in_chromium(browser: Chromium, tmp_path: Path) -> None:
 
 
 def _real_page(root: Path, **run: Any) -> tuple[dict[str, Any], str]:
-    from rankscope._synthetic import write_timings
     from rankscope.analysis import build_report
+    from rankscope.testing._synthetic import write_timings
 
     write_timings(root, **run)
     report = build_report(root)
@@ -616,7 +616,7 @@ def _real_page(root: Path, **run: Any) -> tuple[dict[str, Any], str]:
 
 @pytest.fixture(scope="module")
 def slow_h2d(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
-    from rankscope._synthetic import Slowdown
+    from rankscope.testing._synthetic import Slowdown
 
     slow = [Slowdown(1, "host_to_device", 3.0, from_step=20)]
     return _real_page(tmp_path_factory.mktemp("h2d"), ranks=3, steps=40, slowdowns=slow)
@@ -624,7 +624,7 @@ def slow_h2d(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], 
 
 @pytest.fixture(scope="module")
 def slow_1024(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
-    from rankscope._synthetic import Slowdown
+    from rankscope.testing._synthetic import Slowdown
 
     slow = [Slowdown(777, "host_to_device", 3.0, from_step=1000)]
     root = tmp_path_factory.mktemp("big")

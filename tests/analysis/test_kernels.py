@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from rankscope import ConfigError, TraceError
-from rankscope._kineto import summarize_trace
-from rankscope._synthetic import write_run_traces, write_trace
 from rankscope.analysis import KernelOptions, _kernels
 from rankscope.analysis._kernels import find_traces, kernel_report
+from rankscope.testing._synthetic import write_run_traces, write_trace
+from rankscope.traces._kineto import summarize_trace
 
 
 @pytest.mark.parametrize("name", ["t.json", "t.json.gz"])

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rankscope import ConfigError, TraceError
-from rankscope._synthetic import write_trace
-from rankscope._trace_stream import scan_trace
 from rankscope.analysis import _parallel
 from rankscope.analysis.merge import _header, _merge_traces, merge_traces
+from rankscope.testing._synthetic import write_trace
+from rankscope.traces._stream import scan_trace
 
 BASE = 1_790_000_000_000_000_000
 META = {"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"}

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from rankscope import TraceError
-from rankscope._synthetic import Slowdown, write_run_traces, write_timings
 from rankscope.analysis import _report as report_module
 from rankscope.analysis import build_report, read_run_meta
+from rankscope.testing._synthetic import Slowdown, write_run_traces, write_timings
 
 
 def _run(root: Path, **timings: object) -> Path:
@@ -161,7 +161,7 @@ def test_the_report_says_why_a_window_was_captured_outside_the_schedule(tmp_path
 def test_memory_snapshots_and_nsys_ranges_are_listed(tmp_path: Path) -> None:
     import pickle
 
-    from rankscope._synthetic import write_timings
+    from rankscope.testing._synthetic import write_timings
 
     write_timings(tmp_path, ranks=2, steps=10)
     for rank in (0, 1):

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from rankscope._errors import RankscopeError
-from rankscope._synthetic import Slowdown, write_run_traces, write_timings
 from rankscope.analysis import read_timings
 from rankscope.analysis._sql import TABLES, open_run_database
 from rankscope.cli import main
+from rankscope.testing._synthetic import Slowdown, write_run_traces, write_timings
 
 from .test_attempts import _attempt_lines, _write
 from .test_hang_analysis import data_stuck_run

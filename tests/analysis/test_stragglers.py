@@ -1,4 +1,4 @@
-"""Straggler findings on simulated runs whose answer is known (rankscope._synthetic)."""
+"""Straggler findings on simulated runs whose answer is known (rankscope.testing._synthetic)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from rankscope import ConfigError
-from rankscope._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
 from rankscope.analysis import StragglerOptions, read_run_meta, read_timings
 from rankscope.analysis._matrix import phase_matrices
 from rankscope.analysis._stragglers import (
@@ -23,6 +22,7 @@ from rankscope.analysis._stragglers import (
     format_ranks,
     ratio_text,
 )
+from rankscope.testing._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
 
 
 def _analyse(tmp_path: Path, **run: Any) -> Any:

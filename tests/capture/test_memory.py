@@ -12,8 +12,6 @@ import pytest
 import torch
 
 from rankscope import ConfigError, MemoryConfig, ProfileConfig, TraceConfig
-from rankscope._layout import memory_path
-from rankscope._ranks import RankInfo
 from rankscope.capture._compat import incompatibilities
 from rankscope.capture._memory import (
     MemorySnapshots,
@@ -22,6 +20,8 @@ from rankscope.capture._memory import (
     oom_window_name,
     write_atomic,
 )
+from rankscope.config._ranks import RankInfo
+from rankscope.rundir._layout import memory_path
 
 LOGGER = "rankscope"
 

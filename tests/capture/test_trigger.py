@@ -23,9 +23,6 @@ from torch import nn
 import rankscope
 from rankscope import Schedule
 from rankscope._errors import ConfigError, TraceError
-from rankscope._layout import trace_path
-from rankscope._meta import write_meta
-from rankscope._ranks import RankInfo
 from rankscope.analysis import build_report, read_timings
 from rankscope.analysis._trigger_client import ask_for_window, latest_step, trigger_status
 from rankscope.capture._schedule import Action, StepPlan
@@ -39,6 +36,9 @@ from rankscope.capture._trigger import (
     write_ack,
     write_trigger,
 )
+from rankscope.config._ranks import RankInfo
+from rankscope.rundir._layout import trace_path
+from rankscope.rundir._meta import write_meta
 
 from .._helpers import (
     final_files,
@@ -352,7 +352,7 @@ def test_no_checks_when_turned_off(tmp_path: Path) -> None:
 
 def _run(root: Path, world: int = 4, timings: bool = True, **trace: Any) -> Path:
     """A run directory as a job leaves it: meta with each rank's config, and timings."""
-    from rankscope._synthetic import write_timings
+    from rankscope.testing._synthetic import write_timings
 
     trace.setdefault("ranks", "all")
     config = _config(root, **trace).to_dict()

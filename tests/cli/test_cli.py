@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def _straggler_run(root: Path) -> Path:
-    from rankscope._synthetic import Slowdown, write_run_traces, write_timings
+    from rankscope.testing._synthetic import Slowdown, write_run_traces, write_timings
 
     write_timings(root, ranks=4, steps=20, slowdowns=[Slowdown(2, "forward", 0.41)])
     write_run_traces(root, "step-000003-000004", [0, 2], world_size=4, size_bytes=60_000)
@@ -133,7 +133,7 @@ def test_bad_input_is_one_line_and_exit_code_2(
 def test_partial_input_is_read_and_what_was_skipped_is_said(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rankscope._synthetic import Slowdown, write_timings
+    from rankscope.testing._synthetic import Slowdown, write_timings
 
     write_timings(
         tmp_path,
@@ -187,7 +187,7 @@ def test_a_reader_that_goes_away_stops_the_command_quietly(tmp_path: Path) -> No
     import subprocess
     import sys
 
-    from rankscope._synthetic import write_timings
+    from rankscope.testing._synthetic import write_timings
 
     write_timings(tmp_path, ranks=32, steps=200)
     command = [sys.executable, "-m", "rankscope.cli", "report", str(tmp_path), "--json"]
@@ -283,7 +283,7 @@ def test_json_is_strict_with_msgspec_and_without(
 @pytest.fixture
 def folder_of_runs(tmp_path: Path) -> Path:
     """runs/ holding two runs, a and b, each with timings, heartbeats and a window."""
-    from rankscope._synthetic import write_run_traces, write_timings
+    from rankscope.testing._synthetic import write_run_traces, write_timings
 
     runs = tmp_path / "runs"
     for name in ("a", "b"):
@@ -341,7 +341,7 @@ def _not_utf8_run(root: Path) -> tuple[Path, str]:
     the output writes it."""
     import os
 
-    from rankscope._synthetic import write_timings
+    from rankscope.testing._synthetic import write_timings
 
     write_timings(root, ranks=2, steps=10)
     bad = os.path.join(os.fsencode(root / "timings"), b"rank-00009\xff.jsonl")
@@ -374,7 +374,7 @@ def test_a_name_that_is_not_utf8_is_printed_escaped_in_every_output(
 def test_what_was_skipped_is_summed_up_on_the_terminal_and_listed_in_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rankscope._synthetic import write_timings
+    from rankscope.testing._synthetic import write_timings
 
     write_timings(tmp_path, ranks=4, steps=10)
     timings = tmp_path / "timings"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import rankscope
-from rankscope._args import flag_name
-from rankscope._config import config_fields
-from rankscope._fields import field_docs
+from rankscope.config._args import flag_name
+from rankscope.config._config import config_fields
+from rankscope.config._fields import field_docs
 
 
 def _parser() -> argparse.ArgumentParser:

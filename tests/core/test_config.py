@@ -1,4 +1,4 @@
-"""Tests for rankscope._config: validation at construction, dict/YAML round trips."""
+"""Tests for rankscope.config._config: validation at construction, dict/YAML round trips."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from rankscope import (
     TimerConfig,
     TraceConfig,
 )
-from rankscope._config import ACTIVITIES
+from rankscope.config._config import ACTIVITIES
 
 SCHEDULE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
 TRACE_BOOLS = ("enable", "record_shapes", "profile_memory", "with_stack", "with_flops")
@@ -1035,7 +1035,7 @@ def test_a_bad_config_in_a_torchrun_job_is_said_once_and_every_rank_stops(tmp_pa
     import sys
     import time
 
-    from .test_torchrun_example import EXAMPLE, _free_port
+    from ..project.test_torchrun_example import EXAMPLE, _free_port
 
     ranks = 4
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RANKSCOPE_")}

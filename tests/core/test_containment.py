@@ -24,8 +24,6 @@ import torch
 
 import rankscope
 from rankscope import AutoTrigger, ConfigError, Profiler, Schedule
-from rankscope._files import append, open_folder, remove_stale_temps, write_atomic
-from rankscope._layout import memory_path
 from rankscope.capture._export import WindowExporter
 from rankscope.capture._memory import write_atomic as write_snapshot
 from rankscope.capture._nsys import NsysWindows
@@ -41,6 +39,8 @@ from rankscope.capture._trigger import (
     write_ack,
     write_trigger,
 )
+from rankscope.rundir._files import append, open_folder, remove_stale_temps, write_atomic
+from rankscope.rundir._layout import memory_path
 
 from .._helpers import final_files, rankscope_warnings, tiny_model, tiny_step
 from ..capture.test_nsys import cuda  # noqa: F401 - the CUDA stand-in the nsys job runs with

@@ -1,4 +1,4 @@
-"""Tests for rankscope._env: RANKSCOPE_* overrides, boolean parsing, launcher variables."""
+"""Tests for rankscope.config._env: RANKSCOPE_* overrides, boolean parsing, launcher variables."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rankscope import ConfigError, ProfileConfig, TimerConfig, TraceConfig, _env
-from rankscope._env import (
+from rankscope import ConfigError, ProfileConfig, TimerConfig, TraceConfig
+from rankscope.config import _env
+from rankscope.config._env import (
     KNOWN_VARIABLES,
     EnvOverride,
     config_overrides,

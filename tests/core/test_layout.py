@@ -14,8 +14,15 @@ import pytest
 
 import rankscope
 from rankscope import TraceError
-from rankscope._config import AutoTrigger, TraceConfig
-from rankscope._layout import (
+from rankscope.capture._auto import SlowSteps
+from rankscope.capture._export import WindowExporter
+from rankscope.capture._memory import write_atomic
+from rankscope.capture._ondemand import OnDemand
+from rankscope.capture._requests import WindowRequests
+from rankscope.capture._schedule import StepPlan
+from rankscope.capture._trigger import Trigger, write_trigger
+from rankscope.config._config import AutoTrigger, TraceConfig
+from rankscope.rundir._layout import (
     SIGNAL_TAG,
     RunDir,
     is_run_dir,
@@ -30,13 +37,6 @@ from rankscope._layout import (
     trigger_tag,
     window_key,
 )
-from rankscope.capture._auto import SlowSteps
-from rankscope.capture._export import WindowExporter
-from rankscope.capture._memory import write_atomic
-from rankscope.capture._ondemand import OnDemand
-from rankscope.capture._requests import WindowRequests
-from rankscope.capture._schedule import StepPlan
-from rankscope.capture._trigger import Trigger, write_trigger
 
 from .._helpers import tiny_model, tiny_step
 

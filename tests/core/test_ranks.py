@@ -1,4 +1,4 @@
-"""Tests for rankscope._ranks: rank specs (`parse_ranks`, `RankSet`) and `detect_rank_info`."""
+"""Tests for rankscope.config._ranks: rank specs (`parse_ranks`, `RankSet`) and `detect_rank_info`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rankscope import ConfigError, RankInfo, detect_rank_info
-from rankscope._ranks import RankSet, parse_ranks
+from rankscope.config._ranks import RankSet, parse_ranks
 
 FIELD = "trace.ranks"
 

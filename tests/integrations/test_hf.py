@@ -596,8 +596,8 @@ def test_example_runs(tmp_path: Path) -> None:
 def test_a_run_resumed_from_a_checkpoint_keeps_its_step_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rankscope import _attempt
     from rankscope.analysis import read_timings
+    from rankscope.rundir import _attempt
 
     run = tmp_path / "run"
     args = _args(tmp_path, accumulate=1)

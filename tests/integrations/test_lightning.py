@@ -436,8 +436,8 @@ def test_the_example_runs_and_writes_a_run_directory(tmp_path: Path) -> None:
 def test_a_fit_resumed_from_a_checkpoint_keeps_its_step_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rankscope import _attempt
     from rankscope.analysis import read_timings
+    from rankscope.rundir import _attempt
 
     run, checkpoint = tmp_path / "run", tmp_path / "after-3.ckpt"
     first = trainer([RankscopeCallback(config(run))], max_steps=3)

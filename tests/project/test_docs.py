@@ -6,8 +6,8 @@ import os
 import re
 from pathlib import Path
 
-from rankscope._args import config_fields, config_reference
-from rankscope._env import _OVERRIDES
+from rankscope.config._args import config_fields, config_reference
+from rankscope.config._env import _OVERRIDES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -18,7 +18,7 @@ import torch
 
 import rankscope
 from rankscope import ConfigError, Profiler, TimerConfig
-from rankscope._ranks import RankInfo
+from rankscope.config._ranks import RankInfo
 from rankscope.timing import CudaEventClock, PhaseTimer, is_sampled, sampled_steps
 
 RECORD_KEYS = {

@@ -367,7 +367,7 @@ def test_a_run_that_ends_inside_a_stall_ends_the_stall(tmp_path: Path) -> None:
 def test_a_restart_that_stalls_at_the_same_step_keeps_the_earlier_hang_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rankscope import _attempt
+    from rankscope.rundir import _attempt
 
     for _ in range(2):
         monkeypatch.setattr(_attempt, "_current", None)  # as a new process would be

@@ -1,7 +1,7 @@
 """Analysis of run directories and traces: stragglers, kernels, merged timelines, reports.
 
 The flow: `read/` turns files into columns and events (the run directory is listed
-through `rankscope._layout.RunDir`); each analysis takes one options object
+through `rankscope.rundir._layout.RunDir`); each analysis takes one options object
 (`_options`) and has one entry that runs read -> matrices -> findings (`_analyse` for
 the stragglers; `_kernels`, `_hangs`, `_collectives`, `_hosts`, `_diff`, `_report`,
 `merge/`); `render/` draws the HTML pages. `_parallel` is the one way they read files
@@ -9,7 +9,7 @@ in parallel.
 
 Imports no torch: analysis runs anywhere. Names load on first use, so `import
 rankscope.analysis` never pays for numpy. The job side never imports this package: the
-trace summaries it writes come from `rankscope._kineto`, which both sides share.
+trace summaries it writes come from `rankscope.traces._kineto`, which both sides share.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._kineto import load_trace, scan_trace, summarize_events, summarize_trace
+    from ..traces._kineto import load_trace, scan_trace, summarize_events, summarize_trace
     from ._analyse import (
         StragglerAnalysis,
         TimedRun,
@@ -125,10 +125,10 @@ _WHERE = {
     "KernelTable": "_kernels",
     "find_traces": "_kernels",
     "kernel_report": "_kernels",
-    "load_trace": "rankscope._kineto",
-    "scan_trace": "rankscope._kineto",
-    "summarize_events": "rankscope._kineto",
-    "summarize_trace": "rankscope._kineto",
+    "load_trace": "rankscope.traces._kineto",
+    "scan_trace": "rankscope.traces._kineto",
+    "summarize_events": "rankscope.traces._kineto",
+    "summarize_trace": "rankscope.traces._kineto",
     "PhaseMatrices": "_matrix",
     "phase_matrices": "_matrix",
     "matrices_of": "_matrix",
@@ -153,7 +153,7 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    # The trace readers live in rankscope._kineto, which the job side imports too.
+    # The trace readers live in rankscope.traces._kineto, which the job side imports too.
     path = module if module.startswith("rankscope.") else f"{__name__}.{module}"
     value = getattr(importlib.import_module(path), name)
     globals()[name] = value

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._errors import TraceError
-from .._layout import TRACES, RunDir, is_run_dir, is_window_folder, window_key
 from .._text import format_ranks, format_steps, shown
+from ..rundir._layout import TRACES, RunDir, is_run_dir, is_window_folder, window_key
 from ._collective_clocks import Clock, HostOffsets, align_clocks, host_clock_offsets
 from ._kernels import find_traces
 from ._parallel import file_size, ordered_map

@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import TraceError
-from .._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folder, window_steps
 from .._text import format_ranks
+from ..rundir._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folder, window_steps
 from ._cost import without_waiting
 from ._kernels import find_traces, latest_of_the_same_steps, read_summaries
 from ._matrix import STEP, matrices_of, nanmedian, quiet

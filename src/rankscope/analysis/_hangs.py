@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._config import HangConfig
 from .._errors import ConfigError
 from .._text import format_ranks, number_ranges
+from ..config._config import HangConfig
 from ._hang_launches import current_hangs, latest_launch, world_size_of
 from ._options import HangOptions
 from ._step_order import StepOrder, step_order

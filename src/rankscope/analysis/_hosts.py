@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, TraceError
-from .._layout import meta_path, timing_path
 from .._text import format_ranks, number_ranges
+from ..rundir._layout import meta_path, timing_path
 from ._analyse import TimedRun, read_timed_run, stragglers_in
 from ._findings import StragglerFinding
 from ._matrix import PhaseMatrices

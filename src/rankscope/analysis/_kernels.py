@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError, TraceError
-from .._kineto import SUMMARY_VERSION, left_out_lines, summarize_trace, summary_problem
-from .._layout import (
+from ..rundir._layout import (
     RunDir,
     is_run_dir,
     is_window_folder,
@@ -21,6 +20,7 @@ from .._layout import (
     traces_under,
     window_steps,
 )
+from ..traces._kineto import SUMMARY_VERSION, left_out_lines, summarize_trace, summary_problem
 from ._options import KernelOptions
 from ._parallel import PARALLEL_BYTES, file_size, ordered_map
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from .._errors import TraceError
-from .._layout import SIGNAL_TAG, RunDir, leftovers, window_key
 from .._text import format_ranks, format_steps
+from ..rundir._layout import SIGNAL_TAG, RunDir, leftovers, window_key
 from ._analyse import TimedRun, read_timed_run, stragglers_in
 from ._collective_clocks import host_clock_offsets
 from ._collectives import collectives_of_run

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import RankscopeError, TraceError
-from .._layout import RunDir
+from ..rundir._layout import RunDir
 from ._kernels import find_traces, read_summaries
 from .read._attempts import latest_rows, run_attempts
 from .read._duck import COLUMNS, connect, lines_sql

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TraceError
-from .._layout import RunDir
+from ..rundir._layout import RunDir
 from .read._run import RunMeta
 
 __all__ = ["StepOrder", "step_order"]

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError, TraceError
-from .._layout import META_FILES, NSYS, TRACES, RunDir
-from .._ranks import RankSet, parse_ranks
 from ..capture._trigger import (
     Trigger,
     config_in_meta,
@@ -32,6 +30,8 @@ from ..capture._trigger import (
     read_trigger,
     write_trigger,
 )
+from ..config._ranks import RankSet, parse_ranks
+from ..rundir._layout import META_FILES, NSYS, TRACES, RunDir
 
 if TYPE_CHECKING:
     from .read._run import RunMeta

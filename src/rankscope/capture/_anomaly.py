@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._config import AutoTrigger
+from ..config._config import AutoTrigger
 from ._auto import SlowdownDetector, SlowSteps
 
 if TYPE_CHECKING:

@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .._config import TraceConfig
-from .._layout import phase_window_name, step_window_name
-from .._ranks import RankInfo
 from .._torch import import_torch
+from ..config._config import TraceConfig
+from ..config._ranks import RankInfo
+from ..rundir._layout import phase_window_name, step_window_name
 from ._anomaly import AnomalyWatch
 from ._auto import SlowSteps
 from ._export import MAX_BACKLOG, WindowExporter, let_go

@@ -7,7 +7,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._config import ProfileConfig
+    from ..config._config import ProfileConfig
 
 __all__ = ["incompatibilities"]
 

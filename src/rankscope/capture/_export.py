@@ -19,8 +19,8 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from .._files import Folder, open_folder, write_atomic
-from .._layout import nsys_path, summary_path, temp_name, trace_path
+from ..rundir._files import Folder, open_folder, write_atomic
+from ..rundir._layout import nsys_path, summary_path, temp_name, trace_path
 from ._finalize import RAW_NAME, FinalizeJob
 from ._nsys import NsysWindows
 from ._worker import TraceFinalizer

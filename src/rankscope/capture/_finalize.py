@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._files import Folder, open_folder
-from .._kineto import summarize_trace
-from .._layout import is_temp, temp_name
+from ..rundir._files import Folder, open_folder
+from ..rundir._layout import is_temp, temp_name
+from ..traces._kineto import summarize_trace
 
 __all__ = ["RAW_NAME", "FinalizeJob", "discard", "finalize", "main"]
 

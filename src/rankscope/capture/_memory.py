@@ -21,15 +21,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .. import _files
-from .._layout import MEMORY, memory_path
-from .._ranks import RankInfo
 from .._torch import import_torch
+from ..config._ranks import RankInfo
+from ..rundir import _files
+from ..rundir._layout import MEMORY, memory_path
 from ._faults import OneFault
 from ._worker import JobThread
 
 if TYPE_CHECKING:
-    from .._config import MemoryConfig
+    from ..config._config import MemoryConfig
 
 __all__ = [
     "MAX_OOM_DUMPS",

@@ -13,8 +13,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .._files import append
-from .._layout import (
+from .._text import format_steps
+from ..rundir._files import append
+from ..rundir._layout import (
     SIGNAL_TAG,
     SLOW_STEPS_TAG,
     TRACES,
@@ -23,7 +24,6 @@ from .._layout import (
     slow_phase_tag,
     trigger_tag,
 )
-from .._text import format_steps
 from ._auto import SlowSteps
 from ._requests import Asked, WindowRequests
 from ._schedule import AddedWindow

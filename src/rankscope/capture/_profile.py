@@ -9,7 +9,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .._config import TraceConfig
+from ..config._config import TraceConfig
 from ._export import let_go
 from ._nsys import NsysWindows
 from ._schedule import Action, StepPlan

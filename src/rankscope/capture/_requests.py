@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._config import TraceConfig
-from .._layout import step_window_name
+from ..config._config import TraceConfig
+from ..rundir._layout import step_window_name
 from ._schedule import AddedWindow, StepPlan
 
 if TYPE_CHECKING:

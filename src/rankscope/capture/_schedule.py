@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .._config import Schedule
+from ..config._config import Schedule
 
 __all__ = ["Action", "AddedWindow", "StepPlan", "action_at", "last_step", "window_start", "windows"]
 

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._config import TimerConfig, TraceConfig
 from .._errors import ConfigError
-from .._files import open_folder, read_regular, write_atomic
-from .._layout import (
+from ..config._config import TimerConfig, TraceConfig
+from ..config._ranks import RankSet, parse_ranks
+from ..rundir._files import open_folder, read_regular, write_atomic
+from ..rundir._layout import (
     TRIGGER_SUFFIX,
     RunDir,
     ack_path,
@@ -44,7 +45,6 @@ from .._layout import (
     trigger_path,
     trigger_tag,
 )
-from .._ranks import RankSet, parse_ranks
 
 __all__ = [
     "ID_ACCEPTED",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from .._files import read_regular
+from ..rundir._files import read_regular
 from ._finalize import FinalizeJob, discard, finalize
 
 __all__ = ["JobThread", "TraceFinalizer"]

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._layout import RunDir
+from ..rundir._layout import RunDir
 from ._output import print_json, terminal
 from ._progress import progress, stage
 

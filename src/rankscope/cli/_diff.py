@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._layout import TRACES
 from ..analysis._options import DiffOptions
+from ..rundir._layout import TRACES
 from ._options import add_options, json_option, options_from, positive
 from ._output import print_json, terminal
 

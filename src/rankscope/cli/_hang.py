@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TraceError
-from .._layout import HANGS, LIVE
 from ..analysis._options import HangOptions
+from ..rundir._layout import HANGS, LIVE
 from ._options import add_options, json_option, options_from
 from ._output import print_json, terminal
 

@@ -13,7 +13,6 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-from .._fields import field_docs
 from ..analysis._options import (
     CollectiveOptions,
     DiffOptions,
@@ -22,6 +21,7 @@ from ..analysis._options import (
     KernelOptions,
     StragglerOptions,
 )
+from ..config._fields import field_docs
 
 __all__ = [
     "OPTION_FIELDS",

@@ -20,12 +20,12 @@ from rich.progress import Progress as _RichProgress
 from rich.table import Table
 from rich.text import Text
 
-from .._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
 from .._text import format_ranks
 from ..analysis._findings import cost_lines, speedup_text
 from ..analysis._hangs import duration
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport, ratio_text
+from ..rundir._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
 from ._lines import SafeStdout, skipped_lines
 
 __all__ = [

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .._layout import REPORT, RunDir
 from ..analysis._options import StragglerOptions
+from ..rundir._layout import REPORT, RunDir
 from ._options import add_options, json_option, options_from
 from ._output import print_json, terminal
 from ._progress import progress

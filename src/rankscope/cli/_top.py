@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TraceError
-from .._layout import LIVE
+from ..rundir._layout import LIVE
 from ._options import json_option, positive
 from ._output import print_json, terminal
 

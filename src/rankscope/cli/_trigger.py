@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from .._layout import TRIGGERS
+from ..rundir._layout import TRIGGERS
 from ._options import json_option, positive
 from ._output import print_json, terminal
 

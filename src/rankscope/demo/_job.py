@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._config import ProfileConfig, Schedule, TimerConfig, TraceConfig
 from .._errors import ConfigError
 from .._torch import import_torch
+from ..config._config import ProfileConfig, Schedule, TimerConfig, TraceConfig
 
 __all__ = ["PHASES", "DemoJob", "quiet_kineto", "run_demo"]
 

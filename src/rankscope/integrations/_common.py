@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from .._config import ProfileConfig
 from .._errors import ConfigError
 from .._profiler import Profiler, _as_config
+from ..config._config import ProfileConfig
 
 __all__ = ["CallbackRun", "Interrupted", "check_rank_args", "first_step", "guarded"]
 

@@ -45,8 +45,8 @@ except ImportError as exc:
         'pip install "rankscope[hf]"'
     ) from exc
 
-from .._config import PathLike, ProfileConfig
 from .._profiler import Profiler
+from ..config._config import PathLike, ProfileConfig
 from ._common import CallbackRun, first_step, guarded
 
 if not hasattr(TrainerCallback, "on_pre_optimizer_step"):

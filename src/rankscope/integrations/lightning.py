@@ -51,9 +51,9 @@ except ImportError as exc:
         'pip install "rankscope[lightning]"'
     ) from exc
 
-from .._config import PathLike, ProfileConfig
 from .._errors import ConfigError
 from .._profiler import Profiler
+from ..config._config import PathLike, ProfileConfig
 from ._common import CallbackRun, first_step, guarded
 
 __all__ = ["RankscopeCallback"]

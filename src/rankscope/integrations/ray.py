@@ -45,10 +45,10 @@ except ImportError as exc:
         'rankscope.integrations.ray needs ray, which is not installed: pip install "rankscope[ray]"'
     ) from exc
 
-from .._config import ProfileConfig
 from .._errors import ConfigError
-from .._layout import RunDir, timing_path
 from .._profiler import Profiler
+from ..config._config import ProfileConfig
+from ..rundir._layout import RunDir, timing_path
 
 __all__ = [
     "ActorProfiling",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._config import TimerConfig
+from ..config._config import TimerConfig
 
 __all__ = ["is_sampled", "sampled_steps"]
 

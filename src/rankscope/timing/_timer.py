@@ -12,12 +12,12 @@ from collections import deque
 from types import ModuleType
 from typing import Any
 
-from .._attempt import current_attempt
-from .._config import TimerConfig
-from .._files import open_append
-from .._layout import timing_path
-from .._ranks import RankInfo
 from .._torch import import_torch
+from ..config._config import TimerConfig
+from ..config._ranks import RankInfo
+from ..rundir._attempt import current_attempt
+from ..rundir._files import open_append
+from ..rundir._layout import timing_path
 from ._clock import CudaEventClock, DeviceClock
 from ._record import STEP_PHASE, Span, format_attempt, format_record, meta_json, safe_str
 from ._sampling import is_sampled

@@ -31,11 +31,11 @@ import traceback
 from collections import deque
 from typing import Any
 
-from .._attempt import current_attempt
-from .._config import HangConfig
-from .._files import write_atomic
-from .._layout import flight_recorder_path, hang_path, live_path, stall_name
-from .._ranks import RankInfo
+from ..config._config import HangConfig
+from ..config._ranks import RankInfo
+from ..rundir._attempt import current_attempt
+from ..rundir._files import write_atomic
+from ..rundir._layout import flight_recorder_path, hang_path, live_path, stall_name
 from ._pulse import Pulse
 
 __all__ = ["Watchdog"]

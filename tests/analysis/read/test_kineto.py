@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rankscope import TraceError
-from rankscope._kineto import MAX_DUR_US, left_out_lines, summary_problem
 from rankscope.analysis import load_trace, summarize_events, summarize_trace
+from rankscope.traces._kineto import MAX_DUR_US, left_out_lines, summary_problem
 
 GPU_TRACES = [
     "gpu-128rank-sampled-rank0.json.gz",

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rankscope import TraceError
-from rankscope import _trace_stream as _stream
-from rankscope._trace_stream import scan_trace
+from rankscope.traces import _stream
+from rankscope.traces._stream import scan_trace
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

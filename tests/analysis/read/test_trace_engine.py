@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from rankscope import _trace_stream as _stream
-from rankscope._kineto import summarize_trace
-from rankscope._synthetic import write_trace
+from rankscope.testing._synthetic import write_trace
+from rankscope.traces import _stream
+from rankscope.traces._kineto import summarize_trace
 
 # Events the summary must count, or leave out and say, alike under both decoders: each
 # is odd in a way msgspec refuses and the stdlib accepts (NaN, 1e400, a lone surrogate),
@@ -41,7 +41,7 @@ _CHILD = """
 import json, sys
 if sys.argv[1] == "blocked":
     sys.modules["msgspec"] = None  # import msgspec raises ImportError, as where it is absent
-from rankscope._kineto import summarize_trace
+from rankscope.traces._kineto import summarize_trace
 print(json.dumps([summarize_trace(path) for path in sys.argv[2:]], allow_nan=False))
 print(json.dumps("msgspec" in sys.modules and sys.modules["msgspec"] is not None))
 """
@@ -100,7 +100,7 @@ import json, sys
 from pathlib import Path
 import rankscope
 from rankscope.capture._finalize import RAW_NAME, FinalizeJob, finalize
-from rankscope._synthetic import write_trace
+from rankscope.testing._synthetic import write_trace
 run = Path({str(tmp_path)!r})
 window = run / "traces" / "step-000001-000002"
 work = window / ".rank-00000.pt.trace.json.raw-1.tmp"

@@ -28,7 +28,7 @@ once, so memory stays bounded whatever the traces' size. The choices, and why:
   Global instant events become process-scoped: one rank's marker is not the world's.
 - The rank comes from the caller's ``ranks`` when given (it overrides the files: two
   single-GPU runs both say rank 0), else ``distributedInfo.rank``, else the file name,
-  read by the run directory's one rule (`rankscope._layout.rank_of_file`); a trace with
+  read by the run directory's one rule (`rankscope.rundir._layout.rank_of_file`); a trace with
   none of these is an error, never silently rank 0.
 - Each input's distributedInfo and deviceProperties are kept under the output's
   top-level ``"rankscope": {"merged": [...]}``, with its rank, source, pid and base.

@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from ..._errors import TraceError
-from ..._trace_stream import scan_trace
+from ...traces._stream import scan_trace
 from ._header import _MISSING, _essentials, _is_int, _is_number
 from ._plan import _Job
 

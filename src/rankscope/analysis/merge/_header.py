@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..._layout import open_regular
-from ..._trace_stream import scan_trace
+from ...rundir._layout import open_regular
+from ...traces._stream import scan_trace
 
 _READ_CHUNK = 256 << 10
 _HEAD_BYTES = 2 << 20  # what precedes traceEvents (deviceProperties, distributedInfo)

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import TraceError
-from ..._layout import rank_name, rank_of_file
 from ..._text import shown
+from ...rundir._layout import rank_name, rank_of_file
 from ._header import _MISSING, _Header, _is_int
 
 __all__ = ["base_of"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import TraceError
-from ..._layout import temp_name
+from ...rundir._layout import temp_name
 from .._parallel import LaneWorkers, WorkerStopped
 from ._events import _THREAD_BITS
 from ._header import _Header

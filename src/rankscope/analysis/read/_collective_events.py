@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..._errors import TraceError
-from ..._layout import rank_of_file
-from ..._trace_stream import BatchDecoder, plain_events, scan_batches
+from ...rundir._layout import rank_of_file
+from ...traces._stream import BatchDecoder, plain_events, scan_batches
 
 __all__ = ["Arrival", "RankCollectives", "SendRecvKernels", "read_rank_collectives"]
 

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..._errors import ConfigError, TraceError
-from ..._layout import TIMINGS_FILES, RunDir, open_regular
+from ...rundir._layout import TIMINGS_FILES, RunDir, open_regular
 from .._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 from ._duck import COLUMNS, connect, lines_sql, name_of

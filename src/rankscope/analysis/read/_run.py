@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import TraceError
-from ..._layout import META, RunDir, is_run_dir, open_regular, runs_in
 from ..._text import format_ranks, printable
+from ...rundir._layout import META, RunDir, is_run_dir, open_regular, runs_in
 
 __all__ = ["RunMeta", "read_run_meta"]
 

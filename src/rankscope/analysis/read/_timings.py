@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..._errors import ConfigError, TraceError
-from ..._layout import (
+from ...rundir._layout import (
     TIMINGS_FILES,
     TIMINGS_SUFFIX,
     RunDir,

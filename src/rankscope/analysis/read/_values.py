@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from ..._layout import RunDir
+from ...rundir._layout import RunDir
 from ._duck import COLUMNS, connect, lines_sql, name_of
 from ._run import run_root
 

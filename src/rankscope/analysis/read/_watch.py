@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..._errors import TraceError
-from ..._files import is_plain_name
-from ..._layout import RankFile, RunDir, open_regular
 from ..._text import shown
+from ...rundir._files import is_plain_name
+from ...rundir._layout import RankFile, RunDir, open_regular
 
 __all__ = [
     "FRAMES_KEPT",

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..._layout import temp_name
+from ...rundir._layout import temp_name
 from .._findings import ratio_text
 from ._values import esc
 

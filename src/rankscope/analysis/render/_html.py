@@ -31,8 +31,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..._layout import temp_name
 from ..._text import format_ranks, number_ranges, printable
+from ...rundir._layout import temp_name
 from .._findings import cost_lines, ratio_text, speedup_text
 from ._breakdown import breakdown_section
 from ._charts import charts_section

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError
+from .._errors import ConfigError
+from .._version import __version__
+from ..config._ranks import RankInfo
 from ._files import read_regular, write_atomic
 from ._layout import meta_path
-from ._ranks import RankInfo
-from ._version import __version__
 
 __all__ = ["check_groups", "previous_attempt", "write_meta"]
 

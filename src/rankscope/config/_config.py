@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from .._errors import ConfigError
+from .._text import closest
 from . import _env
-from ._errors import ConfigError
 from ._fields import CONFIG_DEST, NOT_GIVEN, ConfigField, dest, flag_name, leaf_fields
 from ._ranks import RankSet, RankSpec, parse_ranks
-from ._text import closest
 
 __all__ = [
     "ACTIVITIES",

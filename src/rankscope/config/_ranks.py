@@ -7,8 +7,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .._errors import ConfigError
 from . import _env
-from ._errors import ConfigError
 
 __all__ = ["RankInfo", "RankSet", "RankSpec", "detect_rank_info", "parse_ranks"]
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ConfigError
-from ._text import closest
+from .._errors import ConfigError
+from .._text import closest
 
 __all__ = [
     "KNOWN_VARIABLES",

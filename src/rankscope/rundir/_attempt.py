@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import _env
+from ..config import _env
 
 __all__ = ["Attempt", "current_attempt"]
 

@@ -18,8 +18,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ._text import shown
-from ._trace_stream import BatchDecoder, plain_events, scan_batches, scan_trace
+from .._text import shown
+from ._stream import BatchDecoder, plain_events, scan_batches, scan_trace
 
 __all__ = [
     "MAX_DUR_US",

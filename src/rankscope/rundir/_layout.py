@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ._errors import TraceError
+from .._errors import TraceError
 
 __all__ = [
     "AUTO",

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._layout import meta_path, timing_path, trace_path
-from .timing._record import STEP_PHASE, Span, format_record
+from ..rundir._layout import meta_path, timing_path, trace_path
+from ..timing._record import STEP_PHASE, Span, format_record
 
 __all__ = [
     "DDP_PHASES",

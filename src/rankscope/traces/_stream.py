@@ -24,8 +24,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import TraceError
-from ._layout import open_regular
+from .._errors import TraceError
+from ..rundir._layout import open_regular
 
 __all__ = ["DICTS", "BatchDecoder", "plain_events", "scan_batches", "scan_trace"]
 
