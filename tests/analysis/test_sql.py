@@ -176,7 +176,7 @@ def _documented(command: str) -> list[list[str]]:
     """Every `rankscope COMMAND ...` line of the README and docs/, as argv."""
     import shlex
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     out = []
     for page in [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]:
         for line in page.read_text(encoding="utf-8").splitlines():
