@@ -216,7 +216,8 @@ def test_the_terminal_table_rounds_floats_and_json_and_csv_keep_them_whole(
     root = _run(tmp_path)
     query = (
         "select 2.1652899999999997::double as ms, 12345.678::double as big, "
-        "0.000012346::double as tiny, 5::double as whole, 'nan'::double as nan, 7 as n"
+        "0.000012346::double as tiny, 5::double as whole, 'nan'::double as nan, 7 as n, "
+        "null::double as missing"
     )
     assert main(["sql", str(root), query]) == 0
     out = capsys.readouterr().out
@@ -227,6 +228,7 @@ def test_the_terminal_table_rounds_floats_and_json_and_csv_keep_them_whole(
         "5",
         "nan",
         "7",
+        "-",  # NULL, as every terminal table spells a missing value (render/_format.py)
     ], out
     assert "2.16528" not in out
     assert main(["sql", str(root), query, "--json"]) == 0

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from .._text import format_ranks
 from ._chance import FEWEST_STEPS
+from .render._format import SENTENCE, finite, hours_text
 
 __all__ = [
     "Cause",
@@ -28,19 +29,14 @@ __all__ = [
     "ratio_text",
     "rounded",
     "sentences",
-    "speedup_text",
 ]
 
 Vector = npt.NDArray[np.float64]
 
 
-def ratio_text(ratio: float | None) -> str:
-    """A time against its reference as people say it: "+41%" below twice, "2.5x", "526x"."""
-    if ratio is None or not math.isfinite(ratio):
-        return "none"
-    if ratio < 2:
-        return f"{(ratio - 1) * 100:+.0f}%".replace("-0%", "+0%")
-    return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:,.0f}x"
+ratio_text = SENTENCE.ratio
+"""A time against its reference as people say it: "+41%" below twice, "2.5x", "526x"
+(render/_format.py has the rule)."""
 
 
 @dataclass(frozen=True)
@@ -361,51 +357,25 @@ def _waiting(findings: Sequence[Mapping[str, Any]], slow: Mapping[str, Any]) -> 
 def _same_saving(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Two costs that would read alike: savings within 1% of each other (two fixes of
     one rank can differ in the last digit when one also fixes its other phases)."""
-    x, y = _number(a.get("step_ms_saved")), _number(b.get("step_ms_saved"))
+    x, y = finite(a.get("step_ms_saved")), finite(b.get("step_ms_saved"))
     return x is not None and y is not None and abs(x - y) <= 0.01 * max(abs(x), abs(y), 1e-9)
 
 
 def cost_text(cost: Mapping[str, Any], what: str = "fixing it") -> str:
     """A cost (Cost.to_dict()) in words: "fixing it saves 38 ms of a 95 ms step (1.68x as
     fast): 1.2 h over the run so far, 4.8 GPU-hours" (rank-hours on a run with no GPU)."""
-    saved, step = _number(cost.get("step_ms_saved")), _number(cost.get("step_ms"))
-    speedup = _number(cost.get("speedup"))
-    hours = _number(cost.get("run_hours_saved"))
-    gpu, ranks = _number(cost.get("gpu_hours_saved")), _number(cost.get("rank_hours_saved"))
+    saved, step = finite(cost.get("step_ms_saved")), finite(cost.get("step_ms"))
+    speedup = finite(cost.get("speedup"))
+    hours = finite(cost.get("run_hours_saved"))
+    gpu, ranks = finite(cost.get("gpu_hours_saved")), finite(cost.get("rank_hours_saved"))
     if saved is None or step is None:
         return f"{what}: no estimate"
-    text = f"{what} saves {_ms(saved)} of a {_ms(step)} step"
+    ms = SENTENCE.ms_text
+    text = f"{what} saves {ms(saved)} of a {ms(step)} step"
     if speedup is not None and speedup > 1:
-        text += f" ({speedup_text(speedup)} as fast)"
+        text += f" ({SENTENCE.speedup(speedup)} as fast)"
     if hours is not None and gpu is not None:
-        text += f": {_duration(hours)} over the run so far, {_duration(gpu, 'GPU')}"
+        text += f": {hours_text(hours)} over the run so far, {hours_text(gpu, 'GPU')}"
     elif hours is not None and ranks is not None:
-        text += f": {_duration(hours)} over the run so far, {_duration(ranks, 'rank')}"
+        text += f": {hours_text(hours)} over the run so far, {hours_text(ranks, 'rank')}"
     return text
-
-
-def speedup_text(value: object) -> str:
-    """A speedup as the tables and sentences show it ("1.68x"); "" where there is none."""
-    number = _number(value)
-    return "" if number is None else f"{number:.2f}x"
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _ms(value: float) -> str:
-    return f"{value:,.0f} ms" if value >= 100 else f"{value:.3g} ms"
-
-
-def _duration(hours: float, prefix: str = "") -> str:
-    """Hours as people say them: "4.8 h", "12 min", "40 s" (with a `prefix`, "GPU":
-    GPU-hours..., "rank": rank-hours...)."""
-    prefix = f"{prefix}-" if prefix else ""
-    if hours >= 0.1:
-        return f"{hours:,.1f} {prefix}hours" if prefix else f"{hours:,.1f} h"
-    if hours * 60 >= 0.1:
-        return f"{hours * 60:.1f} {prefix}minutes" if prefix else f"{hours * 60:.1f} min"
-    return f"{hours * 3600:.1f} {prefix}seconds" if prefix else f"{hours * 3600:.1f} s"

@@ -42,6 +42,7 @@ from ._options import HangOptions
 from ._step_order import StepOrder, step_order
 from .read._run import RunMeta, read_run_meta
 from .read._watch import Frame, HangFile, Heartbeat, OpenPhase, read_watch
+from .render._format import seconds_text
 
 __all__ = [
     "HANGS_VERSION",
@@ -50,7 +51,6 @@ __all__ = [
     "HangFinding",
     "HangReport",
     "StepOrder",
-    "duration",
     "find_hangs",
     "hangs_of",
 ]
@@ -453,17 +453,6 @@ def _state(report: HangReport, beats: dict[int, Heartbeat]) -> str:
 # -- words -----------------------------------------------------------------------------
 
 
-def duration(seconds: float) -> str:
-    """`45 s`, `4 min`, `2.5 h`, `3.1 days`: how long, as people say it."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 120 * 60:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
-
-
 def _where(phase: str | None, kind: str | None) -> str:
     return "outside any phase" if phase is None else f"in {phase} ({kind})"
 
@@ -483,7 +472,7 @@ def _summary(report: HangReport) -> str:
         )
         longest = report.longest_unmoved
         if longest is not None:
-            text += f"; the longest any has gone without moving is {duration(longest[0])} (rank {longest[1]})"
+            text += f"; the longest any has gone without moving is {seconds_text(longest[0])} (rank {longest[1]})"
         return text
     groups = report.groups()
     stuck = [g for g in groups if g["role"] == STUCK]
@@ -492,7 +481,7 @@ def _summary(report: HangReport) -> str:
     for g in stuck[:_SUMMARY_GROUPS]:
         parts.append(
             f"{format_ranks(g['ranks'])} {'has' if g['count'] == 1 else 'have'} been stuck "
-            f"{_where(g['phase'], g['kind'])} at step {g['step']} for {duration(g['for_s'])}"
+            f"{_where(g['phase'], g['kind'])} at step {g['step']} for {seconds_text(g['for_s'])}"
         )
     if not stuck:
         parts.append("no stalled rank is outside a collective")
@@ -565,7 +554,7 @@ def _notes(report: HangReport, options: HangOptions) -> list[str]:
         notes.append(f"{format_ranks(report.missing)}: no heartbeat")
     for g in report.stalls_ended:
         longest = g["longest_s"]
-        how = f", the longest for {duration(longest)}" if longest is not None else ""
+        how = f", the longest for {seconds_text(longest)}" if longest is not None else ""
         notes.append(
             f"a stall that ended: {format_ranks(g['ranks'])} at step "
             f"{number_ranges(g['steps'])}{how}"

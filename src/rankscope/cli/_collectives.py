@@ -55,6 +55,7 @@ def _show(found: dict[str, Any], rows: int) -> None:
     from rich.text import Text
 
     from ..analysis._collective_clocks import ALIGNMENTS
+    from ..analysis.render._format import TERMINAL
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     source = "NCCL kernels (GPU)" if found["source"] == "gpu" else "c10d calls (CPU)"
@@ -77,13 +78,13 @@ def _show(found: dict[str, Any], rows: int) -> None:
     for r in ranks[:rows]:
         table.add_row(
             str(r["rank"]),
-            Text(r["host"] or "?"),
+            Text(r["host"] or TERMINAL.missing),
             str(r["collectives"]),
             str(r["arrived_last"]),
-            _ms(r["late_ms"]),
-            _ms(r["late_ms_mean"]),
-            _ms(r["late_ms_max"]),
-            _ms(r["vs_median_ms"], signed=True),
+            TERMINAL.ms(r["late_ms"]),
+            TERMINAL.ms(r["late_ms_mean"]),
+            TERMINAL.ms(r["late_ms_max"]),
+            TERMINAL.signed_ms(r["vs_median_ms"]),
         )
     console.print(table)
     if len(ranks) > rows:
@@ -99,14 +100,14 @@ def _show(found: dict[str, Any], rows: int) -> None:
             )
         for c in skewed:
             table.add_row(
-                _ms(c["at_ms"]),
+                TERMINAL.ms(c["at_ms"]),
                 Text(c["name"]),
-                Text(c["group"] or ""),
+                Text(c["group"] or TERMINAL.missing),
                 str(c["index"] if c["seq"] is None else c["seq"]),
-                _ms(c["skew_ms"]),
+                TERMINAL.ms(c["skew_ms"]),
                 str(c["first_rank"]),
                 "tie" if c["last_rank"] is None else str(c["last_rank"]),
-                _ms(c["late_ms"]),
+                TERMINAL.ms(c["late_ms"]),
             )
         console.print(table)
     for entry in found["unmatched"]:
@@ -115,9 +116,3 @@ def _show(found: dict[str, Any], rows: int) -> None:
         console.print(Text(f"note: {note}", style="yellow"))
     for line in found["skipped"]:
         console.print(Text(f"skipped: {line}", style="yellow"))
-
-
-def _ms(value: float | None, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    return f"{value:+.3f}" if signed else f"{value:.3f}"

@@ -75,19 +75,18 @@ def _terminal(data: Mapping[str, Any], top: int) -> None:
         UNJUDGED_TITLE,
         change_text,
         figures_text,
-        ms,
         side_line,
-        signed_ms,
         step_line,
         summary_line,
         versus_a,
     )
+    from ..analysis.render._format import TERMINAL
 
     console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
     console.print(Text("rankscope diff", style="bold"))
     console.print(Text(side_line("A", data["a"])))
     console.print(Text(side_line("B", data["b"])))
-    step = step_line(data)
+    step = step_line(data, TERMINAL)
     if step:
         console.print(Text(step))
     changes = data["changes"]
@@ -104,17 +103,17 @@ def _terminal(data: Mapping[str, Any], top: int) -> None:
             table.add_column(column, justify="left" if column == "change" else "right")
         for change in listed[:top]:
             kernel = change["what"] == "kernel"
-            name = change_text(change) + (" *" if change["sync"] else "")
+            name = change_text(change, TERMINAL) + (" *" if change["sync"] else "")
             cells = [
-                figures_text(change["a"], kernel),
-                figures_text(change["b"], kernel),
-                signed_ms(change["delta_ms"]),
-                versus_a(change["relative"]),
+                figures_text(change["a"], kernel, TERMINAL),
+                figures_text(change["b"], kernel, TERMINAL),
+                TERMINAL.signed_ms(change["delta_ms"]),
+                versus_a(change["relative"], TERMINAL),
             ]
             table.add_row(
                 Text(name if len(name) <= 70 else name[:69] + "…", no_wrap=True),
                 *cells,
-                *([ms(change["noise_ms"])] if judged else []),
+                *([TERMINAL.ms(change["noise_ms"])] if judged else []),
             )
         console.print(table)
         if len(listed) > top:

@@ -21,10 +21,10 @@ from rich.table import Table
 from rich.text import Text
 
 from .._text import format_ranks
-from ..analysis._findings import cost_lines, speedup_text
-from ..analysis._hangs import duration
+from ..analysis._findings import cost_lines
 from ..analysis._kernels import KernelReport
-from ..analysis._stragglers import StragglerReport, ratio_text
+from ..analysis._stragglers import StragglerReport
+from ..analysis.render._format import SENTENCE, TERMINAL, seconds_text
 from ..rundir._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
 from ._lines import SafeStdout, skipped_lines
 
@@ -98,10 +98,6 @@ def _name(text: str, width: int = _NAME_WIDTH) -> Text:
     return Text(text if len(text) <= width else text[: width - 1] + "…", no_wrap=True)
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
 def _skipped(lines: list[str]) -> None:
     summed = skipped_lines(lines)
     if summed:
@@ -137,13 +133,14 @@ def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int |
             str(f["rank"]),
             _name(f["phase"], 30),
             f["role"],
-            ratio_text(f["median_ratio"]),
-            f"{f['share_above']:.0%}",
-            f"{f['lost_ms']:.1f}",
+            TERMINAL.ratio(f["median_ratio"]),
+            TERMINAL.share(f["share_above"]),
+            TERMINAL.ms(f["lost_ms"]),
             str(f["since_step"]),
             ", ".join(str(r) for r in f["waits_for"]),
-            _ms(f["cost"]["step_ms_saved"]) if f.get("cost") else _cost_of(f),
-            speedup_text((f.get("cost") or {}).get("speedup")),
+            TERMINAL.ms(f["cost"]["step_ms_saved"]) if f.get("cost") else _cost_of(f),
+            # Blank for a waiting rank: its fix is the rank it waits for, priced there.
+            TERMINAL.speedup(f["cost"]["speedup"]) if f.get("cost") else "",
         )
     return table
 
@@ -177,8 +174,9 @@ def _costs(strag: dict[str, Any]) -> None:
     model, measured = strag.get("model_step_ms"), strag["cost"].get("step_ms")
     if model and measured and abs(model - measured) > 0.25 * measured:
         _sentence(
-            f"note: the cost model gives a {model:.1f} ms step against {measured:.1f} ms "
-            "measured: the estimates are rough here (see docs/analysis.md, Cost)",
+            f"note: the cost model gives a {SENTENCE.ms_text(model)} step against "
+            f"{SENTENCE.ms_text(measured)} measured: the estimates are rough here "
+            "(see docs/analysis.md, Cost)",
             style="yellow",
         )
 
@@ -189,8 +187,8 @@ def _sentences(summary: list[str], threshold: float, persistence: float) -> None
             _sentence(sentence, style="bold")
     else:
         _console.print(
-            f"  No straggler: no rank is {threshold - 1:.0%} above the others "
-            f"at {persistence:.0%} of sampled steps."
+            f"  No straggler: no rank is {SENTENCE.pct_over(threshold)} above the others "
+            f"at {SENTENCE.share(persistence)} of sampled steps."
         )
 
 
@@ -216,8 +214,8 @@ def report(data: dict[str, Any], html: Path | None) -> None:
                 _name(p["name"], 30),
                 p["kind"],
                 str(p["records"]),
-                _ms(p["median_ms"]),
-                _ms(p["p90_ms"]),
+                TERMINAL.ms(p["median_ms"]),
+                TERMINAL.ms(p["p90_ms"]),
             )
         _console.print(table)
         strag = data["stragglers"]
@@ -284,7 +282,8 @@ def stragglers(
     _attempts(note)
     _console.print(
         f"[bold]Stragglers[/bold] over {len(found.ranks)} ranks and {len(found.steps)} sampled steps "
-        f"({found.time} time; threshold {found.threshold:.2f}, persistence {found.min_persistence:.0%})"
+        f"({found.time} time; threshold {found.threshold:.2f}, "
+        f"persistence {SENTENCE.share(found.min_persistence)})"
     )
     _sentences(found.summary, found.threshold, found.min_persistence)
     if found.findings:
@@ -314,11 +313,11 @@ def _items_table(items: list[dict[str, Any]], title: str) -> Table:
         table.add_row(
             _name(item["name"]),
             str(item["count"]),
-            f"{item['total_us'] / 1000:.3f}",
-            f"{item['mean_us']:.1f}",
-            f"{item['min_us']:.1f}",
-            f"{item['max_us']:.1f}",
-            f"{item['share']:.1%}",
+            TERMINAL.ms(item["total_us"] / 1000),
+            TERMINAL.us(item["mean_us"]),
+            TERMINAL.us(item["min_us"]),
+            TERMINAL.us(item["max_us"]),
+            TERMINAL.share(item["share"]),
         )
     return table
 
@@ -329,7 +328,7 @@ def kernels(found: KernelReport, top: int) -> None:
         by = "" if table.by == "name" or table.kind == "cpu_ops" else " by category"
         title = (
             f"{what}{by}: {table.count} in {table.traces} trace(s), "
-            f"{table.total_us / 1000:.3f} ms in all"
+            f"{SENTENCE.ms_text(table.total_us / 1000)} in all"
         )
         _console.print(_items_table(table.items[:top], title))
         if len(table.items) > top:
@@ -376,7 +375,7 @@ def _utc(epoch_s: float) -> str:
 
 
 def _for(seconds: float) -> str:
-    return duration(seconds)
+    return seconds_text(seconds)
 
 
 def live_view() -> Any:
@@ -396,16 +395,17 @@ def top(data: dict[str, Any], rows: list[dict[str, Any]], limit: int, live: Any)
     for column in ("rank", "host", "role", "step", "phase", "kind", "for", "heartbeat"):
         table.add_column(column, justify="right" if column in ("rank", "step") else "left")
     style = {"stuck": "bold red", "waits": "yellow", "missing": "dim"}
+    missing = TERMINAL.missing
     for row in rows[:limit]:
         table.add_row(
             str(row["rank"]),
-            row["host"] or "-",
+            row["host"] or missing,
             row["role"],
-            "-" if row["step"] is None else str(row["step"]),
-            _name(row["phase"] or "-", 30),
-            row["kind"] or "-",
-            "-" if row["for_s"] is None else _for(row["for_s"]),
-            "-" if row["heartbeat_age_s"] is None else f"{_for(row['heartbeat_age_s'])} ago",
+            missing if row["step"] is None else str(row["step"]),
+            _name(row["phase"] or missing, 30),
+            row["kind"] or missing,
+            missing if row["for_s"] is None else _for(row["for_s"]),
+            missing if row["heartbeat_age_s"] is None else f"{_for(row['heartbeat_age_s'])} ago",
             style=style.get(row["role"]),
         )
     if len(rows) > limit:
@@ -437,7 +437,7 @@ def hang(data: dict[str, Any], title: bool = True) -> None:
                 g["role"],
                 _name(_rank_list(g["ranks"]), 40),
                 _name(g["phase"] or "(outside any phase)", 30),
-                g["kind"] or "-",
+                g["kind"] or TERMINAL.missing,
                 str(g["step"]),
                 _for(g["for_s"]),
                 _utc(g["since"]),
@@ -605,7 +605,7 @@ def demo_end(job: Any, data: dict[str, Any], trained_s: float, total_s: float) -
         for name in breakdown["phases"]:
             table.add_column(_name(name, 20), justify="right")
         for rank, row in zip(breakdown["ranks"], breakdown["median_ms"], strict=True):
-            table.add_row(str(rank), *(_ms(v) for v in row))
+            table.add_row(str(rank), *(TERMINAL.ms(v) for v in row))
         _console.print(table)
     windows = data.get("kernels", {}).get("windows", [])
     for window in windows:

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ..analysis.render._format import TERMINAL
 from ._output import EXIT_BAD_INPUT, print_json, terminal
 
 __all__ = ["add_commands"]
@@ -118,11 +119,11 @@ def _table(names: list[str], rows: list[tuple[Any, ...]]) -> None:
 
 
 def _cell(value: Any) -> str:
-    """A value as the terminal table shows it: a float to 4 significant digits (the
-    whole number from 10000 on), since sums of doubles read 2.1652899999999997; --json
-    and --csv keep every digit."""
+    """A value as the terminal table shows it: a float by the figures' rule (4 significant
+    digits, render/_format.py), since sums of doubles read 2.1652899999999997, and NULL as
+    every terminal table spells a missing value; --json and --csv keep every digit."""
     if value is None:
-        return ""
+        return TERMINAL.missing
     if isinstance(value, float) and math.isfinite(value):
-        return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+        return TERMINAL.number(value)
     return str(value)

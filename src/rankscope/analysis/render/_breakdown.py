@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._stragglers import ratio_text
-from ._values import as_float, as_int, as_ints, as_list, as_map, as_text, esc, ms_text, plural
+from ._format import HTML
+from ._values import as_float, as_int, as_ints, as_list, as_map, as_text, esc, plural
 
 __all__ = ["breakdown_section"]
 
@@ -118,7 +118,7 @@ def _tags(findings: list[Mapping[str, Any]]) -> dict[int, tuple[str, str]]:
             continue
         if f.get("role") == "slow":
             slow.setdefault(rank, []).append(
-                f"{phase}, {ratio_text(as_float(f.get('median_ratio')))}"
+                f"{phase}, {HTML.ratio(as_float(f.get('median_ratio')))}"
             )
         elif f.get("role") == "waits":
             late = as_ints(f.get("waits_for"))
@@ -142,7 +142,7 @@ def _bar_row(
 ) -> str:
     segments = "".join(
         f'<span style="width:{v / widest * 100:.3f}%;background:{colours[j]}" '
-        f'title="{esc(phases[j])}: {ms_text(v)}"></span>'
+        f'title="{esc(phases[j])}: {HTML.ms_text(v)}"></span>'
         for j, v in enumerate(row.values)
         if v is not None and v > 0
     )
@@ -150,15 +150,15 @@ def _bar_row(
     kind, said = tags.get(row.rank, ("", ""))
     if said:
         label += f' <span class="{kind}-tag">{esc(said)}</span>'
-    vs = f"{(row.own / median.own - 1) * 100:+.0f}%" if median.own > 0 else "none"
+    vs = HTML.pct_over(row.own / median.own if median.own > 0 else None, signed=True)
     classes = " ".join(
         c for c in ("sep" if tag == "median" else "", f"flag-{kind}" if kind else "") if c
     )
     return (
         f'<tr class="{classes}" data-rank="{row.rank}"><td class="rank">{label}</td>'
         f'<td class="barcell"><div class="bar">{segments}</div></td>'
-        f'<td class="num">{ms_text(row.own)}</td><td class="num">{vs}</td>'
-        f'<td class="num">{ms_text(row.total)}</td></tr>'
+        f'<td class="num">{HTML.ms_text(row.own)}</td><td class="num">{vs}</td>'
+        f'<td class="num">{HTML.ms_text(row.total)}</td></tr>'
     )
 
 

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..._text import format_ranks
-from ._values import as_float, as_int, as_ints, as_list, as_map, as_text, esc, ms_text, plural
+from ._format import HTML
+from ._values import as_float, as_int, as_ints, as_list, as_map, as_text, esc, plural
 
 __all__ = ["charts_section"]
 
@@ -195,7 +196,7 @@ def _axes(scale: _Scale, steps: list[int]) -> str:
         y = scale.y(v)
         out.append(
             f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>'
-            f'<text class="tick" x="{_LEFT - 4}" y="{y + 4:.0f}" text-anchor="end">{esc(ms_text(v))}</text>'
+            f'<text class="tick" x="{_LEFT - 4}" y="{y + 4:.0f}" text-anchor="end">{esc(HTML.ms_text(v))}</text>'
         )
     for i in sorted({0, len(steps) // 2, len(steps) - 1}):
         anchor = "start" if i == 0 else "end" if i == len(steps) - 1 else "middle"

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._collective_clocks import ALIGNMENTS
+from ._format import HTML
 from ._values import as_float, as_int, as_list, as_map, as_text, esc, plural
 
 __all__ = ["collectives_section"]
@@ -81,16 +82,9 @@ def _window(found: Mapping[str, Any]) -> str:
     return "\n".join(part for part in parts if part)
 
 
-def _ms(value: object, signed: bool = False) -> str:
-    number = as_float(value)
-    if number is None:
-        return ""
-    return f"{number:+.3f}" if signed else f"{number:.3f}"
-
-
-def _num(value: object) -> str:
+def _count(value: object) -> str:
     number = as_int(value)
-    return "" if number is None else str(number)
+    return HTML.missing if number is None else str(number)
 
 
 def _ranks(ranks: list[Any]) -> str:
@@ -104,14 +98,14 @@ def _ranks(ranks: list[Any]) -> str:
     lines = []
     for i, r in enumerate(rows[:_RANKS]):
         lines.append(
-            f'<tr class="{"slow" if i == 0 and top else ""}"><td class="num">{_num(r.get("rank"))}</td>'
-            f"<td>{esc(as_text(r.get('host')))}</td>"
-            f'<td class="num">{_num(r.get("collectives"))}</td>'
-            f'<td class="num">{_num(r.get("arrived_last"))}</td>'
-            f'<td class="num">{_ms(r.get("late_ms"))}</td>'
-            f'<td class="num">{_ms(r.get("late_ms_mean"))}</td>'
-            f'<td class="num">{_ms(r.get("late_ms_max"))}</td>'
-            f'<td class="num">{_ms(r.get("vs_median_ms"), signed=True)}</td></tr>'
+            f'<tr class="{"slow" if i == 0 and top else ""}"><td class="num">{_count(r.get("rank"))}</td>'
+            f"<td>{esc(as_text(r.get('host'))) or HTML.missing}</td>"
+            f'<td class="num">{_count(r.get("collectives"))}</td>'
+            f'<td class="num">{_count(r.get("arrived_last"))}</td>'
+            f'<td class="num">{HTML.ms(r.get("late_ms"))}</td>'
+            f'<td class="num">{HTML.ms(r.get("late_ms_mean"))}</td>'
+            f'<td class="num">{HTML.ms(r.get("late_ms_max"))}</td>'
+            f'<td class="num">{HTML.signed_ms(r.get("vs_median_ms"))}</td></tr>'
         )
     more = (
         f'<p class="note">The first {_RANKS} of {len(rows)} ranks; '
@@ -135,12 +129,12 @@ def _skewed(rows: list[Mapping[str, Any]]) -> str:
     for c in worst:
         last = as_int(c.get("last_rank"))
         lines.append(
-            f'<tr><td class="num">{_ms(c.get("at_ms"))}</td>'
-            f"<td>{esc(as_text(c.get('name')))}</td><td>{esc(as_text(c.get('group')))}</td>"
-            f'<td class="num">{_ms(c.get("skew_ms"))}</td>'
-            f'<td class="num">{_num(c.get("first_rank"))}</td>'
+            f'<tr><td class="num">{HTML.ms(c.get("at_ms"))}</td>'
+            f"<td>{esc(as_text(c.get('name')))}</td><td>{esc(as_text(c.get('group'))) or HTML.missing}</td>"
+            f'<td class="num">{HTML.ms(c.get("skew_ms"))}</td>'
+            f'<td class="num">{_count(c.get("first_rank"))}</td>'
             f'<td class="num">{"tie" if last is None else last}</td>'
-            f'<td class="num">{_ms(c.get("late_ms"))}</td></tr>'
+            f'<td class="num">{HTML.ms(c.get("late_ms"))}</td></tr>'
         )
     return (
         f"<h4>The {len(worst)} largest skews</h4>\n"

@@ -8,14 +8,13 @@ Drawn from `RunDiff.to_dict()` (analysis/_diff.py).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ...rundir._layout import temp_name
-from .._findings import ratio_text
+from ._format import HTML, Medium, finite
 from ._values import esc
 
 __all__ = [
@@ -23,10 +22,8 @@ __all__ = [
     "UNJUDGED_TITLE",
     "change_text",
     "figures_text",
-    "ms",
     "render_diff_html",
     "side_line",
-    "signed_ms",
     "step_line",
     "summary_line",
     "versus_a",
@@ -40,7 +37,7 @@ SYNC_NOTE = "* ends in a collective: the time ranks waited there for the last is
 # -- words and numbers that the terminal and the page share ---------------------------------
 
 
-def change_text(change: Mapping[str, Any]) -> str:
+def change_text(change: Mapping[str, Any], medium: Medium) -> str:
     """What changed: "phase forward", "rank 5 in phase forward (others -0.011)", "kernel X"."""
     if change["what"] == "kernel":
         kind = "CPU op" if change["kind"] == "cpu_ops" else "kernel"
@@ -49,37 +46,27 @@ def change_text(change: Mapping[str, Any]) -> str:
     if change["rank"] is None:
         return where
     # Its delta is beyond the others' change: said, so that A + others + delta = B.
-    return f"rank {change['rank']} in {where} (others {signed_ms(change['others_delta_ms'])})"
+    others = medium.signed_ms(change["others_delta_ms"])
+    return f"rank {change['rank']} in {where} (others {others})"
 
 
-def ms(value: Any) -> str:
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        return "-"
-    return f"{value:.3f}" if abs(value) < 100 else f"{value:,.1f}"
-
-
-def signed_ms(value: Any) -> str:
-    text = ms(value)
-    return text if text == "-" or text.startswith("-") else f"+{text}"
-
-
-def versus_a(relative: Any) -> str:
+def versus_a(relative: Any, medium: Medium) -> str:
     """B against A as `rankscope stragglers` says a ratio ("+41%", "2.5x", "212x"), from
     the delta over A's figure; "new" where A has none."""
     if relative is None:
         return "new"
-    if not isinstance(relative, (int, float)) or not math.isfinite(relative):
-        return "-"
-    return ratio_text(1 + relative)
+    number = finite(relative)
+    return medium.ratio(None if number is None else 1 + number)
 
 
-def figures_text(side: Mapping[str, Any] | None, kernel: bool) -> str:
+def figures_text(side: Mapping[str, Any] | None, kernel: bool, medium: Medium) -> str:
     """One side's figures: median (p90) for a phase, ms and calls per step for a kernel."""
     if side is None:
-        return "none"
+        return medium.missing
     if kernel:
-        return f"{ms(side.get('ms_per_step'))} ({side.get('count_per_step', 0):.3g}/step)"
-    return f"{ms(side.get('median_ms'))} (p90 {ms(side.get('p90_ms'))})"
+        calls = medium.number(side.get("count_per_step", 0))
+        return f"{medium.ms(side.get('ms_per_step'))} ({calls}/step)"
+    return f"{medium.ms(side.get('median_ms'))} (p90 {medium.ms(side.get('p90_ms'))})"
 
 
 def side_line(label: str, side: Mapping[str, Any]) -> str:
@@ -92,14 +79,14 @@ def side_line(label: str, side: Mapping[str, Any]) -> str:
     return f"{label}: {side['path']} ({where}{span}; {', '.join(parts)})"
 
 
-def step_line(data: Mapping[str, Any]) -> str | None:
+def step_line(data: Mapping[str, Any], medium: Medium) -> str | None:
     """A's and B's median step time over the same ranks, and B's less A's."""
     step = data.get("step")
     if not step:
         return None
     a, b, delta = step.get("a_ms"), step.get("b_ms"), step.get("delta_ms")
     base = a if isinstance(a, (int, float)) and a > 0 else None
-    rel = f", {versus_a(delta / base)}" if base and isinstance(delta, (int, float)) else ""
+    rel = f", {versus_a(delta / base, medium)}" if base and isinstance(delta, (int, float)) else ""
     within = ""
     if isinstance(delta, (int, float)) and abs(delta) <= step.get("noise_ms", 0):
         within = ", within noise"
@@ -107,7 +94,8 @@ def step_line(data: Mapping[str, Any]) -> str | None:
     fewer = ranks is not None and ranks not in (data["a"]["ranks"], data["b"]["ranks"])
     over = f", the {ranks} ranks in both" if fewer else ""
     return (
-        f"step time (median{over}): {ms(a)} ms -> {ms(b)} ms ({signed_ms(delta)} ms{rel}{within})"
+        f"step time (median{over}): {medium.ms(a)} ms -> {medium.ms(b)} ms "
+        f"({medium.signed_ms(delta)} ms{rel}{within})"
     )
 
 
@@ -145,13 +133,13 @@ def _table(changes: list[Mapping[str, Any]], judged: bool) -> str:
         delta = change["delta_ms"]
         css = "up" if isinstance(delta, (int, float)) and delta > 0 else "down"
         mark = " *" if change["sync"] else ""
-        noise = f"<td>{esc(ms(change['noise_ms']))}</td>" if judged else ""
+        noise = f"<td>{HTML.ms(change['noise_ms'])}</td>" if judged else ""
         rows.append(
-            f"<tr><td>{esc(change_text(change))}{mark}</td>"
-            f"<td>{esc(figures_text(change['a'], kernel))}</td>"
-            f"<td>{esc(figures_text(change['b'], kernel))}</td>"
-            f"<td class='{css}'>{esc(signed_ms(delta))}</td>"
-            f"<td>{esc(versus_a(change['relative']))}</td>{noise}</tr>"
+            f"<tr><td>{esc(change_text(change, HTML))}{mark}</td>"
+            f"<td>{esc(figures_text(change['a'], kernel, HTML))}</td>"
+            f"<td>{esc(figures_text(change['b'], kernel, HTML))}</td>"
+            f"<td class='{css}'>{HTML.signed_ms(delta)}</td>"
+            f"<td>{versus_a(change['relative'], HTML)}</td>{noise}</tr>"
         )
     if not rows:
         return ""
@@ -167,7 +155,7 @@ def render_diff_html(data: Mapping[str, Any]) -> str:
     table = _table(data["changes"], judged=True)
     unjudged = _table(data.get("unjudged", []), judged=False)
     sync = any(change["sync"] for change in data["changes"])
-    step = step_line(data)
+    step = step_line(data, HTML)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..._text import number_ranges
-from .._hangs import duration
+from ._format import HTML, seconds_text
 from ._values import as_float, as_int, as_ints, as_list, as_map, as_text, esc, plural
 
 __all__ = ["hangs_section"]
@@ -47,18 +47,20 @@ def hangs_section(report: Mapping[str, Any]) -> str:
 
 def _utc(epoch_s: float | None) -> str:
     if epoch_s is None or not 0 <= epoch_s < 1e11:
-        return "not given"
+        return HTML.missing
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_s))
 
 
 def _for(seconds: float | None) -> str:
-    return "not given" if seconds is None else duration(max(seconds, 0.0))
+    return HTML.missing if seconds is None else seconds_text(max(seconds, 0.0))
 
 
 def _as_of(hangs: Mapping[str, Any]) -> str:
     age = as_float(hangs.get("newest_heartbeat_age_s"))
     newest = "" if age is None else f"; the newest heartbeat of a running rank is {_for(age)} old"
-    return f"as of {esc(_utc(as_float(hangs.get('as_of'))))}{esc(newest)}"
+    when = _utc(as_float(hangs.get("as_of")))
+    said = "as of a time not given" if when == HTML.missing else f"as of {esc(when)}"
+    return f"{said}{esc(newest)}"
 
 
 def _groups(groups: list[Any]) -> str:
@@ -70,12 +72,12 @@ def _groups(groups: list[Any]) -> str:
         ranks = as_ints(g.get("ranks"))
         phase = as_text(g.get("phase"))
         rows.append(
-            f'<tr class="{"slow" if role == "stuck" else ""}"><td>{esc(role) or "none"}</td>'
-            f"<td>{esc(number_ranges(ranks)) or 'none'}</td>"
+            f'<tr class="{"slow" if role == "stuck" else ""}"><td>{esc(role) or HTML.missing}</td>'
+            f"<td>{esc(number_ranges(ranks)) or HTML.missing}</td>"
             f'<td class="num">{len(ranks)}</td>'
             f"<td>{esc(phase) if phase else '<i>outside any phase</i>'}</td>"
-            f"<td>{esc(as_text(g.get('kind'))) or 'none'}</td>"
-            f'<td class="num">{esc(as_text(as_int(g.get("step")))) or "none"}</td>'
+            f"<td>{esc(as_text(g.get('kind'))) or HTML.missing}</td>"
+            f'<td class="num">{esc(as_text(as_int(g.get("step")))) or HTML.missing}</td>'
             f'<td class="num">{esc(_for(as_float(g.get("for_s"))))}</td>'
             f"<td>{esc(_utc(as_float(g.get('since'))))}</td></tr>"
         )

@@ -26,17 +26,18 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ..._text import format_ranks, number_ranges, printable
 from ...rundir._layout import temp_name
-from .._findings import cost_lines, ratio_text, speedup_text
+from .._findings import cost_lines
 from ._breakdown import breakdown_section
 from ._charts import charts_section
 from ._collectives import collectives_section
+from ._format import HTML
 from ._hangs import hangs_section
 from ._values import (
     as_float,
@@ -47,11 +48,7 @@ from ._values import (
     as_text,
     esc,
     int_of,
-    ms_text,
-    pct_over,
     plural,
-    share_text,
-    us_text,
 )
 
 __all__ = ["render_html", "write_html"]
@@ -247,8 +244,8 @@ def _rule(stragglers: Mapping[str, Any]) -> str:
     persistence = as_float(stragglers.get("min_persistence"))
     reference = as_text(stragglers.get("reference")) or "median"
     return (
-        f"a rank counts as slow in a phase when it is at least {pct_over(threshold)} slower than the "
-        f"{esc(reference)} on at least {share_text(persistence)} of sampled steps"
+        f"a rank counts as slow in a phase when it is at least {HTML.pct_over(threshold)} slower than the "
+        f"{esc(reference)} on at least {HTML.share(persistence)} of sampled steps"
         if threshold is not None and persistence is not None
         else "thresholds not given"
     )
@@ -329,20 +326,20 @@ def _findings_table(
         cost = as_map(f.get("cost"))
         rows.append(
             f'<tr class="{"slow" if role == "slow" else ""}">'
-            f"<td>{esc(as_text(rank) if rank is not None else 'none')}</td>"
-            f"<td>{esc(host) or 'none'}</td>"
-            f"<td>{esc(as_text(f.get('phase'))) or 'none'}</td>"
-            f"<td>{esc(as_text(f.get('kind'))) or 'none'}</td>"
-            f"<td>{esc(role) or 'none'}</td>"
-            f'<td class="num">{ratio_text(as_float(f.get("median_ratio")))}</td>'
-            f'<td class="num">{share_text(as_float(f.get("share_above")))}</td>'
-            f'<td class="num">{ms_text(as_float(f.get("lost_ms")))}</td>'
-            f'<td class="num">{esc(as_text(f.get("steps"))) or "none"}</td>'
-            f'<td class="num">{esc(as_text(f.get("since_step"))) or "none"}</td>'
+            f"<td>{esc(as_text(rank)) or HTML.missing}</td>"
+            f"<td>{esc(host) or HTML.missing}</td>"
+            f"<td>{esc(as_text(f.get('phase'))) or HTML.missing}</td>"
+            f"<td>{esc(as_text(f.get('kind'))) or HTML.missing}</td>"
+            f"<td>{esc(role) or HTML.missing}</td>"
+            f'<td class="num">{HTML.ratio(as_float(f.get("median_ratio")))}</td>'
+            f'<td class="num">{HTML.share(as_float(f.get("share_above")))}</td>'
+            f'<td class="num">{HTML.ms_text(as_float(f.get("lost_ms")))}</td>'
+            f'<td class="num">{esc(as_text(f.get("steps"))) or HTML.missing}</td>'
+            f'<td class="num">{esc(as_text(f.get("since_step"))) or HTML.missing}</td>'
             f"<td>{esc(number_ranges(waits)) if waits else ''}</td>"
             f'<td class="num">{_saves(cost, as_map(f.get("cost_of")))}</td>'
-            f'<td class="num">{speedup_text(cost.get("speedup")) or _none(cost)}</td>'
-            f'<td class="num">{_hours(as_float(cost.get(unit)), cost)}</td></tr>'
+            f'<td class="num">{_priced(cost, HTML.speedup, "speedup")}</td>'
+            f'<td class="num">{_priced(cost, HTML.number, unit)}</td></tr>'
         )
     return (
         '<div class="table-wrap"><table class="data">\n<tr><th>rank</th><th>host</th>'
@@ -360,17 +357,13 @@ def _saves(cost: Mapping[str, Any], cost_of: Mapping[str, Any]) -> str:
     """A fix's saving per step; for a rank that waits, whose fix it is (priced there)."""
     if not cost and cost_of:
         return f"rank {esc(as_text(cost_of.get('rank')))}'s fix"
-    return ms_text(as_float(cost.get("step_ms_saved")))
+    return HTML.ms_text(as_float(cost.get("step_ms_saved")))
 
 
-def _none(cost: Mapping[str, Any]) -> str:
-    return "none" if cost else ""
-
-
-def _hours(value: float | None, cost: Mapping[str, Any]) -> str:
-    if value is None:
-        return _none(cost)
-    return f"{value:.3g}"
+def _priced(cost: Mapping[str, Any], figure: Callable[[object], str], key: str) -> str:
+    """A figure of the row's cost; blank on a waiting rank's row, which has none: its fix
+    is the rank it waits for, priced on that rank's row (render/_format.py)."""
+    return figure(cost.get(key)) if cost else ""
 
 
 def _reference_rank(reference: str) -> str:
@@ -383,10 +376,10 @@ def _phases(report: Mapping[str, Any]) -> str:
     if not phases:
         return head + '<p class="none">none</p>'
     rows = "\n".join(
-        f"<tr><td>{esc(as_text(p.get('name'))) or 'none'}</td><td>{esc(as_text(p.get('kind'))) or 'none'}</td>"
-        f'<td class="num">{esc(as_text(p.get("records"))) or "none"}</td>'
-        f'<td class="num">{ms_text(as_float(p.get("median_ms")))}</td>'
-        f'<td class="num">{ms_text(as_float(p.get("p90_ms")))}</td></tr>'
+        f"<tr><td>{esc(as_text(p.get('name'))) or HTML.missing}</td><td>{esc(as_text(p.get('kind'))) or HTML.missing}</td>"
+        f'<td class="num">{esc(as_text(p.get("records"))) or HTML.missing}</td>'
+        f'<td class="num">{HTML.ms_text(as_float(p.get("median_ms")))}</td>'
+        f'<td class="num">{HTML.ms_text(as_float(p.get("p90_ms")))}</td></tr>'
         for p in phases
     )
     return (
@@ -428,7 +421,7 @@ def _heatmap(
         rank = as_int(f.get("rank"))
         # waiting ranks are the consequence; marking all of them would hide the cause
         if rank in own_rows and f.get("role") == "slow":
-            ratio = ratio_text(as_float(f.get("median_ratio")))
+            ratio = HTML.ratio(as_float(f.get("median_ratio")))
             marks.setdefault(own_rows[rank], []).append(
                 f"slow in {as_text(f.get('phase')) or 'a phase'} ({ratio})"
             )
@@ -524,7 +517,7 @@ def _kernels(report: Mapping[str, Any]) -> str:
         title = (
             f"<code>{esc(as_text(window.get('window')) or 'unnamed window')}</code> · "
             f"rank{plural(len(ranks))} {esc(number_ranges(ranks)) or 'not given'} · {what} · "
-            f"total {us_text(as_float(window.get('total_us')))}"
+            f"total {HTML.us_text(as_float(window.get('total_us')))}"
         )
         top = items[:_TOP_KERNELS]
         if not top:
@@ -540,7 +533,7 @@ def _kernels(report: Mapping[str, Any]) -> str:
             if len(items) > len(top):
                 table += (
                     f'<p class="note">Top {len(top)} of {len(items)} by total time; '
-                    f"the other {len(items) - len(top)} take {share_text(rest)}.</p>"
+                    f"the other {len(items) - len(top)} take {HTML.share(rest)}.</p>"
                 )
         why = "".join(
             f'<p class="note">{esc(as_text(reason))}</p>\n' for reason in as_list(window.get("why"))
@@ -588,12 +581,12 @@ def _kernel_row(n: int, item: Mapping[str, Any]) -> str:
     )
     return (
         f'<tr><td class="num">{n}</td><td class="name" title="{name}">{name}</td>'
-        f'<td class="num">{esc(as_text(item.get("count"))) or "none"}</td>'
-        f'<td class="num">{us_text(as_float(item.get("total_us")))}</td>'
-        f'<td class="num">{us_text(as_float(item.get("mean_us")))}</td>'
-        f'<td class="num">{us_text(as_float(item.get("min_us")))}</td>'
-        f'<td class="num">{us_text(as_float(item.get("max_us")))}</td>'
-        f'<td class="num share">{bar}{share_text(share)}</td></tr>'
+        f'<td class="num">{esc(as_text(item.get("count"))) or HTML.missing}</td>'
+        f'<td class="num">{HTML.us_text(as_float(item.get("total_us")))}</td>'
+        f'<td class="num">{HTML.us_text(as_float(item.get("mean_us")))}</td>'
+        f'<td class="num">{HTML.us_text(as_float(item.get("min_us")))}</td>'
+        f'<td class="num">{HTML.us_text(as_float(item.get("max_us")))}</td>'
+        f'<td class="num share">{bar}{HTML.share(share)}</td></tr>'
     )
 
 

@@ -4,9 +4,10 @@ value may be absent or of the wrong type, and every string is escaped before it 
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Mapping
 from typing import Any
+
+from ._format import finite
 
 __all__ = [
     "as_float",
@@ -17,11 +18,7 @@ __all__ = [
     "as_text",
     "esc",
     "int_of",
-    "ms_text",
-    "pct_over",
     "plural",
-    "share_text",
-    "us_text",
 ]
 
 
@@ -33,10 +30,8 @@ def as_list(value: object) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else []
 
 
-def as_float(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+as_float = finite
+"""A number from the report, or None where it is missing (render/_format.py)."""
 
 
 def as_int(value: object) -> int | None:
@@ -64,34 +59,3 @@ def esc(text: str) -> str:
 
 def plural(n: int) -> str:
     return "" if n == 1 else "s"
-
-
-# ---------------------------------------------------------------------------- number text
-
-
-def _short(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
-
-
-def ms_text(value: float | None) -> str:
-    if value is None:
-        return "none"
-    return f"{_short(value)} ms" if abs(value) < 1e3 else f"{_short(value / 1e3)} s"
-
-
-def us_text(value: float | None) -> str:
-    if value is None:
-        return "none"
-    if abs(value) < 1e3:
-        return f"{_short(value)} µs"
-    return ms_text(value / 1e3)
-
-
-def share_text(value: float | None) -> str:
-    return "none" if value is None else f"{value * 100:.3g}%"
-
-
-def pct_over(ratio: float | None, signed: bool = False) -> str:
-    if ratio is None:
-        return "none"
-    return f"{(ratio - 1) * 100:{'+' if signed else ''}.0f}%"
