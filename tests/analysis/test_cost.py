@@ -497,7 +497,7 @@ def test_a_plain_ddp_job_slow_in_data_gets_one_answer(
         root.mkdir()
         mp.spawn(
             train_ddp_with_slow_data,
-            args=(WORLD, f"file://{root}/rendezvous", str(root), (3, 30.0, 20, 50)),
+            args=(WORLD, f"file://{tmp_path}/rendezvous{attempt}", str(root), (3, 30.0, 20, 50)),
             nprocs=WORLD,
             join=True,
         )
