@@ -214,7 +214,7 @@ def test_a_run_with_heartbeats_alone_is_reported(tmp_path: Path) -> None:
 
 
 def test_the_html_is_written_whole_or_not_at_all(tmp_path: Path, small_disk: Path) -> None:
-    from rankscope.analysis.render._html import write_html
+    from rankscope.analysis.render._page import write_page as write_html
 
     page = tmp_path / "report.html"
     write_html(page, "<p>first</p>")

@@ -68,7 +68,7 @@ def _rank_or_none(text: str) -> int | None:
 
 def _demo(args: argparse.Namespace) -> int:
     from ..analysis import build_report, render_html
-    from ..analysis.render._html import write_html
+    from ..analysis.render._page import write_page
     from ..demo._job import DemoJob, run_demo
 
     job = DemoJob(
@@ -93,7 +93,7 @@ def _demo(args: argparse.Namespace) -> int:
         trained = time.perf_counter() - started
         report = build_report(run_dir, progress=update)
     html = RunDir(run_dir).report_path
-    write_html(html, render_html(report))
+    write_page(html, render_html(report))
     report["html"] = str(html)
     if render is None:
         print_json(report)

@@ -27,7 +27,7 @@ def add_commands(commands: Any) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from ..analysis import build_report, render_html
-    from ..analysis.render._html import write_html
+    from ..analysis.render._page import write_page
 
     options = options_from(StragglerOptions, args)
     render = None if args.json else terminal("report")
@@ -36,7 +36,7 @@ def _report(args: argparse.Namespace) -> int:
     html = None
     if not args.no_html:
         html = args.output or RunDir(report["run_dir"]).report_path
-        write_html(html, render_html(report))
+        write_page(html, render_html(report))
         report["html"] = str(html)
     if render is None:
         print_json(report)

@@ -7,14 +7,12 @@ Drawn from `RunDiff.to_dict()` (analysis/_diff.py).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from ...rundir._layout import temp_name
 from ._format import HTML, Medium, finite
+from ._page import write_page
 from ._values import esc
 
 __all__ = [
@@ -181,29 +179,6 @@ def render_diff_html(data: Mapping[str, Any]) -> str:
     return "\n".join(part for part in parts if part)
 
 
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-
-
 def write_diff_html(data: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write the page to `path` through a hidden temporary beside it, renamed into place:
-    `path` holds the whole page or what it held before, never part of a page. An OSError
-    names `path`."""
-    final = Path(path)
-    page = render_diff_html(data).encode("utf-8")
-    temp = temp_name(final, str(os.getpid()))
-    try:
-        try:
-            # O_EXCL: a link planted at the temporary's name is not written through.
-            fd = os.open(temp, _NEW, 0o666)
-        except FileExistsError:  # left by an earlier process of the same pid
-            os.unlink(temp)
-            fd = os.open(temp, _NEW, 0o666)
-        with os.fdopen(fd, "wb") as out:
-            out.write(page)
-        os.replace(temp, final)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        if isinstance(exc, OSError) and exc.errno is not None:  # the file named, not its temporary
-            raise OSError(exc.errno, exc.strerror, os.fspath(final)) from exc
-        raise
+    """Write the page to `path`, whole or not at all (render/_page.py)."""
+    write_page(path, render_diff_html(data))

@@ -20,19 +20,15 @@ Chromium opens it in about 0.3 s and draws a metric in under 20 ms.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import itertools
 import json
 import math
-import os
 from collections.abc import Callable, Mapping
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from ..._text import format_ranks, number_ranges, printable
-from ...rundir._layout import temp_name
 from .._findings import cost_lines
 from ._breakdown import breakdown_section
 from ._charts import charts_section
@@ -51,7 +47,7 @@ from ._values import (
     plural,
 )
 
-__all__ = ["render_html", "write_html"]
+__all__ = ["render_html"]
 
 _TOP_KERNELS = 15
 _MAX_FINDINGS = 20  # rows of the findings table: a slow rank can have 1023 waiting for it
@@ -608,26 +604,6 @@ def _skipped(report: Mapping[str, Any]) -> str:
         + f'<details><summary class="warn">{n} input line{plural(n)} or file{plural(n)} skipped '
         f"(not counted in the analysis)</summary>\n<ol>\n{listed}\n</ol>{more}</details>\n</section>"
     )
-
-
-def write_html(path: str | os.PathLike[str], page: str) -> None:
-    """Write `page` to `path` whole or not at all.
-
-    Through a hidden temporary beside it, renamed over `path` once complete: a failure
-    part-way (a full disk, an interrupt) leaves the earlier report, or none, never half
-    a page, and the temporary is removed.
-    """
-    final = Path(path)
-    temp = temp_name(final, str(os.getpid()))
-    data = page.encode("utf-8", "backslashreplace")  # render_html leaves nothing to replace
-    try:
-        with open(temp, "wb") as out:
-            out.write(data)
-        os.replace(temp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
 
 
 # ---------------------------------------------------------------------------- embedded data
