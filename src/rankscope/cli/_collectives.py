@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +49,13 @@ def _collectives(args: argparse.Namespace) -> int:
 
 def _show(found: dict[str, Any], rows: int) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from ..analysis._collective_clocks import ALIGNMENTS
     from ..analysis.render._format import TERMINAL
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    console = terminal("collectives").console()
     source = "NCCL kernels (GPU)" if found["source"] == "gpu" else "c10d calls (CPU)"
     window = f"window {found['window']}" if found["window"] else "the traces given"
     console.print(

@@ -4,7 +4,6 @@ in the terminal, as JSON, or as a small self-contained HTML page (analysis/rende
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -66,7 +65,6 @@ def _diff(args: argparse.Namespace) -> int:
 
 def _terminal(data: Mapping[str, Any], top: int) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
@@ -82,7 +80,7 @@ def _terminal(data: Mapping[str, Any], top: int) -> None:
     )
     from ..analysis.render._format import TERMINAL
 
-    console = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+    console = terminal("diff").console(soft_wrap=False)
     console.print(Text("rankscope diff", style="bold"))
     console.print(Text(side_line("A", data["a"])))
     console.print(Text(side_line("B", data["b"])))

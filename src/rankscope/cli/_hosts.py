@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +52,11 @@ def _hosts(args: argparse.Namespace) -> int:
 
 def _show(data: dict[str, Any]) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     # Piped output has no width to fit: wide enough that the sentences stay whole.
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    console = terminal("hosts").console()
     counts, options = data["counts"], data["options"]
     runs = len(data["runs"])
     console.print(
