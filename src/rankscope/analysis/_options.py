@@ -16,6 +16,7 @@ from typing import Any
 from .._errors import ConfigError
 
 __all__ = [
+    "ANALYSIS_OPTIONS",
     "BY",
     "TIME_BASES",
     "CollectiveOptions",
@@ -192,3 +193,14 @@ class HangOptions:
         grace = _number("grace_s", self.grace_s)
         if grace < 0:
             raise ConfigError("grace_s", grace, "seconds >= 0")
+
+
+ANALYSIS_OPTIONS = (
+    StragglerOptions,
+    HostOptions,
+    DiffOptions,
+    KernelOptions,
+    CollectiveOptions,
+    HangOptions,
+)
+"""Every analysis's options class (the CLI names a flag from a ConfigError on any field)."""

@@ -3,30 +3,29 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from .._errors import TraceError
 from ..analysis._options import HangOptions
 from ..rundir._layout import HANGS, LIVE
-from ._options import add_options, json_option, options_from
+from ._options import add_options, command, json_option, options_from
 from ._output import print_json, terminal
 
 __all__ = ["add_commands"]
 
 
 def add_commands(commands: Any) -> None:
-    hang = commands.add_parser(
+    hang = command(
+        commands,
         "hang",
-        help="which rank is stuck where, and which ranks wait for it",
-        description=(
+        "which rank is stuck where, and which ranks wait for it",
+        (
             f"Read the ranks' heartbeats (RUN_DIR/{LIVE}) and hang files (RUN_DIR/{HANGS}) and "
             "say whether the job is hung, which rank is stuck in which phase at which step "
             "since when, and which ranks wait for it. Exit 0 whenever they could be read, "
             "hung or not; 2 when there is none to read."
         ),
     )
-    hang.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     add_options(hang, HangOptions)
     json_option(hang)
     hang.set_defaults(run=_hang)

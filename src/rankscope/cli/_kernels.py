@@ -8,8 +8,8 @@ from typing import Any
 
 from ..analysis._options import KernelOptions
 from ._options import add_options, json_option, options_from
-from ._output import print_json, terminal
-from ._progress import progress, stage
+from ._output import answer
+from ._progress import stage
 
 __all__ = ["add_commands"]
 
@@ -26,11 +26,10 @@ def _kernels(args: argparse.Namespace) -> int:
     from ..analysis import kernel_report
 
     options = options_from(KernelOptions, args)
-    render = None if args.json else terminal("kernels")
-    with progress(render, "reading") as update:
-        found = kernel_report(args.sources, options, progress=stage(update, "traces"))
-    if render is None:
-        print_json(found.to_dict(options.top))
-    else:
-        render.kernels(found, options.top)
-    return 0
+    return answer(
+        args.json,
+        "kernels",
+        lambda update: kernel_report(args.sources, options, progress=stage(update, "traces")),
+        lambda found: found.to_dict(options.top),
+        lambda render, found: render.kernels(found, options.top),
+    )

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ._options import json_option
-from ._output import print_json, terminal
-from ._progress import progress, stage
+from ._output import answer
+from ._progress import Progress, stage
 
 __all__ = ["add_commands"]
 
@@ -26,17 +26,20 @@ def add_commands(commands: Any) -> None:
 def _merge(args: argparse.Namespace) -> int:
     from ..analysis import merge_traces
 
-    render = None if args.json else terminal("merge")
-    with progress(render, "merging") as update:
+    def work(update: Progress | None) -> Any:
         total = sum(p.stat().st_size for p in args.sources if p.is_file())
         step = stage(update, "bytes")
-        result = merge_traces(
+        return merge_traces(
             args.sources,
             args.output,
             progress=None if step is None else lambda done: step(done, total),
         )
-    if render is None:
-        print_json(result.to_dict())
-    else:
-        render.merged(result)
-    return 0
+
+    return answer(
+        args.json,
+        "merge",
+        work,
+        lambda result: result.to_dict(),
+        lambda render, result: render.merged(result),
+        doing="merging",
+    )

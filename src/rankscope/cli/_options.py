@@ -11,29 +11,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
-from ..analysis._options import (
-    CollectiveOptions,
-    DiffOptions,
-    HangOptions,
-    HostOptions,
-    KernelOptions,
-    StragglerOptions,
-)
+from ..analysis._options import ANALYSIS_OPTIONS
 from ..config._fields import field_docs
 
 __all__ = [
     "OPTION_FIELDS",
     "add_options",
+    "command",
     "json_option",
     "options_from",
     "positive",
 ]
 
 Options = TypeVar("Options")
-
-_ALL = (StragglerOptions, HostOptions, DiffOptions, KernelOptions, CollectiveOptions, HangOptions)
 
 
 def _nested(f: dataclasses.Field[Any]) -> type | None:
@@ -53,7 +46,7 @@ def _leaves(cls: type) -> Iterator[tuple[type, dataclasses.Field[Any]]]:
             yield cls, f
 
 
-OPTION_FIELDS = frozenset(f.name for cls in _ALL for _, f in _leaves(cls))
+OPTION_FIELDS = frozenset(f.name for cls in ANALYSIS_OPTIONS for _, f in _leaves(cls))
 """Every analysis option's field name: a ConfigError on one of them names the flag."""
 
 
@@ -95,6 +88,21 @@ def options_from(cls: type[Options], args: argparse.Namespace) -> Options:
         elif hasattr(args, f.name):
             values[f.name] = getattr(args, f.name)
     return cls(**values)
+
+
+def command(
+    commands: Any,
+    name: str,
+    help: str,
+    description: str | None = None,
+    *,
+    run_dir: bool = True,
+) -> argparse.ArgumentParser:
+    """A command's parser, with the RUN_DIR every command over a run takes first."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help, description=description)
+    if run_dir:
+        parser.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    return parser
 
 
 def json_option(parser: argparse.ArgumentParser) -> None:

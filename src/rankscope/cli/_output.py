@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .._text import printable
+from ._progress import Progress, progress
 
-__all__ = ["EXIT_BAD_INPUT", "print_json", "terminal"]
+__all__ = ["EXIT_BAD_INPUT", "answer", "print_json", "terminal"]
 
 EXIT_BAD_INPUT = 2
 
@@ -74,3 +76,27 @@ def terminal(command: str) -> Any:
             f'terminal output needs rich: pip install "rankscope[cli]" (or use --json) ({exc})'
         ) from None
     return _render
+
+
+Found = TypeVar("Found")
+
+
+def answer(
+    scripts: bool,
+    name: str,
+    work: Callable[[Progress | None], Found],
+    as_json: Callable[[Found], Any],
+    show: Callable[[Any, Found], None],
+    *,
+    doing: str = "reading",
+) -> int:
+    """A command's answer: `work` (given a progress callback where a terminal shows one),
+    then JSON on stdout for scripts, or `show(renderer, found)` for people."""
+    render = None if scripts else terminal(name)
+    with progress(render, doing) as update:
+        found = work(update)
+    if render is None:
+        print_json(as_json(found))
+    else:
+        show(render, found)
+    return 0

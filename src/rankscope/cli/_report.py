@@ -8,16 +8,15 @@ from typing import Any
 
 from ..analysis._options import StragglerOptions
 from ..rundir._layout import REPORT, RunDir
-from ._options import add_options, json_option, options_from
-from ._output import print_json, terminal
-from ._progress import progress
+from ._options import add_options, command, json_option, options_from
+from ._output import answer
+from ._progress import Progress
 
 __all__ = ["add_commands"]
 
 
 def add_commands(commands: Any) -> None:
-    parser = commands.add_parser("report", help=f"the run at a glance, and RUN_DIR/{REPORT}")
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    parser = command(commands, "report", f"the run at a glance, and RUN_DIR/{REPORT}")
     parser.add_argument("--no-html", action="store_true", help="do not write the HTML report")
     parser.add_argument("-o", "--output", type=Path, help=f"HTML path (default: RUN_DIR/{REPORT})")
     add_options(parser, StragglerOptions)
@@ -30,16 +29,20 @@ def _report(args: argparse.Namespace) -> int:
     from ..analysis.render._page import write_page
 
     options = options_from(StragglerOptions, args)
-    render = None if args.json else terminal("report")
-    with progress(render, "reading") as update:
+
+    def work(update: Progress | None) -> tuple[dict[str, Any], Path | None]:
         report = build_report(args.run_dir, options, progress=update)
-    html = None
-    if not args.no_html:
-        html = args.output or RunDir(report["run_dir"]).report_path
+        if args.no_html:
+            return report, None
+        html: Path = args.output or RunDir(report["run_dir"]).report_path
         write_page(html, render_html(report))
         report["html"] = str(html)
-    if render is None:
-        print_json(report)
-    else:
-        render.report(report, html)
-    return 0
+        return report, html
+
+    return answer(
+        args.json,
+        "report",
+        work,
+        lambda done: done[0],
+        lambda render, done: render.report(*done),
+    )

@@ -4,29 +4,28 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import Any
 
 from .._errors import TraceError
 from ..rundir._layout import LIVE
-from ._options import json_option, positive
+from ._options import command, json_option, positive
 from ._output import print_json, terminal
 
 __all__ = ["add_commands"]
 
 
 def add_commands(commands: Any) -> None:
-    top = commands.add_parser(
+    top = command(
+        commands,
         "top",
-        help="every rank by step and open phase, live: the stuck and the slowest first",
-        description=(
+        "every rank by step and open phase, live: the stuck and the slowest first",
+        (
             f"Show the ranks' heartbeats (RUN_DIR/{LIVE}) as a table refreshed every second "
             "until Ctrl-C: each rank's step, innermost open phase, how long it has been "
             "there and how old its heartbeat is, the stuck ranks first, then the ranks that "
             "wait for them, then the slowest."
         ),
     )
-    top.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     top.add_argument("--once", action="store_true", help="print the table once and exit")
     top.add_argument(
         "--rows", type=positive, default=40, help="ranks shown (default: 40; the rest counted)"

@@ -3,28 +3,27 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
 from ..rundir._layout import TRIGGERS
-from ._options import json_option, positive
+from ._options import command, json_option, positive
 from ._output import print_json, terminal
 
 __all__ = ["add_commands"]
 
 
 def add_commands(commands: Any) -> None:
-    trigger = commands.add_parser(
+    trigger = command(
+        commands,
         "trigger",
-        help="ask a running job to record a window now, or (--status) who answered",
-        description=(
+        "ask a running job to record a window now, or (--status) who answered",
+        (
             "Write a trigger file into RUN_DIR asking the job's ranks to record a trace "
             "window from an absolute step. Ranks look for triggers every "
             f"trace.trigger_check_every_n_steps steps; each answers in RUN_DIR/{TRIGGERS}/ID/."
         ),
     )
-    trigger.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     trigger.add_argument(
         "--steps",
         type=positive,

@@ -38,6 +38,7 @@ Pure Python: the CLI imports it at start-up, before anything pulls numpy.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 __all__ = ["HTML", "SENTENCE", "TERMINAL", "Medium", "finite", "hours_text", "seconds_text"]
 
@@ -61,61 +62,47 @@ class Medium:
         return f"Medium(missing={self.missing!r})"
 
     def ms(self, value: object) -> str:
-        n = finite(value)
-        if n is None:
-            return self.missing
-        return f"{n:.3f}" if abs(n) < 100 else f"{n:,.1f}"
+        return self._figure(value, lambda n: f"{n:.3f}" if abs(n) < 100 else f"{n:,.1f}")
 
     def signed_ms(self, value: object) -> str:
-        n = finite(value)
-        if n is None:
-            return self.missing
-        return f"{n:+.3f}" if abs(n) < 100 else f"{n:+,.1f}"
+        return self._figure(value, lambda n: f"{n:+.3f}" if abs(n) < 100 else f"{n:+,.1f}")
 
     def us(self, value: object) -> str:
-        n = finite(value)
-        return self.missing if n is None else f"{n:,.1f}"
+        return self._figure(value, lambda n: f"{n:,.1f}")
 
     def ms_text(self, value: object) -> str:
-        n = finite(value)
-        if n is None:
-            return self.missing
-        return f"{n:.3g} ms" if abs(n) < 100 else f"{n:,.0f} ms"
+        return self._figure(value, lambda n: f"{n:.3g} ms" if abs(n) < 100 else f"{n:,.0f} ms")
 
     def us_text(self, value: object) -> str:
-        n = finite(value)
-        if n is None:
-            return self.missing
-        return f"{n:.3g} µs" if abs(n) < 1000 else self.ms_text(n / 1000)
+        return self._figure(
+            value, lambda n: f"{n:.3g} µs" if abs(n) < 1000 else self.ms_text(n / 1000)
+        )
 
     def ratio(self, value: object) -> str:
-        n = finite(value)
-        if n is None:
-            return self.missing
+        return self._figure(value, self._ratio)
+
+    def _ratio(self, n: float) -> str:
         if n < 2:
             # A ratio a hair under 1 is no slowdown: "+0%", never "-0%".
             return self.pct_over(n, signed=True).replace("-0%", "+0%")
         return f"{n:.1f}x" if n < 10 else f"{n:,.0f}x"
 
     def pct_over(self, ratio: object, signed: bool = False) -> str:
-        n = finite(ratio)
-        if n is None:
-            return self.missing
-        return f"{(n - 1) * 100:{'+' if signed else ''}.0f}%"
+        return self._figure(ratio, lambda n: f"{(n - 1) * 100:{'+' if signed else ''}.0f}%")
 
     def share(self, value: object) -> str:
-        n = finite(value)
-        return self.missing if n is None else f"{n * 100:.3g}%"
+        return self._figure(value, lambda n: f"{n * 100:.3g}%")
 
     def speedup(self, value: object) -> str:
-        n = finite(value)
-        return self.missing if n is None else f"{n:.2f}x"
+        return self._figure(value, lambda n: f"{n:.2f}x")
 
     def number(self, value: object) -> str:
+        return self._figure(value, lambda n: f"{n:.0f}" if abs(n) >= 1e4 else f"{n:.4g}")
+
+    def _figure(self, value: object, text: Callable[[float], str]) -> str:
+        """`text` of the value, or this medium's spelling of a missing one: the one rule."""
         n = finite(value)
-        if n is None:
-            return self.missing
-        return f"{n:.0f}" if abs(n) >= 1e4 else f"{n:.4g}"
+        return self.missing if n is None else text(n)
 
 
 TERMINAL = Medium("-")
