@@ -520,5 +520,5 @@ def test_a_plain_ddp_job_slow_in_data_gets_one_answer(
     code, out, _ = run_cli(["stragglers", str(root)], capsys)
     text = " ".join(out.split())
     assert code == 0 and "rank-" in text and "GPU" not in text
-    assert "it is also the time ranks 0-2 in backward lose waiting for it" in text
+    assert "ranks 0-2 in backward lose this time waiting for it: the same cost" in text
     assert "fix saves ms/step" in text and "rank 3's" in text

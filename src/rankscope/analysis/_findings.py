@@ -351,7 +351,9 @@ def _waiting(findings: Sequence[Mapping[str, Any]], slow: Mapping[str, Any]) -> 
     said = [f"{format_ranks(sorted(r))} in {phase}" for phase, r in by_phase.items()]
     if not said:
         return ""
-    return f"; it is also the time {' and '.join(said)} lose waiting for it, not a second cause"
+    return (
+        f"; {' and '.join(said)} lose this time waiting for it: the same cost, not a second cause"
+    )
 
 
 def _same_saving(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
