@@ -427,7 +427,10 @@ class _Row:
         after = (above[n] - above[starts]) / (n - starts)
         before = np.divide(above[starts], starts, out=np.zeros(len(starts)), where=starts > 0)
         best = int(np.argmax(after - before))
-        return best if after[best] >= min_persistence else None
+        if after[best] < min_persistence:
+            return None
+        sharp = int(_sharpen(self.excess[None, :], np.array([best]), shortest)[0])
+        return sharp if after[sharp] >= min_persistence else best
 
     def beyond_chance(self, onset: int, chance: float, tests: int) -> bool:
         """The steps above from `onset` on are too many to be noise at rate `chance`.
@@ -493,7 +496,10 @@ def _rows(
             cum[:, starts], starts, out=np.zeros((len(whole), len(starts))), where=starts > 0
         )
         best = np.argmax(after - before, axis=1)
-        onsets = np.where(after[np.arange(len(whole)), best] >= min_persistence, best, -1)
+        sharp = _sharpen(e, best, shortest)
+        rows_i = np.arange(len(whole))
+        best = np.where(after[rows_i, sharp] >= min_persistence, sharp, best)
+        onsets = np.where(after[rows_i, best] >= min_persistence, best, -1)
         medians: dict[int, tuple[Matrix, Matrix]] = {}
         for onset in np.unique(onsets[onsets >= 0]).tolist():
             sel = onsets == onset
@@ -515,6 +521,33 @@ def _rows(
     for index in rows.tolist():
         if index not in out:
             out[index] = _row(ratio[index], excess[index], threshold, floor)
+    return out
+
+
+def _sharpen(excess: Matrix, best: npt.NDArray[np.int64], shortest: int) -> npt.NDArray[np.int64]:
+    """Each row's onset `best` moved to where its excess itself changes.
+
+    Counting steps above the threshold puts a step change at a noisy spot: a few steps
+    just above it before the change (a rank 30 ms slower from step 20, 0.5 ms above the
+    threshold at 17 and 19, is "slow since 17"). Taken again with the steps above the
+    midpoint between the row's median excess before and after its onset, the split
+    falls where the excess jumps. A row slow from the start (onset 0) stays so."""
+    out: npt.NDArray[np.int64] = best.copy()
+    n = excess.shape[1]
+    for onset in np.unique(best[best > 0]).tolist():
+        rows = np.flatnonzero(best == onset)
+        e = excess[rows]
+        cut = (np.median(e[:, :onset], axis=1) + np.median(e[:, onset:], axis=1)) / 2
+        above = e > cut[:, None]
+        cum: Matrix = np.concatenate(
+            (np.zeros((len(rows), 1)), np.cumsum(above, axis=1, dtype=np.float64)), axis=1
+        )
+        starts = np.arange(n - shortest + 1)
+        after: Matrix = (cum[:, n : n + 1] - cum[:, starts]) / (n - starts)
+        before: Matrix = np.divide(
+            cum[:, starts], starts, out=np.zeros((len(rows), len(starts))), where=starts > 0
+        )
+        out[rows] = np.argmax(after - before, axis=1)
     return out
 
 
