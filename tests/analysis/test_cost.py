@@ -340,6 +340,7 @@ def test_stragglers_json_gives_each_finding_and_the_run_a_cost(
         "gpu_hours_saved",
         "speedup",
         "step_ms",
+        "steps_from",
     }
     slow = next(f for f in data["findings"] if f["role"] == "slow")
     waiting = [f for f in data["findings"] if f["role"] == "waits"]
@@ -479,6 +480,22 @@ def test_fixing_every_finding_never_saves_less_than_fixing_one(tmp_path: Path) -
         assert f.cost.step_ms == found.cost.step_ms  # one step, the same in every line
     # In hours, each fix counts from its own start, and every finding at least as much.
     assert found.cost.run_hours_saved >= max(f.cost.run_hours_saved for f in slow if f.cost)
+    # The lines say over which steps a saving per step is taken.
+    data = found.to_dict()
+    lines = cost_lines(data["findings"], data["cost"])
+    assert all(" step since step 30 " in line for line in lines), lines
+
+
+def test_findings_that_hide_each_other_are_said_to_save_more_together() -> None:
+    findings = [
+        {"rank": 3, "phase": "data", "role": "slow", "cost": _cost(15.0)},
+        {"rank": 1, "phase": "forward", "role": "slow", "cost": _cost(0.5)},
+    ]
+    together = cost_lines(findings, _cost(26.0))[-1]
+    assert together.startswith("fixing every finding saves 26")
+    assert together.endswith("; more than the findings apart: each hides the other")
+    plain = cost_lines(findings, _cost(15.5))[-1]
+    assert "more than the findings apart" not in plain
 
 
 @pytest.mark.slow

@@ -547,8 +547,14 @@ def hung_report(tmp_path: Path) -> dict[str, Any]:
 def test_the_hangs_section_says_who_is_stuck_and_shows_its_stack(tmp_path: Path) -> None:
     report = hung_report(tmp_path)
     page = render_html(report)
-    ids = ["summary", "hangs", "heatmap", "over-steps", "breakdown", "kernels", "skipped"]
+    # A hung run opens on who is stuck, before the stragglers' "no straggler found".
+    ids = ["hangs", "summary", "heatmap", "over-steps", "breakdown", "kernels", "skipped"]
     positions = [page.index(f'<section id="{i}">') for i in ids]
+    assert positions == sorted(positions)
+    # A finished run's heartbeats are no headline: they come after the findings' tables.
+    finished = render_html({**report, "hangs": {**report["hangs"], "state": "finished"}})
+    ids = ["summary", "heatmap", "over-steps", "breakdown", "hangs", "kernels", "skipped"]
+    positions = [finished.index(f'<section id="{i}">') for i in ids]
     assert positions == sorted(positions)
     assert '<a href="#hangs">hangs</a>' in page
     hangs = page.split('<section id="hangs">')[1].split("</section>")[0]

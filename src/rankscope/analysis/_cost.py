@@ -297,6 +297,7 @@ class _StepModel:
             gpu_hours_saved=ranks if gpus else None,
             speedup=round(now / (now - per_step), 4) if now > per_step > 0 else 1.0,
             step_ms=round(now, 3),
+            steps_from=int(np.asarray(self.m.steps)[over][0]),
         )
 
     def _saved(self, cells: frozenset[Cell]) -> Vector:

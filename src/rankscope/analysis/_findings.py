@@ -58,6 +58,8 @@ class Cost:
     """The step time now over the step time with the fix."""
     step_ms: float
     """The step time now (measured), mean over the same steps as `step_ms_saved`."""
+    steps_from: int
+    """The first sampled step `step_ms_saved` and `step_ms` are taken over."""
 
     def to_dict(self) -> dict[str, float | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -325,7 +327,12 @@ def cost_lines(
         more = f"... {len(slow) - limit} more slow findings (--json has each one's cost)"
         lines.append((more, {}))
     if every and not (len(slow) == 1 and _same_saving(slow[0]["cost"], every)):
-        lines.append((cost_text(every, "fixing every finding"), every))
+        apart = sum(finite(f["cost"].get("step_ms_saved")) or 0.0 for f in slow)
+        both = finite(every.get("step_ms_saved")) or 0.0
+        # Two slow ranks in one stretch of work hide each other: fixing one leaves the
+        # other the slowest there, so together they save more than the two apart.
+        more = "; more than the findings apart: each hides the other" if both > 1.05 * apart else ""
+        lines.append((cost_text(every, "fixing every finding") + more, every))
     said = {f.get("rank") for f in slow[:limit]}
     alone = {r for r, n in Counter(f.get("rank") for f in slow).items() if n == 1}
     for entry in hosts[:limit]:
@@ -374,6 +381,9 @@ def cost_text(cost: Mapping[str, Any], what: str = "fixing it") -> str:
         return f"{what}: no estimate"
     ms = SENTENCE.ms_text
     text = f"{what} saves {ms(saved)} of a {ms(step)} step"
+    since = cost.get("steps_from")
+    if isinstance(since, int) and not isinstance(since, bool) and since > 0:
+        text += f" since step {since}"
     if speedup is not None and speedup > 1:
         text += f" ({SENTENCE.speedup(speedup)} as fast)"
     if hours is not None and gpu is not None:

@@ -198,6 +198,11 @@ def report(data: dict[str, Any], html: Path | None) -> None:
     missing = f", missing {_rank_list(ranks['missing'])}" if ranks["missing"] else ""
     _console.print(f"ranks: {len(ranks['present'])} of {ranks['world_size']}{missing}")
     _attempts(data.get("attempts", {}).get("note"))
+    hangs: dict[str, Any] | None = data.get("hangs")
+    hung = hangs is not None and hangs.get("state") == "hung"
+    if hangs is not None and hung:  # who is stuck is a hung run's headline, as on the page
+        _console.print("[bold]Hangs[/bold]")
+        hang(hangs, title=False)
     steps = data.get("steps")
     if steps:
         _console.print(
@@ -221,8 +226,8 @@ def report(data: dict[str, Any], html: Path | None) -> None:
         strag = data["stragglers"]
         _console.print("[bold]Stragglers[/bold]")
         _sentences(strag["summary"], strag["threshold"], strag["min_persistence"])
+        _costs(strag)  # in the order `rankscope stragglers` says them
         _causes(strag["findings"], strag.get("notes", []))
-        _costs(strag)
         if strag["findings"]:
             _console.print(_findings_table(strag["findings"], strag["reference"], 10))
     else:
@@ -249,8 +254,7 @@ def report(data: dict[str, Any], html: Path | None) -> None:
             )
         )
     _collectives(data.get("collectives"))
-    hangs = data.get("hangs")
-    if hangs is not None:
+    if hangs is not None and not hung:
         _console.print("[bold]Hangs[/bold]")
         hang(hangs, title=False)
     _skipped(data.get("skipped", []))

@@ -150,7 +150,7 @@ def _bar_row(
     kind, said = tags.get(row.rank, ("", ""))
     if said:
         label += f' <span class="{kind}-tag">{esc(said)}</span>'
-    vs = HTML.pct_over(row.own / median.own if median.own > 0 else None, signed=True)
+    vs = HTML.ratio(row.own / median.own if median.own > 0 else None)  # as the findings say it
     classes = " ".join(
         c for c in ("sep" if tag == "median" else "", f"flag-{kind}" if kind else "") if c
     )

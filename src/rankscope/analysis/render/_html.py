@@ -70,16 +70,19 @@ def render_html(report: Mapping[str, Any]) -> str:
     }
     heatmap_html, heatmap_data = _heatmap(report, findings, hosts)
     data = _script_json({"heatmap": heatmap_data})
+    hung = as_map(report.get("hangs")).get("state") == "hung"
     body = "\n".join(
         [
             _header(report, run_dir),
-            # The finding in words, then its picture, on the first screen; the tables after.
+            # A hung run opens on who is stuck; any other on the finding in words, then its
+            # picture, on the first screen; the tables after (a finished run's heartbeats too).
+            *([hangs_section(report)] if hung else []),
             _summary(report, findings),
-            *([hangs_section(report)] if "hangs" in report else []),
             heatmap_html,
             _details(report, findings, hosts),
             charts_section(report, findings),
             breakdown_section(report, findings),
+            *([hangs_section(report)] if "hangs" in report and not hung else []),
             _kernels(report),
             collectives_section(report),
             _skipped(report),
@@ -260,8 +263,8 @@ def _stragglers(
         )
     reference = as_text(stragglers.get("reference")) or "median"
     out = head + f'<p class="rule">Rule: {_rule(stragglers)}.</p>\n'
+    out += _costs(stragglers)  # in the order `rankscope stragglers` says them
     out += _causes(findings)
-    out += _costs(stragglers)
     if findings:
         out += _findings_table(findings, hosts, reference)
     return out
