@@ -173,7 +173,8 @@ def _rule(rules: Mapping[str, Any]) -> str:
     return (
         '<p class="rule">Rule: a running rank is stalled when its watchdog wrote a hang file for '
         "its step, or it has not moved (no step(), no phase entered or left) for longer than "
-        f"its threshold (the watchdog's; else {factor:g} x its median step time, at least "
+        "its threshold (the one its watchdog used, from its hang file, heartbeat or meta "
+        f"file; where none says, the defaults: {factor:g} x its median step time, at least "
         f"{floor:g} s). The stalled ranks outside a comm phase at the earliest step and phase "
         "(the step's phase order from the run's timings) are stuck; the others wait.</p>"
     )
