@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch.multiprocessing as mp
 
 from rankscope._synthetic import Slowdown, write_timings
 from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
@@ -24,6 +23,7 @@ from rankscope.analysis._findings import (
 from rankscope.analysis._matrix import STEP, PhaseMatrices
 
 from .._cost_workers import train_with_a_slow_rank
+from .._gloo import GlooRanks
 from .._helpers import run_cli
 
 # -- the model, by hand --------------------------------------------------------
@@ -394,20 +394,15 @@ SLOW_RANK = 2
 SLOW_MS = 40.0
 
 
-def _run(root: Path, slow_ms: float) -> float:
+def _run(gloo_ranks: GlooRanks, root: Path, slow_ms: float) -> float:
     root.mkdir()
-    mp.spawn(
-        train_with_a_slow_rank,
-        args=(WORLD, f"file://{root}/rendezvous", str(root), (SLOW_RANK, slow_ms)),
-        nprocs=WORLD,
-        join=True,
-    )
+    gloo_ranks.run(train_with_a_slow_rank, WORLD, root, (SLOW_RANK, slow_ms))
     return float((root / "measured_ms").read_text())
 
 
 @pytest.mark.slow
 def test_the_estimated_saving_holds_against_the_job_run_without_its_slow_rank(
-    tmp_path: Path,
+    tmp_path: Path, gloo_ranks: GlooRanks
 ) -> None:
     """A 4-rank gloo job with rank 2 slow in forward, then the same job without: the
     saving the analysis estimates from the first run is within 25% of the difference in
@@ -416,8 +411,8 @@ def test_the_estimated_saving_holds_against_the_job_run_without_its_slow_rank(
     # several: the clean run measured only 4 ms faster): such a pair measures the machine,
     # not the slow rank, and is run again, once.
     for attempt in range(2):
-        slow_ms = _run(tmp_path / f"slow{attempt}", SLOW_MS)
-        clean_ms = _run(tmp_path / f"clean{attempt}", 0.0)
+        slow_ms = _run(gloo_ranks, tmp_path / f"slow{attempt}", SLOW_MS)
+        clean_ms = _run(gloo_ranks, tmp_path / f"clean{attempt}", 0.0)
         if slow_ms - clean_ms > SLOW_MS / 2:
             break
     run = tmp_path / f"slow{attempt}"

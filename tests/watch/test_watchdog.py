@@ -16,6 +16,7 @@ import torch.distributed as dist
 import rankscope
 from rankscope import HangConfig
 
+from .._gloo import GlooRanks
 from .._helpers import final_files, rankscope_warnings
 
 FAST = {"after_s": 1.0, "heartbeat_s": 0.3}  # a stall after 1 s, polled every 0.25 s
@@ -216,22 +217,14 @@ def test_a_run_whose_heartbeats_stopped_moving_is_said_to_look_over(tmp_path: Pa
 
 @pytest.mark.slow
 def test_one_rank_stuck_in_data_loading_is_named_and_the_others_wait(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gloo_ranks: GlooRanks
 ) -> None:
-    import torch.multiprocessing as mp
-
     from rankscope.cli import main
 
     from .._dist_workers import hang_one_rank
 
     world, stuck, run = 4, 2, tmp_path / "run"
-    ranks = mp.start_processes(
-        hang_one_rank,
-        args=(world, f"file://{tmp_path}/rendezvous", str(run), stuck),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
+    ranks = gloo_ranks.start(hang_one_rank, world, run, stuck)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -246,9 +239,7 @@ def test_one_rank_stuck_in_data_loading_is_named_and_the_others_wait(
         assert main(["hang", str(run), "--json"]) == 0
         found = json.loads(capsys.readouterr().out)
     finally:
-        for process in ranks.processes:
-            process.kill()
-            process.join()
+        ranks.kill()
     by_rank = {f["rank"]: f for f in found["findings"]}
     assert sorted(by_rank) == list(range(world))
     assert (by_rank[stuck]["role"], by_rank[stuck]["phase"], by_rank[stuck]["step"]) == (
