@@ -40,8 +40,14 @@ $(CHROMIUM):
 	@echo "==> installing chromium with apt-get for the HTML report's tests (once, a minute or two)"
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
+# The tests on parallel workers (pytest-xdist, one per core with -n auto). Each file runs
+# whole on one worker (--dist loadfile), so a run that several of its tests read (a
+# module-scoped fixture: spawned gloo ranks, Ray, chromium) is made once. Not loadgroup:
+# xdist 3.8 writes the group into Item._nodeid, which pytest 9 no longer reads, and the
+# groups are silently ignored. TEST_WORKERS=0 runs the tests in one process.
+TEST_WORKERS ?= auto
 test: lint $(CHROMIUM)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/capture_stall.py

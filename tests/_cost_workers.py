@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-import os
 import time
 from pathlib import Path
 
@@ -19,20 +17,11 @@ STEPS = 25
 """Steps the clock measures."""
 
 
-def train_with_a_slow_rank(
-    rank: int, world: int, init: str, run_dir: str, slow: tuple[int, float]
-) -> None:
+def train_with_a_slow_rank(rank: int, world: int, run_dir: str, slow: tuple[int, float]) -> None:
     """Data, forward, backward, an all-reduce of the gradients (comm), the optimizer; rank
     `slow[0]` sleeps `slow[1]` ms more in forward, for STEPS steps. Rank 0 writes the mean step time its own
     clock measured to RUN_DIR/measured_ms."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        _train(rank, world, Path(run_dir), STEPS, slow[1] if rank == slow[0] else 0.0)
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
+    _train(rank, world, Path(run_dir), STEPS, slow[1] if rank == slow[0] else 0.0)
 
 
 def _train(rank: int, world: int, run_dir: Path, steps: int, slow_ms: float) -> None:
@@ -71,66 +60,52 @@ def _train(rank: int, world: int, run_dir: Path, steps: int, slow_ms: float) -> 
         (run_dir / "measured_ms").write_text(f"{mean_ms}\n")
 
 
-def train_with_uneven_data(rank: int, world: int, init: str, run_dir: str, heavy: int) -> None:
+def train_with_uneven_data(rank: int, world: int, run_dir: str, heavy: int) -> None:
     """Every rank runs at one speed per token; rank `heavy` gets 4x the tokens at three
     steps in four (sequence-length imbalance), and records its tokens with forward."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        config = rankscope.ProfileConfig(
-            output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
-        )
-        grad = torch.zeros(64)
-        with rankscope.Profiler(config, groups={"data_parallel": rank}) as prof:
-            for step in range(WARMUP + STEPS):
-                tokens = 4096 if rank == heavy and step % 4 != 0 else 1024
-                with prof.phase("forward", tokens=tokens):
-                    time.sleep(0.004 * tokens / 1024)
-                with prof.phase("allreduce", kind="comm"):
-                    dist.all_reduce(grad)
-                prof.step()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
+    )
+    grad = torch.zeros(64)
+    with rankscope.Profiler(config, groups={"data_parallel": rank}) as prof:
+        for step in range(WARMUP + STEPS):
+            tokens = 4096 if rank == heavy and step % 4 != 0 else 1024
+            with prof.phase("forward", tokens=tokens):
+                time.sleep(0.004 * tokens / 1024)
+            with prof.phase("allreduce", kind="comm"):
+                dist.all_reduce(grad)
+            prof.step()
 
 
 def train_ddp_with_slow_data(
-    rank: int, world: int, init: str, run_dir: str, slow: tuple[int, float, int, int]
+    rank: int, world: int, run_dir: str, slow: tuple[int, float, int, int]
 ) -> None:
     """A plain DDP loop (the gradient all-reduce inside backward, no comm phase) of
     `slow[3]` steps: rank `slow[0]` sleeps `slow[1]` ms more in its data phase from step
     `slow[2]` on."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        model = nn.parallel.DistributedDataParallel(
-            nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
-        )
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        config = rankscope.ProfileConfig(
-            output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
-        )
-        slow_rank, slow_ms, from_step, steps = slow
-        with rankscope.Profiler(config) as prof:
-            for step in range(steps):
-                with prof.phase("data", kind="data"):
-                    batch = torch.randn(32, 64)
-                    time.sleep(
-                        0.003 + (slow_ms / 1000 if rank == slow_rank and step >= from_step else 0)
-                    )
-                with prof.phase("forward"):
-                    loss = model(batch).pow(2).mean()
-                    time.sleep(0.005)
-                with prof.phase("backward"):
-                    opt.zero_grad()
-                    loss.backward()
-                    time.sleep(0.005)
-                with prof.phase("optimizer"):
-                    opt.step()
-                prof.step()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
+    )
+    slow_rank, slow_ms, from_step, steps = slow
+    with rankscope.Profiler(config) as prof:
+        for step in range(steps):
+            with prof.phase("data", kind="data"):
+                batch = torch.randn(32, 64)
+                time.sleep(
+                    0.003 + (slow_ms / 1000 if rank == slow_rank and step >= from_step else 0)
+                )
+            with prof.phase("forward"):
+                loss = model(batch).pow(2).mean()
+                time.sleep(0.005)
+            with prof.phase("backward"):
+                opt.zero_grad()
+                loss.backward()
+                time.sleep(0.005)
+            with prof.phase("optimizer"):
+                opt.step()
+            prof.step()

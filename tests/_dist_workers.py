@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-import os
 import time
 from pathlib import Path
 
@@ -14,19 +12,10 @@ from torch import nn
 import rankscope
 
 
-def train_ddp(rank: int, world_size: int, init: str, run_dir: str, steps: int) -> None:
+def train_ddp(rank: int, world_size: int, run_dir: str, steps: int) -> None:
     """DDP on gloo with three profilers in turn: step target, phase target, timer."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
-    try:
-        _train(rank, run_dir, steps)
-        dist.barrier()
-    finally:
-        # A DDP model left for the interpreter's exit makes gloo abort the process
-        # (torch 2.13, CPU; 3 runs in 10): it must be freed before its process group.
-        gc.collect()
-        dist.destroy_process_group()
+    _train(rank, run_dir, steps)
+    dist.barrier()
 
 
 def _train(rank: int, run_dir: str, steps: int) -> None:
@@ -85,47 +74,32 @@ def _train(rank: int, run_dir: str, steps: int) -> None:
             prof.step()
 
 
-def train_attempt(  # noqa: PLR0917 - mp.spawn passes its arguments by position
-    rank: int, world_size: int, init: str, run_dir: str, steps: int, env: dict[str, str]
-) -> None:
-    """One start of a DDP job on gloo with the timer on every step; `env` is what the
-    launcher would set (TORCHELASTIC_RESTART_COUNT...). Phases sleep a fixed time, so a
+def train_attempt(rank: int, world_size: int, run_dir: str, steps: int) -> None:
+    """One start of a DDP job on gloo with the timer on every step, under the environment
+    the launcher would set (TORCHELASTIC_RESTART_COUNT...). Phases sleep a fixed time, so a
     figure that sums two attempts doubles and one that does not stays put."""
-    os.environ.update(env, OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
-    try:
-        model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
-        config = rankscope.ProfileConfig(
-            output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
-        )
-        with rankscope.Profiler(config) as prof:
-            for _ in range(steps):
-                with prof.phase("forward"):
-                    time.sleep(0.004)
-                    loss = model(torch.randn(8, 16)).sum()
-                with prof.phase("backward"):
-                    time.sleep(0.008)
-                    loss.backward()
-                prof.step()
-        dist.barrier()
-        del model
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
+    model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
+    )
+    with rankscope.Profiler(config) as prof:
+        for _ in range(steps):
+            with prof.phase("forward"):
+                time.sleep(0.004)
+                loss = model(torch.randn(8, 16)).sum()
+            with prof.phase("backward"):
+                time.sleep(0.008)
+                loss.backward()
+            prof.step()
+    dist.barrier()
+    del model
 
 
-def hang_one_rank(rank: int, world_size: int, init: str, run_dir: str, stuck: int) -> None:
+def hang_one_rank(rank: int, world_size: int, run_dir: str, stuck: int) -> None:
     """Every rank loads data, then all-reduces; rank `stuck` blocks for good in its data
     phase at step 3, so the others wait for it inside the all-reduce (the test kills them)."""
     import threading
-    from datetime import timedelta
 
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=init, rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
-    )
     config = rankscope.ProfileConfig(
         output_dir=run_dir,
         timer=rankscope.TimerConfig(enable=True, every_n_steps=1),

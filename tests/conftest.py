@@ -1,4 +1,4 @@
-"""Shared fixtures: the real traces in ../shared/data/traces and small tmpfs mounts."""
+"""Shared fixtures: the real traces in ../shared/data/traces, small tmpfs mounts, gloo ranks."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from ._gloo import GlooRanks
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 
@@ -65,3 +67,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def gloo_ranks(tmp_path_factory: pytest.TempPathFactory) -> GlooRanks:
+    """Runs a job on N spawned gloo ranks and fails with every rank's traceback (tests/_gloo.py)."""
+    return GlooRanks(tmp_path_factory.mktemp("gloo"))

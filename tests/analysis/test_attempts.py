@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch.multiprocessing as mp
 
 import rankscope
 from rankscope._text import number_ranges
@@ -21,6 +20,7 @@ from rankscope.cli import main
 from rankscope.rundir import _attempt
 
 from .._dist_workers import train_attempt
+from .._gloo import GlooRanks
 from .._helpers import profiler_steps, read_trace, tiny_model, tiny_step, trace_config
 
 WORLD = 2
@@ -311,18 +311,15 @@ def test_rank_0_warns_once_when_another_job_writes_into_the_directory(
 # -- a real job, run twice into one directory ---------------------------------------------
 
 
-def _spawn(root: Path, name: str, env: dict[str, str]) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    init = f"file://{root}/rendezvous-{name}"
-    mp.spawn(train_attempt, args=(WORLD, init, str(root / "run"), STEPS, env), nprocs=WORLD)
-
-
 @pytest.mark.slow
-def test_a_job_run_twice_into_one_directory_has_the_medians_of_one_run(tmp_path: Path) -> None:
+def test_a_job_run_twice_into_one_directory_has_the_medians_of_one_run(
+    tmp_path: Path, gloo_ranks: GlooRanks
+) -> None:
     once, twice = tmp_path / "once", tmp_path / "twice"
-    _spawn(once, "a", {})
-    _spawn(twice, "a", {"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_RESTART_COUNT": "0"})
-    _spawn(twice, "b", {"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_RESTART_COUNT": "1"})
+    gloo_ranks.run(train_attempt, WORLD, once / "run", STEPS)
+    for restart in ("0", "1"):
+        env = {"TORCHELASTIC_RUN_ID": "j", "TORCHELASTIC_RESTART_COUNT": restart}
+        gloo_ranks.run(train_attempt, WORLD, twice / "run", STEPS, env=env)
     one, two = build_report(once / "run"), build_report(twice / "run")
     medians = {p["name"]: p["median_ms"] for p in one["phases"]}
     for phase in two["phases"]:
@@ -342,11 +339,11 @@ def test_a_job_run_twice_into_one_directory_has_the_medians_of_one_run(tmp_path:
 
 @pytest.mark.slow
 def test_a_resumed_job_counts_no_step_twice_and_every_command_says_so(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gloo_ranks: GlooRanks
 ) -> None:
     run = tmp_path / "run"
-    _spawn(tmp_path, "a", {})
-    _spawn(tmp_path, "b", {})  # a second start that runs the steps again
+    gloo_ranks.run(train_attempt, WORLD, run, STEPS)
+    gloo_ranks.run(train_attempt, WORLD, run, STEPS)  # a second start that runs the steps again
     assert main(["stragglers", str(run), "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert found["attempts"]["count"] == 2 and found["attempts"]["used"] == "latest"

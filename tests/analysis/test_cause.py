@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch.multiprocessing as mp
 
 import rankscope
 from rankscope import ConfigError
@@ -19,6 +18,7 @@ from rankscope.testing._synthetic import Slowdown, write_timings
 from rankscope.timing._record import format_attempt
 
 from .._cost_workers import train_with_uneven_data
+from .._gloo import GlooRanks
 
 
 def _found(run: Path, values: bool = True) -> rankscope.analysis.StragglerReport:
@@ -159,15 +159,12 @@ def test_groups_are_checked_where_the_profiler_is_made(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_rank_given_more_tokens_is_data_driven_in_a_real_job(tmp_path: Path) -> None:
+def test_a_rank_given_more_tokens_is_data_driven_in_a_real_job(
+    tmp_path: Path, gloo_ranks: GlooRanks
+) -> None:
     """3 gloo ranks at one speed per token; rank 1 gets 4x the tokens at 3 steps in 4 and
     records them with prof.phase("forward", tokens=n)."""
-    mp.spawn(
-        train_with_uneven_data,
-        args=(3, f"file://{tmp_path}/rendezvous", str(tmp_path), 1),
-        nprocs=3,
-        join=True,
-    )
+    gloo_ranks.run(train_with_uneven_data, 3, tmp_path, 1)
     assert read_run_meta(tmp_path).groups == {r: {"data_parallel": r} for r in range(3)}
     assert read_run_records(tmp_path).valued == {"forward"}  # read whole by DuckDB
     # A file read line by line (a bad line in it) says the same.

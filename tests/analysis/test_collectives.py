@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import shutil
 import statistics
 import time
@@ -22,6 +21,7 @@ from rankscope.cli._collectives import add_commands
 from rankscope.rundir._layout import meta_path, timing_path, trace_path
 from rankscope.testing._synthetic import PhaseSpec, write_timings
 
+from .._gloo import GlooRanks
 from .._helpers import run_cli
 
 WINDOW = "step-000001-000002"
@@ -213,56 +213,41 @@ SLEEP_S = 0.05
 LATE_WINDOW = "step-000002-000003"  # after a warm-up step: starting the profiler takes a while
 
 
-def _late_rank_job(rank: int, world_size: int, init: str, run_dir: str) -> None:
+def _late_rank_job(rank: int, world_size: int, run_dir: str) -> None:
     """Each step: rank LATE sleeps before an all-reduce and a broadcast of the world; then
     ranks 0 and 1 all-reduce in a group of their own (rank 2 is not in it)."""
-    import gc
 
     import torch
     import torch.distributed as dist
 
     import rankscope
 
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
-    try:
-        pair = dist.new_group([0, 1])
-        config = rankscope.ProfileConfig(
-            output_dir=run_dir,
-            trace=rankscope.TraceConfig(
-                enable=True, ranks="all", schedule=rankscope.Schedule(wait=1, warmup=1, active=2)
-            ),
-        )
-        x = torch.ones(64)
-        with rankscope.Profiler(config) as prof:
-            for _ in range(5):
-                if rank == LATE:
-                    time.sleep(SLEEP_S)
-                dist.all_reduce(x)
-                if rank == LATE:
-                    time.sleep(SLEEP_S)
-                dist.broadcast(x, 0)
-                if rank in (0, 1):
-                    dist.all_reduce(x, group=pair)
-                prof.step()
-        dist.barrier()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
+    pair = dist.new_group([0, 1])
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir,
+        trace=rankscope.TraceConfig(
+            enable=True, ranks="all", schedule=rankscope.Schedule(wait=1, warmup=1, active=2)
+        ),
+    )
+    x = torch.ones(64)
+    with rankscope.Profiler(config) as prof:
+        for _ in range(5):
+            if rank == LATE:
+                time.sleep(SLEEP_S)
+            dist.all_reduce(x)
+            if rank == LATE:
+                time.sleep(SLEEP_S)
+            dist.broadcast(x, 0)
+            if rank in (0, 1):
+                dist.all_reduce(x, group=pair)
+            prof.step()
+    dist.barrier()
 
 
 @pytest.fixture(scope="module")
-def late_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch.multiprocessing as mp
-
+def late_run(tmp_path_factory: pytest.TempPathFactory, gloo_ranks: GlooRanks) -> Path:
     root = tmp_path_factory.mktemp("late")
-    mp.spawn(
-        _late_rank_job,
-        args=(WORLD, f"file://{root}/rendezvous", str(root)),
-        nprocs=WORLD,
-        join=True,
-    )
+    gloo_ranks.run(_late_rank_job, WORLD, root)
     return root
 
 

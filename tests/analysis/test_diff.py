@@ -8,7 +8,6 @@ phase, checks the whole path from the Profiler's files.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
@@ -25,6 +24,7 @@ from rankscope.cli import _diff, _main
 from rankscope.rundir._layout import summary_path, timing_path, trace_path
 from rankscope.testing._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
 
+from .._gloo import GlooRanks
 from .._helpers import run_cli
 
 RANKS = 4
@@ -579,7 +579,7 @@ EXTRA_S = 0.03  # the sleep added to forward in run B
 REAL_WINDOW = "step-000004-000005"
 
 
-def _same_loop_twice(rank: int, world_size: int, init: str, root: str) -> None:
+def _same_loop_twice(rank: int, world_size: int, root: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -587,45 +587,34 @@ def _same_loop_twice(rank: int, world_size: int, init: str, root: str) -> None:
 
     from .._helpers import tiny_model
 
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
-    try:
-        for name, extra in (("a", 0.0), ("b", EXTRA_S)):
-            config = rankscope.ProfileConfig(
-                output_dir=Path(root) / name,
-                timer=rankscope.TimerConfig(enable=True, every_n_steps=1),
-                trace=rankscope.TraceConfig(
-                    enable=True, ranks="all", schedule=rankscope.Schedule(wait=3, active=2)
-                ),
-            )
-            model, opt = tiny_model()
-            with rankscope.Profiler(config) as prof:
-                for _ in range(REAL_STEPS):
-                    with prof.phase("forward"):
-                        time.sleep(BASE_S + extra)
-                        loss = model(torch.randn(4, 8)).sum()
-                    with prof.phase("backward"):
-                        loss.backward()
-                    with prof.phase("loss_allreduce", kind="comm"):
-                        dist.all_reduce(loss.detach())
-                    opt.step()
-                    opt.zero_grad()
-                    prof.step()
-            dist.barrier()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
+    for name, extra in (("a", 0.0), ("b", EXTRA_S)):
+        config = rankscope.ProfileConfig(
+            output_dir=Path(root) / name,
+            timer=rankscope.TimerConfig(enable=True, every_n_steps=1),
+            trace=rankscope.TraceConfig(
+                enable=True, ranks="all", schedule=rankscope.Schedule(wait=3, active=2)
+            ),
+        )
+        model, opt = tiny_model()
+        with rankscope.Profiler(config) as prof:
+            for _ in range(REAL_STEPS):
+                with prof.phase("forward"):
+                    time.sleep(BASE_S + extra)
+                    loss = model(torch.randn(4, 8)).sum()
+                with prof.phase("backward"):
+                    loss.backward()
+                with prof.phase("loss_allreduce", kind="comm"):
+                    dist.all_reduce(loss.detach())
+                opt.step()
+                opt.zero_grad()
+                prof.step()
+        dist.barrier()
 
 
 @pytest.fixture(scope="module")
-def real_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    import torch.multiprocessing as mp
-
+def real_runs(tmp_path_factory: pytest.TempPathFactory, gloo_ranks: GlooRanks) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("diff-real")
-    mp.spawn(
-        _same_loop_twice, args=(2, f"file://{root}/rendezvous", str(root)), nprocs=2, join=True
-    )
+    gloo_ranks.run(_same_loop_twice, 2, root)
     yield root
 
 

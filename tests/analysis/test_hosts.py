@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from rankscope.rundir._layout import meta_path, timing_path
 from rankscope.testing._synthetic import Slowdown, write_timings
 from rankscope.timing._record import format_attempt
 
+from .._gloo import GlooRanks
 from .._helpers import run_cli
 
 HOUR_NS = 3600 * 10**9
@@ -521,43 +521,33 @@ SLOW_RANK = 1
 STEPS = 24
 
 
-def _job(rank: int, world_size: int, init: str, run_dir: str) -> None:
-    import gc
+def _job(rank: int, world_size: int, run_dir: str) -> None:
 
     import torch
     import torch.distributed as dist
 
     import rankscope
 
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
-    try:
-        config = rankscope.ProfileConfig(
-            output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
-        )
-        x = torch.ones(4)
-        with rankscope.Profiler(config) as prof:
-            for _ in range(STEPS):
-                with prof.phase("forward"):
-                    time.sleep(0.03 if rank == SLOW_RANK else 0.005)
-                with prof.phase("allreduce", kind="comm"):
-                    dist.all_reduce(x)  # rank 0 waits here for the slow rank
-                prof.step()
-        dist.barrier()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
+    )
+    x = torch.ones(4)
+    with rankscope.Profiler(config) as prof:
+        for _ in range(STEPS):
+            with prof.phase("forward"):
+                time.sleep(0.03 if rank == SLOW_RANK else 0.005)
+            with prof.phase("allreduce", kind="comm"):
+                dist.all_reduce(x)  # rank 0 waits here for the slow rank
+            prof.step()
+    dist.barrier()
 
 
 @pytest.mark.slow
 def test_a_real_job_s_slow_rank_is_placed_on_the_host_its_meta_names(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gloo_ranks: GlooRanks
 ) -> None:
-    import torch.multiprocessing as mp
-
     run = tmp_path / "run"
-    mp.spawn(_job, args=(WORLD, f"file://{tmp_path}/rendezvous", str(run)), nprocs=WORLD)
+    gloo_ranks.run(_job, WORLD, run)
     data = _json([str(run)], capsys)
     here = socket.gethostname()
     assert data["runs"][0]["hosts"] == [here]  # from the meta files the ranks wrote

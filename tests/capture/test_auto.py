@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from rankscope import AutoTrigger, ConfigError, Schedule
 from rankscope.analysis import build_report, find_traces
 from rankscope.capture._auto import MEDIAN_REFRESH, SlowdownDetector, SlowSteps
 
+from .._gloo import GlooRanks
 from .._helpers import profiler_steps, read_trace, tiny_model, tiny_step
 
 # -- the decision, table-tested ------------------------------------------------------
@@ -375,52 +375,37 @@ SLOW_FROM = 30  # the straggler's forward sleeps SLOW_S from this step on
 RUN_STEPS = 40
 
 
-def _straggling_rank(rank: int, world_size: int, init: str, run_dir: str, phase: str) -> None:
-    import gc
+def _straggling_rank(rank: int, world_size: int, run_dir: str, phase: str) -> None:
 
     import torch.distributed as dist
 
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
-    try:
-        auto = AutoTrigger(**LOOP_AUTO, ranks="all", phase=phase or None)
-        config = rankscope.ProfileConfig(
-            output_dir=run_dir,
-            trace=rankscope.TraceConfig(
-                enable=True, ranks="0", auto=auto, trigger_check_every_n_steps=0
-            ),
-            timer=rankscope.TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1),
-        )
-        model, opt = tiny_model()
-        with rankscope.Profiler(config) as prof:
-            for i in range(RUN_STEPS):
-                with prof.phase("forward"):
-                    slow = rank == STRAGGLER and i >= SLOW_FROM
-                    time.sleep(SLOW_S if slow else BASE_S)
-                    loss = model(torch.randn(4, 8)).sum()
-                with prof.phase("backward"):
-                    loss.backward()
-                with prof.phase("loss_allreduce", kind="comm"):
-                    dist.all_reduce(loss.detach())  # every rank waits here for the straggler
-                opt.step()
-                opt.zero_grad()
-                prof.step()
-        dist.barrier()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
-
-
-def _spawn_straggler(root: Path, phase: str) -> Path:
-    import torch.multiprocessing as mp
-
-    mp.spawn(
-        _straggling_rank,
-        args=(WORLD, f"file://{root}/rendezvous", str(root), phase),
-        nprocs=WORLD,
-        join=True,
+    auto = AutoTrigger(**LOOP_AUTO, ranks="all", phase=phase or None)
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir,
+        trace=rankscope.TraceConfig(
+            enable=True, ranks="0", auto=auto, trigger_check_every_n_steps=0
+        ),
+        timer=rankscope.TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1),
     )
+    model, opt = tiny_model()
+    with rankscope.Profiler(config) as prof:
+        for i in range(RUN_STEPS):
+            with prof.phase("forward"):
+                slow = rank == STRAGGLER and i >= SLOW_FROM
+                time.sleep(SLOW_S if slow else BASE_S)
+                loss = model(torch.randn(4, 8)).sum()
+            with prof.phase("backward"):
+                loss.backward()
+            with prof.phase("loss_allreduce", kind="comm"):
+                dist.all_reduce(loss.detach())  # every rank waits here for the straggler
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    dist.barrier()
+
+
+def _spawn_straggler(gloo_ranks: GlooRanks, root: Path, phase: str) -> Path:
+    gloo_ranks.run(_straggling_rank, WORLD, root, phase)
     return root
 
 
@@ -433,8 +418,10 @@ def _fired(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
 
 
 @pytest.mark.slow
-def test_watching_a_phase_on_every_rank_captures_the_straggler_alone(tmp_path: Path) -> None:
-    run_dir = _spawn_straggler(tmp_path, "forward")
+def test_watching_a_phase_on_every_rank_captures_the_straggler_alone(
+    tmp_path: Path, gloo_ranks: GlooRanks
+) -> None:
+    run_dir = _spawn_straggler(gloo_ranks, tmp_path, "forward")
     fired = _fired(run_dir)
     assert list(fired) == [STRAGGLER]
     (line,) = fired[STRAGGLER]
@@ -446,9 +433,11 @@ def test_watching_a_phase_on_every_rank_captures_the_straggler_alone(tmp_path: P
 
 
 @pytest.mark.slow
-def test_watching_the_step_on_every_rank_captures_the_waiting_ranks_too(tmp_path: Path) -> None:
+def test_watching_the_step_on_every_rank_captures_the_waiting_ranks_too(
+    tmp_path: Path, gloo_ranks: GlooRanks
+) -> None:
     """Why `phase` exists: the ranks waiting for the straggler got slow steps as well."""
-    run_dir = _spawn_straggler(tmp_path, "")
+    run_dir = _spawn_straggler(gloo_ranks, tmp_path, "")
     fired = _fired(run_dir)
     assert sorted(fired) == list(range(WORLD))
     assert all(lines[0]["measured"] == "step" for lines in fired.values())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import json
 import logging
@@ -17,7 +16,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import rankscope
@@ -40,6 +38,7 @@ from rankscope.config._ranks import RankInfo
 from rankscope.rundir._layout import trace_path
 from rankscope.rundir._meta import write_meta
 
+from .._gloo import GlooRanks
 from .._helpers import (
     final_files,
     profiler_steps,
@@ -530,21 +529,16 @@ def test_a_meta_file_without_the_trigger_fields_listens_as_the_default_config_do
 # -- spawned ranks over gloo: the same window at the same step on exactly the chosen ranks --
 
 
-def train_and_trigger(rank: int, world_size: int, init: str, run_dir: str) -> None:
+def train_and_trigger(rank: int, world_size: int, run_dir: str) -> None:
     """Train with DDP; during step TRIGGER_AT rank 0 runs `rankscope trigger` for ranks 1-2."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
     run = Path(run_dir)
     log = logging.FileHandler(run / f"log-{rank}.txt")
     log.setLevel(logging.WARNING)
     logging.getLogger("rankscope").addHandler(log)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
     try:
         _train_and_trigger(rank, run)
         dist.barrier()
     finally:
-        gc.collect()  # the DDP model goes before its process group, or gloo may abort at exit
-        dist.destroy_process_group()
         logging.getLogger("rankscope").removeHandler(log)
         log.close()
 
@@ -578,14 +572,9 @@ def _cli_in_a_process(run: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def dist_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def dist_run(tmp_path_factory: pytest.TempPathFactory, gloo_ranks: GlooRanks) -> Path:
     root = tmp_path_factory.mktemp("trigger")
-    mp.spawn(
-        train_and_trigger,
-        args=(WORLD, f"file://{root}/rendezvous", str(root)),
-        nprocs=WORLD,
-        join=True,
-    )
+    gloo_ranks.run(train_and_trigger, WORLD, root)
     return root
 
 

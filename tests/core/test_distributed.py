@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from rankscope import Schedule
 from rankscope.capture import windows
 
 from .._dist_workers import train_ddp
+from .._gloo import GlooRanks
 from .._helpers import (
     event_names,
     final_files,
@@ -28,14 +28,9 @@ STEPS = 10
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run_dir(tmp_path_factory: pytest.TempPathFactory, gloo_ranks: GlooRanks) -> Path:
     root = tmp_path_factory.mktemp("dist")
-    mp.spawn(
-        train_ddp,
-        args=(WORLD, f"file://{root}/rendezvous", str(root), STEPS),
-        nprocs=WORLD,
-        join=True,
-    )
+    gloo_ranks.run(train_ddp, WORLD, root, STEPS)
     return root
 
 

@@ -26,10 +26,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import rankscope
+
+from .._gloo import GlooRanks
 
 pytestmark = pytest.mark.slow
 
@@ -91,9 +92,7 @@ def _destroy_only() -> None:
     dist.destroy_process_group()
 
 
-def _check_nothing_outlives_stop(rank: int, init: str, run_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+def _check_nothing_outlives_stop(rank: int, world_size: int, run_dir: str) -> None:
     threads = set(threading.enumerate())
     kept: dict[str, weakref.ref[object]] = {}
     _train(run_dir, kept)
@@ -114,25 +113,18 @@ def _check_nothing_outlives_stop(rank: int, init: str, run_dir: str) -> None:
     os._exit(0)
 
 
-def _job(rank: int, init: str, run_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+def _job(rank: int, world_size: int, run_dir: str) -> None:
     _train(run_dir, {})
     _destroy_only()  # no explicit cleanup: rankscope's exit handler must be enough
 
 
-def test_nothing_of_the_run_outlives_stop(tmp_path: Path) -> None:
+def test_nothing_of_the_run_outlives_stop(tmp_path: Path, gloo_ranks: GlooRanks) -> None:
     """The model, the loop's frame and the Profiler are freed once the loop returns."""
-    mp.spawn(
-        _check_nothing_outlives_stop,
-        args=(f"file://{tmp_path}/rendezvous", str(tmp_path)),
-        nprocs=WORLD,
-        join=True,
-    )
+    gloo_ranks.run(_check_nothing_outlives_stop, WORLD, tmp_path)
     assert list(tmp_path.glob(TRACE)), "rank 1 recorded and saved its window"
 
 
-def test_thirty_jobs_with_no_cleanup_all_exit_0(tmp_path: Path) -> None:
+def test_thirty_jobs_with_no_cleanup_all_exit_0(tmp_path: Path, gloo_ranks: GlooRanks) -> None:
     """Timer and trace capture on, destroy_process_group() with the model alive and no
     other cleanup. Each job spawns its ranks fresh, so each exit is a real shutdown."""
     failed: list[tuple[int, list[int | None]]] = []
@@ -140,16 +132,7 @@ def test_thirty_jobs_with_no_cleanup_all_exit_0(tmp_path: Path) -> None:
     for job in range(JOBS):
         root = tmp_path / f"job-{job:02d}"
         root.mkdir()
-        ranks = mp.start_processes(
-            _job,
-            args=(f"file://{root}/rendezvous", str(root)),
-            nprocs=WORLD,
-            join=False,
-            start_method="spawn",
-        )
-        for process in ranks.processes:
-            process.join()
-        codes = [process.exitcode for process in ranks.processes]
+        codes = gloo_ranks.start(_job, WORLD, root).join()
         if any(codes):
             failed.append((job, codes))
     assert not failed, (

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +16,6 @@ pytest.importorskip("transformers")
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 from transformers import (
     GPT2Config,
@@ -34,6 +31,7 @@ from rankscope.capture import windows
 from rankscope.integrations import hf
 from rankscope.integrations.hf import RankscopeCallback
 
+from .._gloo import GlooRanks
 from .._helpers import (
     event_names,
     final_files,
@@ -146,17 +144,9 @@ def _record_inputs(model: torch.nn.Module) -> list[int]:
 # -- two ranks over gloo, as torchrun would start them ----------------------------------
 
 
-def _ddp_rank(rank: int, world_size: int, port: int, root: str) -> None:
-    """One rank: a Trainer run without and with gradient accumulation; facts to facts-N.json."""
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
+def _ddp_rank(rank: int, world_size: int, root: str) -> None:
+    """One rank: a Trainer run without and with gradient accumulation; facts to facts-N.json.
+    The Trainer starts the process group from torchrun's variables, which the launcher sets."""
     facts: dict[str, Any] = {}
     for accumulate in (1, 2):
         run_dir = Path(root) / f"accumulate-{accumulate}"
@@ -188,17 +178,10 @@ def _ddp_rank(rank: int, world_size: int, port: int, root: str) -> None:
     (Path(root) / f"facts-{rank}.json").write_text(json.dumps(facts))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
-def ddp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def ddp_root(tmp_path_factory: pytest.TempPathFactory, gloo_ranks: GlooRanks) -> Path:
     root = tmp_path_factory.mktemp("hf-ddp")
-    mp.spawn(_ddp_rank, args=(2, _free_port(), str(root)), nprocs=2, join=True)
+    gloo_ranks.run(_ddp_rank, 2, root, init=False)
     return root
 
 

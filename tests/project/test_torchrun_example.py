@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from .._gloo import free_port
 from .._helpers import timing_records
 
 pytestmark = pytest.mark.slow
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torchrun_loop.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _torchrun(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> str:
@@ -33,7 +27,7 @@ def _torchrun(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> 
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         str(EXAMPLE),
         "--steps",
         "12",

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import rankscope
 from rankscope import HangConfig
 
+from .._gloo import GlooRanks
 from .._helpers import final_files, rankscope_warnings
 
 FAST = {"after_s": 1.0, "heartbeat_s": 0.3}  # a stall after 1 s, polled every 0.25 s
@@ -216,22 +217,14 @@ def test_a_run_whose_heartbeats_stopped_moving_is_said_to_look_over(tmp_path: Pa
 
 @pytest.mark.slow
 def test_one_rank_stuck_in_data_loading_is_named_and_the_others_wait(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gloo_ranks: GlooRanks
 ) -> None:
-    import torch.multiprocessing as mp
-
     from rankscope.cli import main
 
     from .._dist_workers import hang_one_rank
 
     world, stuck, run = 4, 2, tmp_path / "run"
-    ranks = mp.start_processes(
-        hang_one_rank,
-        args=(world, f"file://{tmp_path}/rendezvous", str(run), stuck),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
+    ranks = gloo_ranks.start(hang_one_rank, world, run, stuck)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -246,9 +239,7 @@ def test_one_rank_stuck_in_data_loading_is_named_and_the_others_wait(
         assert main(["hang", str(run), "--json"]) == 0
         found = json.loads(capsys.readouterr().out)
     finally:
-        for process in ranks.processes:
-            process.kill()
-            process.join()
+        ranks.kill()
     by_rank = {f["rank"]: f for f in found["findings"]}
     assert sorted(by_rank) == list(range(world))
     assert (by_rank[stuck]["role"], by_rank[stuck]["phase"], by_rank[stuck]["step"]) == (
@@ -264,22 +255,16 @@ def test_one_rank_stuck_in_data_loading_is_named_and_the_others_wait(
     assert stack["threads"][0]["stack"][-1]["function"] == "wait"  # Event.wait, where it sits
 
 
-def ddp_hang_in_forward(rank: int, world_size: int, init: str, run_dir: str, stuck: int) -> None:
+def ddp_hang_in_forward(rank: int, world_size: int, run_dir: str, stuck: int) -> None:
     """Plain DDP on gloo, forward and backward timed as compute phases (the gradient
     all-reduce hides inside backward); rank `stuck` blocks for good in forward at step
     30, so the others wait for it inside backward (the test kills them). Spawned ranks
     import it by module path."""
     import threading
-    from datetime import timedelta
 
     import torch
     from torch import nn
 
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=init, rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
-    )
     model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
     config = rankscope.ProfileConfig(
         output_dir=run_dir,
@@ -304,20 +289,12 @@ DDP_STUCK_STEP = 30
 
 @pytest.mark.slow
 def test_plain_ddp_names_the_rank_stuck_in_forward_and_the_others_wait_in_backward(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, gloo_ranks: GlooRanks, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import torch.multiprocessing as mp
-
     from rankscope.cli import main
 
     world, stuck, run = 4, 1, tmp_path / "run"
-    ranks = mp.start_processes(
-        ddp_hang_in_forward,
-        args=(world, f"file://{tmp_path}/rendezvous", str(run), stuck),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
+    ranks = gloo_ranks.start(ddp_hang_in_forward, world, run, stuck)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -333,9 +310,7 @@ def test_plain_ddp_names_the_rank_stuck_in_forward_and_the_others_wait_in_backwa
         assert main(["hang", str(run)]) == 0
         terminal = capsys.readouterr().out
     finally:
-        for process in ranks.processes:
-            process.kill()
-            process.join()
+        ranks.kill()
     by_rank = {f["rank"]: f for f in found["findings"]}
     assert sorted(by_rank) == list(range(world))
     assert (found["ranks"]["stuck"], found["ranks"]["waiting"]) == ([stuck], [0, 2, 3])
