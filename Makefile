@@ -47,7 +47,8 @@ $(CHROMIUM):
 # groups are silently ignored. TEST_WORKERS=0 runs the tests in one process.
 TEST_WORKERS ?= auto
 test: lint $(CHROMIUM)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -q -p no:xdist -m serial
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/capture_stall.py

@@ -425,6 +425,7 @@ def _run(gloo_ranks: GlooRanks, root: Path, slow_ms: float) -> float:
     return float((root / "measured_ms").read_text())
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_the_estimated_saving_holds_against_the_job_run_without_its_slow_rank(
     tmp_path: Path, gloo_ranks: GlooRanks
@@ -493,6 +494,7 @@ def test_findings_that_hide_each_other_are_said_to_save_more_together() -> None:
     assert "more than the findings apart" not in plain
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_plain_ddp_job_slow_in_data_gets_one_answer(
     tmp_path: Path, gloo_ranks: GlooRanks, capsys: pytest.CaptureFixture[str]

@@ -631,6 +631,7 @@ def test_a_real_job_made_slower_in_one_phase_names_that_phase_alone(
     assert data["skipped"] == []
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_real_window_against_its_twin_names_the_slower_phase_first(
     real_runs: Path, cli: Cli

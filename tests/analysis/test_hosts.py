@@ -542,6 +542,7 @@ def _job(rank: int, world_size: int, run_dir: str) -> None:
     dist.barrier()
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_real_job_s_slow_rank_is_placed_on_the_host_its_meta_names(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], gloo_ranks: GlooRanks

@@ -219,6 +219,7 @@ def test_a_loop_slow_at_every_step_captures_nothing(tmp_path: Path) -> None:
     assert _windows(run_dir) == ["step-000001-000001"]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_repeated_slow_stretches_respect_cooldown_and_max_captures(tmp_path: Path) -> None:
     stretches = (15, 25, 45, 75)  # the one at 25 falls inside the cool-down after 15

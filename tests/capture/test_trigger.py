@@ -578,6 +578,7 @@ def dist_run(tmp_path_factory: pytest.TempPathFactory, gloo_ranks: GlooRanks) ->
     return root
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_trigger_starts_the_window_at_the_same_step_on_exactly_the_chosen_ranks(
     dist_run: Path, capsys: pytest.CaptureFixture[str]
@@ -619,6 +620,7 @@ def test_a_trigger_starts_the_window_at_the_same_step_on_exactly_the_chosen_rank
     assert {r: int(t.step.max()) for r, t in timings.ranks.items()} == {0: 15, 1: 15, 2: 15}
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_the_file_dropped_by_hand_got_one_warning_per_rank_and_status_says_who_answered(
     dist_run: Path, capsys: pytest.CaptureFixture[str]

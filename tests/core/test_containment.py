@@ -242,6 +242,7 @@ BASE_S, SLOW_S = 0.004, 0.06
 SLOW = {20, 21, 22}
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("planted", ["folder", "file"])
 def test_a_link_where_auto_records_go_is_not_followed(
     run: Path, outside: Path, caplog: pytest.LogCaptureFixture, planted: str

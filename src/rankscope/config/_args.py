@@ -120,7 +120,7 @@ def config_reference() -> str:
         "# Configuration reference",
         "",
         "<!-- Generated from the dataclasses' docstrings by rankscope.config._args.config_reference();",
-        "     tests/test_docs.py keeps it in sync (RANKSCOPE_WRITE_DOCS=1 rewrites it). -->",
+        "     tests/project/test_docs.py keeps it in sync (RANKSCOPE_WRITE_DOCS=1 rewrites it). -->",
         "",
         "A `ProfileConfig` is built in code, from a dict or YAML file (`from_dict`,",
         "`from_yaml`), from command-line flags (`rankscope.add_arguments(parser)`, then",

@@ -89,7 +89,7 @@ _OVERRIDES: dict[str, tuple[tuple[str, ...], Callable[[str, str], Any]]] = {
 }
 
 _PREFIX = "RANKSCOPE_"
-_NOT_CONFIG = ("RANKSCOPE_WRITE_DOCS",)  # tests/test_docs.py: rewrite docs/config.md
+_NOT_CONFIG = ("RANKSCOPE_WRITE_DOCS",)  # tests/project/test_docs.py: rewrite docs/config.md
 KNOWN_VARIABLES: tuple[str, ...] = tuple(sorted((*_OVERRIDES, *_NOT_CONFIG)))
 """Every RANKSCOPE_* variable rankscope reads."""
 _warned: set[str] = set()  # unknown variables warned about in this process

@@ -11,7 +11,7 @@ a file only when every line is one it reads exactly as the line-by-line reader
 strings, finite times, the file's own rank, and one attempt. Any other file (a bad
 line, a torn last line, an unknown schema version, a restart's several attempts, a
 value DuckDB would cast where the reader refuses) is read by that reader instead, which
-names each line it leaves out. Both ways give the same records (tests/test_engine.py),
+names each line it leaves out. Both ways give the same records (tests/analysis/read/test_engine.py),
 but for four kinds of line no rankscope writes, which DuckDB reads as it reads them: a
 trailing comma, a key given twice (DuckDB keeps the first value, json the last),
 `"v": null` (read as no "v"), and nesting past json's recursion limit.

@@ -12,7 +12,7 @@ read back may hold anything). Each medium spells that one way:
 A cell that does not apply (a waiting rank's speedup: its fix is the rank it waits for,
 priced there) is left blank by its table; that is not a missing value.
 
-The rules, the same in every medium (tests/test_format.py pins each one):
+The rules, the same in every medium (tests/analysis/test_format.py pins each one):
 
     ms           a table's ms cell, the unit in its header: 3 decimals under 100,
                  1 decimal with thousands separators from 100   0.012, 1,234.6
