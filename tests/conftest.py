@@ -12,6 +12,10 @@ import pytest
 
 from ._gloo import GlooRanks
 
+# pytest-xdist's workers inherit COLUMNS=80; the terminal renderers wrap piped output at
+# COLUMNS (cli/_render.py), so the tests read what a piped run without it gets: 160.
+os.environ["COLUMNS"] = "160"
+
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 
 

@@ -310,6 +310,7 @@ def _profile(monkeypatch: pytest.MonkeyPatch, run: Path, hosts: list[str], slow:
                 prof.step()
 
 
+@pytest.mark.serial  # ranks that sleep 0 ms in forward: a loaded machine's pause is a "slow" rank
 def test_a_restarted_job_s_attempts_each_name_the_host_they_ran_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

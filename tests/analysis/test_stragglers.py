@@ -12,11 +12,11 @@ import pytest
 from rankscope import ConfigError
 from rankscope.analysis import StragglerOptions, read_run_meta, read_timings
 from rankscope.analysis._matrix import phase_matrices
+from rankscope.analysis._rows import row_of as _row
+from rankscope.analysis._rows import rows_of as _rows
 from rankscope.analysis._stragglers import (
     _late_by_own_work,
     _medians_without,
-    _row,
-    _rows,
     _slow_at_its_best,
     find_stragglers,
     format_ranks,
@@ -453,7 +453,7 @@ def test_the_median_of_the_others_is_each_entrys_own_median(n: int) -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_rows_worked_out_together_equal_rows_worked_out_one_by_one(seed: int) -> None:
-    """_rows does at once, for rows valid at every step, what _row does for one row."""
+    """rows_of does at once, for rows valid at every step, what row_of does for one row."""
     rng = np.random.default_rng(seed)
     ranks, steps = 40, 30
     ratio = rng.lognormal(0.05, 0.1, (ranks, steps))

@@ -1,0 +1,189 @@
+"""One (rank, phase) row of the straggler rules over the sampled steps: where its excess
+began, whether it is beyond chance, and its figures from then on (analysis/_stragglers.py
+applies the rules; many rows at once are worked out here in a few numpy calls)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._chance import binomial_tail, steps_needed
+
+__all__ = ["Row", "row_of", "rows_of", "sharpen"]
+
+Matrix = npt.NDArray[np.float64]
+
+
+@dataclass
+class Row:
+    """One (rank, phase) over the steps where it and the reference both exist."""
+
+    valid: npt.NDArray[np.int64]
+    ratio: Matrix
+    excess: Matrix
+    above: npt.NDArray[np.bool_]
+    whole: bool = False
+    """Every step is valid (so rows share their steps; see _rows)."""
+    known: dict[str, Any] = field(default_factory=dict)
+    """What rows_of worked out for many rows at once: "onset", and at it the medians."""
+
+    def last_at(self, last: npt.NDArray[np.int64], onset: int) -> set[int]:
+        """The ranks last to arrive at the steps from `onset` on (for a whole row)."""
+        seen = self.known.setdefault("last_at", {})
+        if onset not in seen:
+            seen[onset] = set(last[self.valid[onset:]].tolist())
+        found: set[int] = seen[onset]
+        return found
+
+    def onset(self, min_persistence: float) -> int | None:
+        """Where a persistent excess began (0: from the start); None where there is none.
+
+        The split that best separates steps above the threshold after it from steps
+        below before it, keeping at least a fifth of the steps (and 3) after it.
+        """
+        if "onset" in self.known:
+            found: int | None = self.known["onset"]
+            return found
+        n = len(self.valid)
+        shortest = max(3, math.ceil(0.2 * n))
+        if n < shortest:
+            return None
+        above = np.concatenate(([0], np.cumsum(self.above)))
+        starts = np.arange(n - shortest + 1)
+        after = (above[n] - above[starts]) / (n - starts)
+        before = np.divide(above[starts], starts, out=np.zeros(len(starts)), where=starts > 0)
+        best = int(np.argmax(after - before))
+        if after[best] < min_persistence:
+            return None
+        sharp = int(sharpen(self.excess[None, :], np.array([best]), shortest)[0])
+        return sharp if after[sharp] >= min_persistence else best
+
+    def beyond_chance(self, onset: int, chance: float, tests: int) -> bool:
+        """The steps above from `onset` on are too many to be noise at rate `chance`.
+
+        A one-sided binomial test at 1% over all the (rank, phase, onset) pairs tried:
+        with 64 noisy ranks, some rank is above 10% at half of some 15-step stretch.
+        """
+        n = len(self.valid) - onset
+        k = int(np.sum(self.above[onset:]))
+        return binomial_tail(k, n, max(chance, 1.0 / max(n, 1))) < 0.01 / tests
+
+    def steps_needed(self, onset: int, chance: float, tests: int) -> int | None:
+        """About how many steps at this rate would pass `beyond_chance`; None where the
+        rate is too low, or it would take far more steps, for that to be worth saying."""
+        n = len(self.valid) - onset
+        k = int(np.sum(self.above[onset:]))
+        return steps_needed(k, n, lambda m: max(chance, 1.0 / m), lambda m: tests * m / n)
+
+    def median_ratio(self, onset: int) -> float:
+        if self.known.get("onset") == onset and "median_ratio" in self.known:
+            return round(float(self.known["median_ratio"]), 4)
+        return round(float(np.median(self.ratio[onset:])), 4)
+
+    def share(self, onset: int) -> float:
+        return round(float(np.mean(self.above[onset:])), 4)
+
+    def lost(self, onset: int) -> float:
+        return round(float(np.sum(np.clip(self.excess[onset:], 0, None))), 3)
+
+    def median_excess(self, onset: int) -> float:
+        if self.known.get("onset") == onset and "median_excess" in self.known:
+            return float(self.known["median_excess"])
+        return float(np.median(self.excess[onset:]))
+
+
+def rows_of(
+    ratio: Matrix,
+    excess: Matrix,
+    rows: npt.NDArray[np.int64],
+    *,
+    threshold: float,
+    floor: float,
+    min_persistence: float,
+) -> dict[int, Row]:
+    """The _Row of each of `rows`. Rows valid at every step (the common case: thousands
+    of ranks waiting for one) get their onset and medians in a few numpy calls for all
+    of them, the same figures Row works out one row at a time."""
+    out: dict[int, Row] = {}
+    if not len(rows):
+        return out
+    whole = rows[np.isfinite(ratio[rows]).all(axis=1)]
+    n = ratio.shape[1]
+    shortest = max(3, math.ceil(0.2 * n))
+    if len(whole) and n >= shortest:
+        r, e = ratio[whole], excess[whole]
+        above = (r > threshold) & (e >= floor)
+        cum: npt.NDArray[np.int64] = np.concatenate(
+            (np.zeros((len(whole), 1), np.int64), np.cumsum(above, axis=1, dtype=np.int64)), axis=1
+        )
+        starts = np.arange(n - shortest + 1)
+        after = (cum[:, n : n + 1] - cum[:, starts]) / (n - starts)
+        before = np.divide(
+            cum[:, starts], starts, out=np.zeros((len(whole), len(starts))), where=starts > 0
+        )
+        best = np.argmax(after - before, axis=1)
+        sharp = sharpen(e, best, shortest)
+        rows_i = np.arange(len(whole))
+        best = np.where(after[rows_i, sharp] >= min_persistence, sharp, best)
+        onsets = np.where(after[rows_i, best] >= min_persistence, best, -1)
+        medians: dict[int, tuple[Matrix, Matrix]] = {}
+        for onset in np.unique(onsets[onsets >= 0]).tolist():
+            sel = onsets == onset
+            medians[onset] = (
+                np.median(r[sel, onset:], axis=1),
+                np.median(e[sel, onset:], axis=1),
+            )
+        place: dict[int, int] = {}
+        valid = np.arange(n)
+        for i, index in enumerate(whole.tolist()):
+            onset = int(onsets[i])
+            row = Row(valid, r[i], e[i], above[i], whole=True)
+            row.known["onset"] = None if onset < 0 else onset
+            if onset >= 0:
+                at = place[onset] = place.get(onset, -1) + 1
+                row.known["median_ratio"] = medians[onset][0][at]
+                row.known["median_excess"] = medians[onset][1][at]
+            out[index] = row
+    for index in rows.tolist():
+        if index not in out:
+            out[index] = row_of(ratio[index], excess[index], threshold, floor)
+    return out
+
+
+def sharpen(excess: Matrix, best: npt.NDArray[np.int64], shortest: int) -> npt.NDArray[np.int64]:
+    """Each row's onset `best` moved to where its excess itself changes.
+
+    Counting steps above the threshold puts a step change at a noisy spot: a few steps
+    just above it before the change (a rank 30 ms slower from step 20, 0.5 ms above the
+    threshold at 17 and 19, is "slow since 17"). Taken again with the steps above the
+    midpoint between the row's median excess before and after its onset, the split
+    falls where the excess jumps. A row slow from the start (onset 0) stays so."""
+    out: npt.NDArray[np.int64] = best.copy()
+    n = excess.shape[1]
+    for onset in np.unique(best[best > 0]).tolist():
+        rows = np.flatnonzero(best == onset)
+        e = excess[rows]
+        cut = (np.median(e[:, :onset], axis=1) + np.median(e[:, onset:], axis=1)) / 2
+        above = e > cut[:, None]
+        cum: Matrix = np.concatenate(
+            (np.zeros((len(rows), 1)), np.cumsum(above, axis=1, dtype=np.float64)), axis=1
+        )
+        starts = np.arange(n - shortest + 1)
+        after: Matrix = (cum[:, n : n + 1] - cum[:, starts]) / (n - starts)
+        before: Matrix = np.divide(
+            cum[:, starts], starts, out=np.zeros((len(rows), len(starts))), where=starts > 0
+        )
+        out[rows] = np.argmax(after - before, axis=1)
+    return out
+
+
+def row_of(ratio: Matrix, excess: Matrix, threshold: float, floor: float) -> Row:
+    valid = np.flatnonzero(np.isfinite(ratio))
+    r, e = ratio[valid], excess[valid]
+    # A step counts as above only when the excess also matters against the step: a
+    # short phase's jitter is often 10% of it and never worth a finding.
+    return Row(valid=valid, ratio=r, excess=e, above=(r > threshold) & (e >= floor))
