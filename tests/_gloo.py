@@ -176,15 +176,9 @@ class GlooRanks:
         return RankProcesses(list(context.processes), launch)
 
     def run(
-        self,
-        job: Callable[..., None],
-        world: int,
-        run_dir: Path | str,
-        *args: Any,
-        env: dict[str, str] | None = None,
-        init: bool = True,
-        timeout_s: float = TIMEOUT_S,
+        self, job: Callable[..., None], world: int, run_dir: Path | str, *args: Any, **how: Any
     ) -> None:
-        """Run `job` on `world` ranks to the end; fails unless every rank exits 0."""
-        ranks = self.start(job, world, run_dir, *args, env=env, init=init, timeout_s=timeout_s)
+        """Run `job` on `world` ranks to the end (`how`: start's env, init and timeout_s);
+        fails unless every rank exits 0."""
+        ranks = self.start(job, world, run_dir, *args, **how)
         ranks.check(ranks.join())

@@ -212,6 +212,17 @@ def test_a_run_whose_heartbeats_stopped_moving_is_said_to_look_over(tmp_path: Pa
     )
 
 
+def _hang_files(run: Path, pattern: str, world: int) -> list[Path]:
+    """The hang files under RUN_DIR/hangs matching `pattern`, once every rank wrote one (or
+    after 90 s, whatever is there: the test's assertion says what is missing)."""
+    deadline = time.monotonic() + 90
+    while True:
+        hangs = sorted((run / "hangs").glob(pattern))
+        if len(hangs) == world or time.monotonic() > deadline:
+            return hangs
+        time.sleep(0.5)
+
+
 # -- a real hang: four spawned gloo ranks, one stuck outside any collective ------------------
 
 
@@ -226,12 +237,7 @@ def test_one_rank_stuck_in_data_loading_is_named_and_the_others_wait(
     world, stuck, run = 4, 2, tmp_path / "run"
     ranks = gloo_ranks.start(hang_one_rank, world, run, stuck)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            hangs = sorted((run / "hangs").rglob("rank-*.json"))
-            if len(hangs) == world:
-                break
-            time.sleep(0.5)
+        hangs = _hang_files(run, "*/rank-*.json", world)
         assert sorted((h.parent.name[:11], h.name) for h in hangs) == [
             ("step-000003", f"rank-{r:05d}.json") for r in range(world)
         ]
@@ -296,13 +302,8 @@ def test_plain_ddp_names_the_rank_stuck_in_forward_and_the_others_wait_in_backwa
     world, stuck, run = 4, 1, tmp_path / "run"
     ranks = gloo_ranks.start(ddp_hang_in_forward, world, run, stuck)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            # Of that step alone: a busy machine may have made an earlier step a stall too.
-            hangs = sorted((run / "hangs").glob(f"step-{DDP_STUCK_STEP:06d}-*/rank-*.json"))
-            if len(hangs) == world:
-                break
-            time.sleep(0.5)
+        # Of that step alone: a busy machine may have made an earlier step a stall too.
+        hangs = _hang_files(run, f"step-{DDP_STUCK_STEP:06d}-*/rank-*.json", world)
         assert sorted(h.name for h in hangs) == [f"rank-{r:05d}.json" for r in range(world)]
         time.sleep(1.0)  # the heartbeats that say the stall
         assert main(["hang", str(run), "--json"]) == 0
