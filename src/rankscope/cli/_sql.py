@@ -1,4 +1,4 @@
-"""`rankscope sql` and `rankscope export`: a run directory as tables (analysis/_sql.py)."""
+"""`rankscope sql`: SQL over a run directory's tables (analysis/_sql.py)."""
 
 from __future__ import annotations
 
@@ -41,15 +41,6 @@ def add_commands(commands: Any) -> None:
     form.add_argument("--schema", action="store_true", help="list the tables and their columns")
     sql.set_defaults(run=_sql)
 
-    export = commands.add_parser(
-        "export",
-        help="keep a run's tables as Parquet files",
-        description="Write each of the run's tables (see `rankscope sql --schema`) as DIR/<table>.parquet.",
-    )
-    export.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    export.add_argument("--parquet", type=Path, required=True, metavar="DIR", help="the folder")
-    export.set_defaults(run=_export)
-
 
 def _sql(args: argparse.Namespace) -> int:
     from ..analysis._sql import TABLES, open_run_database
@@ -75,17 +66,6 @@ def _sql(args: argparse.Namespace) -> int:
         out.writerows([_plain(v) for v in row] for row in rows)
     else:
         _table(names, rows)
-    return 0
-
-
-def _export(args: argparse.Namespace) -> int:
-    from ..analysis._sql import open_run_database
-
-    db = open_run_database(args.run_dir)
-    for line in db.skipped:
-        print(f"skipped: {line}", file=sys.stderr)
-    for path in db.export_parquet(args.parquet):
-        print(path)
     return 0
 
 
