@@ -410,6 +410,15 @@ def _spawn_straggler(gloo_ranks: GlooRanks, root: Path, phase: str) -> Path:
     return root
 
 
+def _watched(
+    gloo_ranks: GlooRanks, tmp_path: Path, phase: str
+) -> tuple[Path, dict[int, list[dict[str, Any]]]]:
+    """The straggler job run with every rank watching `phase` (the step: ""), and what
+    each rank's watch fired."""
+    run_dir = _spawn_straggler(gloo_ranks, tmp_path, phase)
+    return run_dir, _fired(run_dir)
+
+
 def _fired(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
     out: dict[int, list[dict[str, Any]]] = {}
     for path in sorted((run_dir / "auto").glob("rank-*.jsonl")):
@@ -422,8 +431,7 @@ def _fired(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
 def test_watching_a_phase_on_every_rank_captures_the_straggler_alone(
     tmp_path: Path, gloo_ranks: GlooRanks
 ) -> None:
-    run_dir = _spawn_straggler(gloo_ranks, tmp_path, "forward")
-    fired = _fired(run_dir)
+    run_dir, fired = _watched(gloo_ranks, tmp_path, "forward")
     assert list(fired) == [STRAGGLER]
     (line,) = fired[STRAGGLER]
     assert line["status"] == "accepted" and line["slow_steps"] == [30, 31, 32]
@@ -438,8 +446,7 @@ def test_watching_the_step_on_every_rank_captures_the_waiting_ranks_too(
     tmp_path: Path, gloo_ranks: GlooRanks
 ) -> None:
     """Why `phase` exists: the ranks waiting for the straggler got slow steps as well."""
-    run_dir = _spawn_straggler(gloo_ranks, tmp_path, "")
-    fired = _fired(run_dir)
+    _, fired = _watched(gloo_ranks, tmp_path, "")
     assert sorted(fired) == list(range(WORLD))
     assert all(lines[0]["measured"] == "step" for lines in fired.values())
 

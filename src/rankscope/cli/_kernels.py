@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+# The trace summaries' reader imports neither numpy nor DuckDB: cheap at start-up.
+from ..analysis._kernels import kernel_report
 from ..analysis._options import KernelOptions
 from ._options import add_options, json_option, options_from
 from ._output import answer
@@ -23,8 +25,6 @@ def add_commands(commands: Any) -> None:
 
 
 def _kernels(args: argparse.Namespace) -> int:
-    from ..analysis import kernel_report
-
     options = options_from(KernelOptions, args)
     return answer(
         args.json,
