@@ -23,6 +23,7 @@ def _demo(tmp_path: Path, capsys: pytest.CaptureFixture[str], *argv: str) -> tup
     return out, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.serial  # four ranks on two cores: the other workers' load bends their pace
 def test_the_demo_names_the_injected_straggler_and_says_where_everything_is(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -73,6 +74,7 @@ def test_the_demo_names_the_injected_straggler_and_says_where_everything_is(
     assert f"rankscope merge {window}/*.pt.trace.json.gz -o" in out
 
 
+@pytest.mark.serial  # four ranks on two cores: the other workers' load bends their pace
 def test_a_clean_demo_run_flags_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Four busy processes on two cores: a clean run flagged nothing in 118 of 119 here; the
     # one that did had a rank really slowed by other load on the machine. The demo's own
@@ -90,6 +92,7 @@ def test_a_clean_demo_run_flags_nothing(tmp_path: Path, capsys: pytest.CaptureFi
     assert [p.name for p in window.glob("*.pt.trace.json.gz")] == ["rank-00000.pt.trace.json.gz"]
 
 
+@pytest.mark.serial  # four ranks on two cores: the other workers' load bends their pace
 def test_two_ranks_and_another_phase(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The straggler: the last rank, as 2 is not there.
     argv = ["--ranks", "2", "--steps", "40", "--straggler-phase", "optimizer", "--slowdown", "4"]
