@@ -82,14 +82,13 @@ def stragglers_in(
     """The findings over the run, or over `m` (a window of its matrices), with the hosts
     and parallel groups its meta names (or `hosts`, where a caller knows them better) and
     the phases' recorded values for the causes."""
-    m = run.matrices if m is None else m
-    kept = m
+    judged = run.matrices if m is None else m
 
     def values(phases: set[str]) -> Any:
-        return read_phase_values(run.root, kept.ranks, kept.steps, phases & run.records.valued)
+        return read_phase_values(run.root, judged.ranks, judged.steps, phases & run.records.valued)
 
     return find_stragglers(
-        m,
+        judged,
         options,
         hosts=run.meta.hosts if hosts is None else hosts,
         groups=run.meta.groups,

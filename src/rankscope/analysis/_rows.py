@@ -27,7 +27,7 @@ class Row:
     excess: Matrix
     above: npt.NDArray[np.bool_]
     whole: bool = False
-    """Every step is valid (so rows share their steps; see _rows)."""
+    """Every step is valid (so rows share their steps; see rows_of)."""
     known: dict[str, Any] = field(default_factory=dict)
     """What rows_of worked out for many rows at once: "onset", and at it the medians."""
 
@@ -49,18 +49,14 @@ class Row:
             found: int | None = self.known["onset"]
             return found
         n = len(self.valid)
-        shortest = max(3, math.ceil(0.2 * n))
-        if n < shortest:
+        if n < _shortest(n):
             return None
-        above = np.concatenate(([0], np.cumsum(self.above)))
-        starts = np.arange(n - shortest + 1)
-        after = (above[n] - above[starts]) / (n - starts)
-        before = np.divide(above[starts], starts, out=np.zeros(len(starts)), where=starts > 0)
-        best = int(np.argmax(after - before))
-        if after[best] < min_persistence:
+        best, after = _splits(self.above[None, :])
+        onset = int(best[0])
+        if after[0, onset] < min_persistence:
             return None
-        sharp = int(sharpen(self.excess[None, :], np.array([best]), shortest)[0])
-        return sharp if after[sharp] >= min_persistence else best
+        sharp = int(sharpen(self.excess[None, :], best)[0])
+        return sharp if after[0, sharp] >= min_persistence else onset
 
     def beyond_chance(self, onset: int, chance: float, tests: int) -> bool:
         """The steps above from `onset` on are too many to be noise at rate `chance`.
@@ -105,7 +101,7 @@ def rows_of(
     floor: float,
     min_persistence: float,
 ) -> dict[int, Row]:
-    """The _Row of each of `rows`. Rows valid at every step (the common case: thousands
+    """The Row of each of `rows`. Rows valid at every step (the common case: thousands
     of ranks waiting for one) get their onset and medians in a few numpy calls for all
     of them, the same figures Row works out one row at a time."""
     out: dict[int, Row] = {}
@@ -113,20 +109,11 @@ def rows_of(
         return out
     whole = rows[np.isfinite(ratio[rows]).all(axis=1)]
     n = ratio.shape[1]
-    shortest = max(3, math.ceil(0.2 * n))
-    if len(whole) and n >= shortest:
+    if len(whole) and n >= _shortest(n):
         r, e = ratio[whole], excess[whole]
         above = (r > threshold) & (e >= floor)
-        cum: npt.NDArray[np.int64] = np.concatenate(
-            (np.zeros((len(whole), 1), np.int64), np.cumsum(above, axis=1, dtype=np.int64)), axis=1
-        )
-        starts = np.arange(n - shortest + 1)
-        after = (cum[:, n : n + 1] - cum[:, starts]) / (n - starts)
-        before = np.divide(
-            cum[:, starts], starts, out=np.zeros((len(whole), len(starts))), where=starts > 0
-        )
-        best = np.argmax(after - before, axis=1)
-        sharp = sharpen(e, best, shortest)
+        best, after = _splits(above)
+        sharp = sharpen(e, best)
         rows_i = np.arange(len(whole))
         best = np.where(after[rows_i, sharp] >= min_persistence, sharp, best)
         onsets = np.where(after[rows_i, best] >= min_persistence, best, -1)
@@ -154,7 +141,7 @@ def rows_of(
     return out
 
 
-def sharpen(excess: Matrix, best: npt.NDArray[np.int64], shortest: int) -> npt.NDArray[np.int64]:
+def sharpen(excess: Matrix, best: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Each row's onset `best` moved to where its excess itself changes.
 
     Counting steps above the threshold puts a step change at a noisy spot: a few steps
@@ -163,22 +150,34 @@ def sharpen(excess: Matrix, best: npt.NDArray[np.int64], shortest: int) -> npt.N
     midpoint between the row's median excess before and after its onset, the split
     falls where the excess jumps. A row slow from the start (onset 0) stays so."""
     out: npt.NDArray[np.int64] = best.copy()
-    n = excess.shape[1]
     for onset in np.unique(best[best > 0]).tolist():
         rows = np.flatnonzero(best == onset)
         e = excess[rows]
         cut = (np.median(e[:, :onset], axis=1) + np.median(e[:, onset:], axis=1)) / 2
-        above = e > cut[:, None]
-        cum: Matrix = np.concatenate(
-            (np.zeros((len(rows), 1)), np.cumsum(above, axis=1, dtype=np.float64)), axis=1
-        )
-        starts = np.arange(n - shortest + 1)
-        after: Matrix = (cum[:, n : n + 1] - cum[:, starts]) / (n - starts)
-        before: Matrix = np.divide(
-            cum[:, starts], starts, out=np.zeros((len(rows), len(starts))), where=starts > 0
-        )
-        out[rows] = np.argmax(after - before, axis=1)
+        out[rows] = _splits(e > cut[:, None])[0]
     return out
+
+
+def _shortest(n: int) -> int:
+    """Steps an onset keeps after it: a fifth of them, and 3 at least."""
+    return max(3, math.ceil(0.2 * n))
+
+
+def _splits(above: npt.NDArray[np.bool_]) -> tuple[npt.NDArray[np.int64], Matrix]:
+    """Per row of `above` (rows x steps), the split that best separates the steps above
+    after it from the steps below before it, keeping `_shortest` steps after it; and per
+    row and split, the share of steps above after it."""
+    n = above.shape[1]
+    cum: Matrix = np.concatenate(
+        (np.zeros((len(above), 1)), np.cumsum(above, axis=1, dtype=np.float64)), axis=1
+    )
+    starts = np.arange(n - _shortest(n) + 1)
+    after: Matrix = (cum[:, n : n + 1] - cum[:, starts]) / (n - starts)
+    before: Matrix = np.divide(
+        cum[:, starts], starts, out=np.zeros((len(above), len(starts))), where=starts > 0
+    )
+    best: npt.NDArray[np.int64] = np.argmax(after - before, axis=1)
+    return best, after
 
 
 def row_of(ratio: Matrix, excess: Matrix, threshold: float, floor: float) -> Row:
