@@ -32,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
 from .._text import format_ranks, number_ranges
@@ -43,6 +43,9 @@ from ._step_order import StepOrder, step_order
 from .read._run import RunMeta, read_run_meta
 from .read._watch import Frame, HangFile, Heartbeat, OpenPhase, read_watch
 from .render._format import seconds_text
+
+if TYPE_CHECKING:
+    from ._analyse import TimedRun
 
 __all__ = [
     "HANGS_VERSION",
@@ -256,9 +259,16 @@ def find_hangs(
     return report
 
 
-def hangs_of(meta: RunMeta, now_ns: int, options: HangOptions | None = None) -> HangReport:
+def hangs_of(
+    meta: RunMeta,
+    now_ns: int,
+    options: HangOptions | None = None,
+    *,
+    run: TimedRun | None = None,
+) -> HangReport:
     """`find_hangs` for a run whose meta files are read already; what the meta files
-    could not give is the caller's to say (not in `skipped`)."""
+    could not give is the caller's to say (not in `skipped`). `run`: its timings, where
+    the caller read them on host time, so that they are not read a second time."""
     files = read_watch(meta.root)
     beats, earlier = latest_launch(files.heartbeats, meta)
     open_hangs, ended, older = current_hangs(files.hangs, beats, set(earlier), meta)
@@ -283,7 +293,7 @@ def hangs_of(meta: RunMeta, now_ns: int, options: HangOptions | None = None) -> 
     report.missing = [r for r in range(size) if r not in present]
     stalled = _judge(report, beats, open_hangs, meta)
     if any(f.kind != "comm" for f in stalled):  # else every role is known without it
-        report.order = step_order(meta, report.skipped)
+        report.order = step_order(meta, report.skipped, run)
     report.findings = _roles(stalled, report.order)
     report.stalls_ended = _ended(ended)
     report.state = _state(report, beats)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import TraceError
 from ..rundir._layout import RunDir
 from .read._run import RunMeta
+
+if TYPE_CHECKING:
+    from ._analyse import TimedRun
 
 __all__ = ["StepOrder", "step_order"]
 
@@ -46,10 +49,13 @@ class _LastRead:
 _LAST_READ = _LastRead()
 
 
-def step_order(meta: RunMeta, skipped: list[str]) -> StepOrder | None:
+def step_order(meta: RunMeta, skipped: list[str], run: TimedRun | None = None) -> StepOrder | None:
     """The order a step of the run runs its phases in, and which end in a collective,
-    from its timings; None without timings. What of the timings could not be used is
-    added to `skipped`. Read again only when a timings file changed since the last call."""
+    from its timings (`run`, where the caller read them on host time already); None
+    without timings. What of the timings could not be used is added to `skipped`. Read
+    again only when a timings file changed since the last call."""
+    if run is not None:
+        return _order_of(run)
     last = _LAST_READ
     key = (meta.root.resolve(), _timings_files(meta.root))
     if last.key != key:
@@ -73,16 +79,19 @@ def _timings_files(root: Path) -> tuple[tuple[str, int, int], ...]:
 def _read_order(meta: RunMeta) -> tuple[StepOrder | None, list[str]]:
     # Imported here: `rankscope top` and a run without a stalled rank need no DuckDB.
     from ._analyse import read_timed_run
-    from ._matrix import STEP
-    from ._stragglers import ends_in_collective
 
     try:
         run = read_timed_run(meta)
     except TraceError:
         return None, []
-    skipped = list(run.records.skipped)
+    return _order_of(run), list(run.records.skipped)
+
+
+def _order_of(run: TimedRun) -> StepOrder:
+    from ._matrix import STEP
+    from ._stragglers import ends_in_collective
+
     m = run.matrices
     named = [phase for phase in m.phases if phase != STEP]
     places = {phase: i for i, phase in enumerate(named)}
-    sync = frozenset(ends_in_collective(m, meta.hosts))
-    return StepOrder(places=places, sync=sync), skipped
+    return StepOrder(places=places, sync=frozenset(ends_in_collective(m, run.meta.hosts)))
