@@ -78,13 +78,15 @@ def stragglers_in(
     *,
     m: PhaseMatrices | None = None,
     hosts: Mapping[int, str] | None = None,
+    values: bool = True,
 ) -> StragglerReport:
     """The findings over the run, or over `m` (a window of its matrices), with the hosts
     and parallel groups its meta names (or `hosts`, where a caller knows them better) and
-    the phases' recorded values for the causes."""
+    the phases' recorded values for the causes (not read where `values` is False: a
+    caller that says no cause, `hosts`, need not read the timings again per window)."""
     judged = run.matrices if m is None else m
 
-    def values(phases: set[str]) -> Any:
+    def read_values(phases: set[str]) -> Any:
         return read_phase_values(run.root, judged.ranks, judged.steps, phases & run.records.valued)
 
     return find_stragglers(
@@ -92,7 +94,7 @@ def stragglers_in(
         options,
         hosts=run.meta.hosts if hosts is None else hosts,
         groups=run.meta.groups,
-        values=values,
+        values=read_values if values else None,
         gpus=run.meta.gpus,
     )
 

@@ -296,7 +296,7 @@ class _Settings:
         self, run: TimedRun, m: PhaseMatrices, hosts: dict[int, str]
     ) -> list[StragglerFinding]:
         """The findings of role "slow" (the cause) in `m`, a window of `run`."""
-        found = stragglers_in(run, self.options.stragglers, m=m, hosts=hosts)
+        found = stragglers_in(run, self.options.stragglers, m=m, hosts=hosts, values=False)
         return [f for f in found.findings if f.role == "slow"]
 
 
