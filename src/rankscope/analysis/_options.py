@@ -8,7 +8,6 @@ is a ConfigError naming the field, the value and what is accepted, as ProfileCon
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,6 @@ __all__ = [
     "HostOptions",
     "KernelOptions",
     "StragglerOptions",
-    "choices_of",
 ]
 
 TIME_BASES = ("host", "device")
@@ -33,15 +31,6 @@ TIME_BASES = ("host", "device")
 
 BY = ("name", "category")
 """How kernels are grouped."""
-
-
-def choices_of(cls: type, name: str) -> tuple[str, ...] | None:
-    """The values a field accepts, where they are a fixed list (its `choices` metadata)."""
-    for f in dataclasses.fields(cls):
-        if f.name == name:
-            choices: tuple[str, ...] | None = f.metadata.get("choices")
-            return choices
-    raise KeyError(name)
 
 
 def _choices(default: str, choices: tuple[str, ...]) -> Any:

@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from ..._errors import ConfigError, TraceError
 from ...rundir._layout import TIMINGS_FILES, RunDir, open_regular
+from .._options import TIME_BASES
 from .._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 from ._duck import COLUMNS, connect, lines_sql, name_of
@@ -51,7 +52,6 @@ __all__ = [
     "verdict",
 ]
 
-TIME_BASES = ("host", "device")
 
 _BATCH_BYTES = 256 << 20
 """JSONL bytes per DuckDB query: its working memory follows a batch, not the run."""
