@@ -1,6 +1,6 @@
 """Spawned gloo ranks for the distributed tests: one launcher (the `gloo_ranks` fixture).
 
-A job is a module-level function `job(rank, world_size, run_dir, *args)`: spawned ranks
+A job is a module-level function `job(rank, world_size, run_dir, *args)`: the ranks
 unpickle it by module name. The launcher starts one process per rank; in each, it sets
 one thread for torch, joins the gloo group through a rendezvous file of its own (two
 launches at once, as pytest-xdist runs them, cannot meet), runs the job, then collects
@@ -56,13 +56,18 @@ class _Launch:
     rendezvous: str
     errors: str
     timeout_s: float
+    cwd: str
 
 
 def _rank_main(rank: int, launch: _Launch) -> None:
     import torch
     import torch.distributed as dist
 
+    # A forkserver's child inherits the server's environment and folder, not the
+    # launcher's: it is given the launcher's whole environment, as a spawned rank has it.
+    os.environ.clear()
     os.environ.update(launch.env, OMP_NUM_THREADS="1")
+    os.chdir(launch.cwd)
     if not launch.init:
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -84,6 +89,17 @@ def _rank_main(rank: int, launch: _Launch) -> None:
     if launch.init and dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
+
+
+_PRELOAD = ["torch", "torch.distributed", "torch.nn"]
+"""Imported once by the forkserver, which forks each rank: a spawned rank imported torch
+again (1.5-2 s of CPU a rank, most of the distributed tests' time on 2 cores)."""
+
+
+def _preload() -> None:
+    from multiprocessing import forkserver
+
+    forkserver.set_forkserver_preload(_PRELOAD)
 
 
 class RankProcesses:
@@ -151,7 +167,7 @@ class GlooRanks:
 
         here = self._scratch / uuid.uuid4().hex[:12]
         (here / "errors").mkdir(parents=True)
-        env = dict(env or {})
+        env = {**os.environ, **(env or {})}
         if not init:  # what torchrun would set; RANK and LOCAL_RANK are set in each rank
             env.update(
                 WORLD_SIZE=str(world),
@@ -169,9 +185,15 @@ class GlooRanks:
             rendezvous=str(here / "rendezvous"),
             errors=str(here / "errors"),
             timeout_s=timeout_s,
+            cwd=os.getcwd(),
         )
+        _preload()
         context = mp.start_processes(
-            _rank_main, args=(launch,), nprocs=world, join=False, start_method="spawn"
+            _rank_main,
+            args=(launch,),
+            nprocs=world,
+            join=False,
+            start_method="forkserver",
         )
         return RankProcesses(list(context.processes), launch)
 
