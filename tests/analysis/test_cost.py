@@ -57,6 +57,7 @@ def _matrices(
         kinds=[kind for kind, _ in phases.values()],
         depths=depth,
         time="host",
+        clocks=["host"] * len(ms),
         ms=ms,
         start_ns=start,
         end_ns=end,

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from .._text import format_ranks
 from ._chance import FEWEST_STEPS
+from ._clocks import clock_words
 from .render._format import SENTENCE, finite, hours_text
 
 __all__ = [
@@ -170,11 +171,16 @@ class StragglerReport:
     reference: str
     """"median" (the cross-rank median) or "faster rank" (two ranks)."""
     time: str
+    """The basis asked for: "auto" (each phase on the clock of its work), "host", "device"."""
     ranks: list[int]
     steps: list[int]
     phases: list[str]
     sync_phases: list[str]
     """Phases found to end in a collective (or declared comm)."""
+    clocks: dict[str, str] = field(default_factory=dict)
+    """The clock each phase (and the step) was read on: "host" or "device"."""
+    untimed: list[str] = field(default_factory=list)
+    """Phases asked for on device time whose records carry none."""
     findings: list[StragglerFinding] = field(default_factory=list)
     """Slow ranks first (the cause), then the ranks that wait; by time lost within each."""
     table: list[RankPhase] = field(default_factory=list)
@@ -192,6 +198,12 @@ class StragglerReport:
     """The step time the cost model gives for the run as it is (against `cost.step_ms`,
     measured): how far to trust the costs."""
 
+    @property
+    def clock(self) -> str:
+        """Which clock was read for what, as one phrase ("host time", "device time; host
+        time for data")."""
+        return clock_words(self.clocks, self.untimed)
+
     def to_dict(self, table: bool = True) -> dict[str, Any]:
         out = {
             "threshold": self.threshold,
@@ -199,6 +211,8 @@ class StragglerReport:
             "min_share": self.min_share,
             "reference": self.reference,
             "time": self.time,
+            "clocks": self.clocks,
+            "untimed": self.untimed,
             "ranks": self.ranks,
             "steps": self.steps,
             "phases": self.phases,

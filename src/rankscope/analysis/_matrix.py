@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import ConfigError
+from ._clocks import choose_clock
 from .read._engine import TIME_BASES, RunRecords
 from .read._timings import RunTimings
 
@@ -43,7 +45,9 @@ class PhaseMatrices:
     depths: list[int]
     """The smallest nesting depth each phase was recorded at."""
     time: str
-    """"host" (cpu_ms) or "device" (gpu_ms) durations."""
+    """The basis asked for: "auto", "host" (cpu_ms) or "device" (gpu_ms)."""
+    clocks: list[str]
+    """The clock each phase was read on, "host" or "device" (analysis/_clocks.py)."""
     ms: list[Matrix]
     """Time spent in the phase, summed over its invocations in the step."""
     start_ns: list[Matrix]
@@ -51,16 +55,45 @@ class PhaseMatrices:
     end_ns: list[Matrix]
     """Wall clock at its last exit in the step (host time, ns after `origin_ns`)."""
     origin_ns: int
+    timeline_ms: list[Matrix] | None = None
+    """Where some phases are read on host time and others on device time: every phase's
+    device time, the GPU's timeline, on which the phases follow each other (a host-side
+    loader overlaps the GPU's work on the step before). None otherwise."""
+
+    def on_timeline(self) -> PhaseMatrices:
+        """These matrices with every phase on the clock that places it in the step: what
+        arrivals and the cost model add up (the device's, where phases are read on both)."""
+        if self.timeline_ms is None:
+            return self
+        return dataclasses.replace(
+            self, ms=self.timeline_ms, clocks=["device"] * len(self.phases), timeline_ms=None
+        )
 
     def index(self, phase: str) -> int:
         return self.phases.index(phase)
+
+    @property
+    def on_device(self) -> bool:
+        """Some phase is read on device time: the host's clock does not say when a rank
+        reached it, so arrivals are counted in the phases' own times."""
+        return "device" in self.clocks
+
+    @property
+    def untimed(self) -> list[str]:
+        """Phases asked for on device time whose records carry none."""
+        return [
+            phase
+            for phase, clock, ms in zip(self.phases, self.clocks, self.ms, strict=True)
+            if clock == "device" and not np.isfinite(ms).any()
+        ]
 
 
 def phase_matrices(timings: RunTimings, time: str = "host") -> PhaseMatrices:
     """Gather every rank's records into per-phase matrices (errored phases left out).
 
-    `time` chooses the durations compared: "host" (cpu_ms, every record has it) or
-    "device" (gpu_ms; records without it count as missing).
+    `time` chooses the durations compared: "auto" (each phase on the clock of its work,
+    analysis/_clocks.py), "host" (cpu_ms, every record has it) or "device" (gpu_ms;
+    records without it count as missing).
     """
     if time not in TIME_BASES:
         raise ConfigError("time", time, " or ".join(TIME_BASES))
@@ -84,12 +117,20 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     n_r, n_s = len(ranks), len(steps)
     names = list(records.phases)
     ms: list[Matrix] = []
+    device: list[Matrix] = []  # every phase's device time, where some are read on host time
+    clocks: list[str] = []
     first: list[Matrix] = []
     last: list[Matrix] = []
     for name in names:
         phase = records.phases[name]
         rank, step, dur, start_ns, host_ms = phase.take()
         cell = np.searchsorted(rank_index, rank) * n_s + np.searchsorted(steps, step)
+        clock = "host" if dur is host_ms else choose_clock(records.time, dur, host_ms)
+        clocks.append(clock)
+        if records.time == "auto" and dur is not host_ms:
+            device.append(_sum(cell, dur, n_r, n_s))
+        if clock == "host":
+            dur = host_ms
         start = (start_ns - origin).astype(np.float64)
         single = np.bincount(cell, minlength=1).max() <= 1  # a record per cell (common)
         ms.append(_sum(cell, dur, n_r, n_s))
@@ -108,7 +149,9 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         kinds=[_kind_of(records.phases[names[p]].kinds) for p in ranked],
         depths=[records.phases[names[p]].depth for p in ranked],
         time=records.time,
+        clocks=[clocks[p] for p in ranked],
         ms=[ms[p] for p in ranked],
+        timeline_ms=[device[p] for p in ranked] if len(set(clocks)) > 1 else None,
         start_ns=[first[p] for p in ranked],
         end_ns=[last[p] for p in ranked],
         origin_ns=origin,

@@ -26,8 +26,10 @@ __all__ = [
     "StragglerOptions",
 ]
 
-TIME_BASES = ("host", "device")
-"""What a phase's duration is read from: host time (cpu_ms) or device time (gpu_ms)."""
+TIME_BASES = ("auto", "host", "device")
+"""What a phase's duration is read from. "auto": each phase on the clock that measures its
+work (analysis/_clocks.py): device time (gpu_ms) where the phase's work runs on the GPU,
+host time (cpu_ms) where the host is the work; "host" or "device": every phase on one."""
 
 BY = ("name", "category")
 """How kernels are grouped."""
@@ -63,8 +65,10 @@ class StragglerOptions:
     """Share of sampled steps above the threshold to report."""
     min_share: float = 0.01
     """Ignore an excess below this share of the step time."""
-    time: str = _choices("host", TIME_BASES)
-    """Compare host times (cpu_ms) or device times (gpu_ms)."""
+    time: str = _choices("auto", TIME_BASES)
+    """Read each phase on the clock of its work: device time (gpu_ms) where the GPU does
+    it, host time (cpu_ms) where the host does (auto); or every phase on host or device
+    time."""
     attempt: int | None = None
     """Use only attempt N of a run that restarted into one directory (default: the latest
     record of each step)."""
@@ -124,8 +128,10 @@ class HostOptions:
 class DiffOptions:
     """What `diff` compares and what it counts as a change."""
 
-    time: str = _choices("host", TIME_BASES)
-    """Compare host times (cpu_ms) or device times (gpu_ms)."""
+    time: str = _choices("auto", TIME_BASES)
+    """Read each phase on the clock of its work: device time (gpu_ms) where the GPU does
+    it, host time (cpu_ms) where the host does (auto); or every phase on host or device
+    time."""
     noise: float = 1.0
     """Scale the noise estimate: 2 lists only changes twice as clear."""
     min_share: float = 0.01

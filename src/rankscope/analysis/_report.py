@@ -93,9 +93,9 @@ def build_report(
         if not report["kernels"]["windows"]:
             kernels_error = "; ".join(report["kernels"]["skipped"]) or "none readable"
     report["captures"] = _other_captures(root, skipped)
-    # The step order the hangs need is read from host time: the report's own read, where
-    # it was one of every latest record on host time.
-    plain = run if options.time == "host" and options.attempt is None else None
+    # The step order the hangs need is read on the default clocks: the report's own read,
+    # where it was one of every latest record on those clocks.
+    plain = run if options.time == "auto" and options.attempt is None else None
     hangs = hangs_of(meta, time.time_ns(), run=plain)
     if hangs.files_listed:  # a run that had the watch on: heartbeats or hang files
         report["hangs"] = hangs.to_dict()

@@ -51,7 +51,8 @@ _LAST_READ = _LastRead()
 
 def step_order(meta: RunMeta, skipped: list[str], run: TimedRun | None = None) -> StepOrder | None:
     """The order a step of the run runs its phases in, and which end in a collective,
-    from its timings (`run`, where the caller read them on host time already); None
+    from its timings (`run`, where the caller read them on the default clocks already,
+    analysis/_clocks.py); None
     without timings. What of the timings could not be used is added to `skipped`. Read
     again only when a timings file changed since the last call."""
     if run is not None:

@@ -112,6 +112,8 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         min_share=min_share,
         reference=reference,
         time=m.time,
+        clocks=dict(zip(m.phases, m.clocks, strict=True)),
+        untimed=m.untimed,
         ranks=m.ranks,
         steps=m.steps,
         phases=[p for p in m.phases if p != STEP],
@@ -119,7 +121,8 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     )
     if len(m.ranks) < 2 or not m.steps:
         return report
-    arrive, leave = _arrivals(m, hosts)
+    timeline = m.on_timeline()  # where phases are read on two clocks, the GPU's one
+    arrive, leave = _arrivals(timeline, hosts)
     floor = min_share * _step_ms(m)
     # Where each rank's own work since the ranks were last together began: the step's
     # first phase, then the end of each phase that ends in a collective.
@@ -132,7 +135,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             continue
         d = m.ms[p]
         ref = _reference(d, reference)
-        sync = _sync(kind, arrive[p], leave[p], d)
+        sync = _sync(kind, arrive[p], leave[p], timeline.ms[p])
         if sync:
             report.sync_phases.append(phase)
             # In a phase that ends in a collective a rank can only take longer by
@@ -232,7 +235,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     report.findings.sort(key=lambda f: (f.role != "slow", -f.lost_ms, f.rank, f.phase))
     report.summary = sentences(report)
     if report.findings:
-        costs = estimate_costs(m, report, hosts, gpus)
+        costs = estimate_costs(timeline, report, hosts, gpus)
         slow = {f.phase for f in report.findings if f.role == "slow"}
         known = values(slow) if values is not None and slow else None
         causes = causes_of(
@@ -312,11 +315,12 @@ def ends_in_collective(m: PhaseMatrices, hosts: Mapping[int, str] | None = None)
     """The phases of `m` that end in a collective: kind "comm", or ranks that leave the
     phase together although they entered it apart (a DDP backward). The one rule the
     stragglers, the hangs and the diff share."""
-    arrive, leave = _arrivals(m, hosts)
+    timeline = m.on_timeline()
+    arrive, leave = _arrivals(timeline, hosts)
     return [
         phase
         for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True))
-        if phase != STEP and _sync(kind, arrive[p], leave[p], m.ms[p])
+        if phase != STEP and _sync(kind, arrive[p], leave[p], timeline.ms[p])
     ]
 
 
@@ -328,8 +332,9 @@ def _arrivals(
     m: PhaseMatrices, hosts: Mapping[int, str] | None
 ) -> tuple[list[Matrix], list[Matrix]]:
     """Per phase, when each rank entered and left it, on one clock for all ranks."""
-    if m.time == "device":
-        # No device timestamps: arrival is the device time the step spent before the phase.
+    if m.on_device:
+        # No device timestamps: arrival is the time the step spent before the phase, each
+        # phase on its own clock (host time where the host is the work).
         arrive, leave = [], []
         before = np.zeros((len(m.ranks), len(m.steps)))
         for p, depth in enumerate(m.depths):

@@ -284,11 +284,14 @@ def stragglers(
     found: StragglerReport, skipped: list[str], limit: int | None, note: str | None = None
 ) -> None:
     _attempts(note)
+    one = ";" not in found.clock  # every phase on one clock, said in the header
     _console.print(
         f"[bold]Stragglers[/bold] over {len(found.ranks)} ranks and {len(found.steps)} sampled steps "
-        f"({found.time} time; threshold {found.threshold:.2f}, "
-        f"persistence {SENTENCE.share(found.min_persistence)})"
+        f"({found.clock if one else 'each phase on its own clock'}; "
+        f"threshold {found.threshold:.2f}, persistence {SENTENCE.share(found.min_persistence)})"
     )
+    if not one:
+        _console.print(Text(f"clocks: {found.clock}"))
     _sentences(found.summary, found.threshold, found.min_persistence)
     if found.findings:
         rows = [f.to_dict() for f in found.findings]

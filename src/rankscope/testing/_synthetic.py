@@ -23,6 +23,7 @@ from ..timing._record import STEP_PHASE, Span, format_record
 
 __all__ = [
     "DDP_PHASES",
+    "GPU_PHASES",
     "PhaseSpec",
     "Slowdown",
     "TraceTruth",
@@ -44,6 +45,9 @@ class PhaseSpec:
     """Host time of the rank's own work in the phase."""
     sync: bool = False
     """The phase ends in a collective: every rank leaves it when the last one is done."""
+    device_ms: float | None = None
+    """The GPU's work in the phase. Given for every phase, the run is a GPU job's: `ms`
+    is then the host's time in the phase (launching kernels, or a loader's own work)."""
 
 
 DDP_PHASES: tuple[PhaseSpec, ...] = (
@@ -54,6 +58,15 @@ DDP_PHASES: tuple[PhaseSpec, ...] = (
     PhaseSpec("loss_allreduce", "comm", 1.0, sync=True),
 )
 """A DDP step: backward holds the gradient all-reduce, so it is a sync point though its kind is compute."""
+
+GPU_PHASES: tuple[PhaseSpec, ...] = (
+    PhaseSpec("data", "data", 20.0, device_ms=0.0),  # a host-side loader: no GPU work
+    PhaseSpec("forward", "compute", 1.0, device_ms=12.0),
+    PhaseSpec("backward", "compute", 1.5, sync=True, device_ms=25.0),  # NCCL's all-reduce
+    PhaseSpec("optimizer", "compute", 0.5, device_ms=3.0),
+)
+"""A DDP step on GPUs: the host launches kernels in a fraction of their device time and
+loads the next batch while the GPU still runs the previous step."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,10 @@ class Slowdown:
     from_step: int = 0
     share: float = 1.0
     """The fraction of sampled steps affected (chosen at random)."""
+    on: str = "host"
+    """In a GPU job (PhaseSpec.device_ms), which work grows: "host" (a loader, or the
+    launches), "device" (the GPU's work, launches unchanged: a slower GPU) or "both"
+    (extra GPU work whose launches take longer too)."""
 
 
 def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
@@ -119,6 +136,16 @@ def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
         path = timing_path(root, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         files[rank] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    if phases and all(spec.device_ms is not None for spec in phases):
+        try:
+            _GpuJob(rng, ranks, phases, hit, noise, skew).write(files, steps, every_n_steps)
+        finally:
+            for fh in files.values():
+                fh.close()
+        if write_meta:
+            for rank in sorted(writing):
+                _write_meta(root, rank, ranks, ranks_per_host, device="cuda:0")
+        return root
     try:
         clock = [_EPOCH_NS + rng.randrange(10**6) for _ in range(ranks)]  # ns; ranks start apart
         for sampled in range(steps):
@@ -182,7 +209,90 @@ def _gpu_ms(span: Span, gpu: bool) -> float | None:
     return round(span.cpu_ns / 1e6 * 0.97, 6) if gpu else None
 
 
-def _write_meta(root: Path, rank: int, world_size: int, ranks_per_host: int) -> None:
+class _GpuJob:
+    """A GPU job's timeline, rank by rank: the host launches each phase's kernels (or does
+    a loader's work) while the GPU runs them in order, later; a phase's device time is
+    between its two events as the GPU passes them, its host time the host's own. The host
+    waits for the GPU once a step (a loss.item() of the step before), so it runs up to
+    one step ahead; the all-reduce at the end of a sync phase completes on every rank's
+    GPU when the last GPU reaches it, and the host does not wait for it (NCCL)."""
+
+    def __init__(  # noqa: PLR0917 - the simulation's settings, each passed once
+        self,
+        rng: random.Random,
+        ranks: int,
+        phases: Sequence[PhaseSpec],
+        hit: dict[tuple[int, str], Slowdown],
+        noise: float,
+        skew: list[int],
+    ) -> None:
+        self.rng, self.ranks, self.phases, self.hit = rng, ranks, phases, hit
+        self.noise, self.skew = noise, skew
+        self.host = [_EPOCH_NS + rng.randrange(10**6) for _ in range(ranks)]
+        self.device = list(self.host)  # when each GPU is free
+        self.previous = list(self.host)  # when each GPU ends the step before
+
+    def _work(self, rank: int, spec: PhaseSpec, step: int) -> tuple[int, int]:
+        """(host ns, device ns) of the rank's own work in the phase at this step."""
+        host, device = spec.ms, spec.device_ms or 0.0
+        if self.noise:
+            host *= self.rng.lognormvariate(0.0, self.noise)
+            device *= self.rng.lognormvariate(0.0, self.noise)
+        s = self.hit.get((rank, spec.name))
+        if s is not None and step >= s.from_step and self.rng.random() < s.share:
+            if s.on in ("host", "both"):
+                host *= 1.0 + s.factor
+            if s.on in ("device", "both"):
+                device *= 1.0 + s.factor
+        return int(host * 1e6), int(device * 1e6)
+
+    def write(self, files: dict[int, Any], steps: int, every_n_steps: int) -> None:
+        for sampled in range(steps):
+            for step in range(sampled * every_n_steps, (sampled + 1) * every_n_steps):
+                lines = self._step(step)
+                if step % every_n_steps == 0:
+                    for rank, fh in files.items():
+                        fh.write("".join(lines[rank]))
+
+    def _step(self, step: int) -> list[list[str]]:
+        n = self.ranks
+        host, device = self.host, self.device
+        lines: list[list[str]] = [[] for _ in range(n)]
+        step_host = list(host)
+        step_device = [max(h, d) for h, d in zip(host, device, strict=True)]
+        for spec in self.phases:
+            starts = list(host)
+            begun = [max(h, d) for h, d in zip(host, device, strict=True)]  # its start event
+            for rank in range(n):
+                work_host, work_device = self._work(rank, spec, step)
+                host[rank] += work_host
+                if work_device:  # the last kernel cannot run before it is launched
+                    device[rank] = max(begun[rank] + work_device, host[rank])
+                else:
+                    device[rank] = begun[rank]
+            if spec.sync:
+                done = max(device) + 50_000
+                device[:] = [done] * n
+            for rank in range(n):
+                passed = max(host[rank], device[rank])  # its end event
+                span = _span(step, spec.name, spec.kind, starts[rank], host[rank])
+                span.start_ns += self.skew[rank]
+                gpu = round((passed - begun[rank]) / 1e6, 6)
+                lines[rank].append(format_record(rank, span, gpu, 0))
+                host[rank] += 20_000  # the Python between phases
+        for rank in range(n):
+            host[rank] = max(host[rank], self.previous[rank])  # the step before's loss.item()
+            self.previous[rank] = device[rank]
+            span = _span(step, STEP_PHASE, STEP_PHASE, step_host[rank], host[rank])
+            span.start_ns += self.skew[rank]
+            gpu = round((max(host[rank], device[rank]) - step_device[rank]) / 1e6, 6)
+            lines[rank].append(format_record(rank, span, gpu, 0))
+        return lines
+
+
+def _write_meta(
+    root: Path, rank: int, world_size: int, ranks_per_host: int, device: str | None = None
+) -> None:
     path = meta_path(root, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {
@@ -195,6 +305,8 @@ def _write_meta(root: Path, rank: int, world_size: int, ranks_per_host: int) -> 
         "pid": 1000 + rank,
         "synthetic": True,
     }
+    if device is not None:
+        data["device"] = device
     path.write_text(json.dumps(data), encoding="utf-8")
 
 

@@ -1,0 +1,62 @@
+"""Which clock each phase is read on: the one that measures the phase's work.
+
+On a GPU the host's time in a phase is mostly the time it took to launch the phase's
+kernels: a rank whose GPU is slower (a throttled or failing part) launches as fast as
+the others, and on host time it is not seen at all; DDP's all-reduce waits on the GPU,
+so the ranks that wait for a slow one wait on device time too. The device time of a
+phase (CUDA events around it, timing/_clock.py) measures what the GPU did there. Where
+the host is the work (a data loader, a host-side sampler), the GPU's events are passed
+back to back while it still runs the previous step: device time there is near zero,
+and host time measures the work.
+
+So "auto" reads a phase on device time where its records carry device times and its
+device time is the longer of the two (the median over the records that have both), and
+on host time otherwise. A run without device times (CPU-only) is read on host time
+throughout: the same figures as `--time host`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["CLOCKS", "COVERED", "choose_clock", "clock_words"]
+
+CLOCKS = ("host", "device")
+
+COVERED = 0.9
+"""The share of a phase's records that must carry a device time for auto to read the
+phase on it (a phase timed on some ranks' GPUs only is compared on host time)."""
+
+Floats = npt.NDArray[np.float64]
+
+
+def choose_clock(time: str, device: Floats, host: Floats) -> str:
+    """The clock a phase is read on, given the basis asked for (auto, host, device) and
+    its records' device and host times in ms (device NaN where a record has none)."""
+    if time != "auto":
+        return time
+    timed = np.isfinite(device) & np.isfinite(host)
+    count = int(timed.sum())
+    if count == 0 or count < COVERED * len(device):
+        return "host"
+    return "device" if float(np.median(device[timed])) > float(np.median(host[timed])) else "host"
+
+
+def clock_words(clocks: Mapping[str, str], untimed: Sequence[str] = ()) -> str:
+    """The clocks as one phrase: "host time", or "device time; host time for data" where
+    phases differ (the fewer named), and the phases asked on device time that have none."""
+    read = {clock: [p for p, c in clocks.items() if c == clock] for clock in CLOCKS}
+    used = [clock for clock in CLOCKS if read[clock]]
+    if not used:
+        said = "host time"
+    elif len(used) == 1:
+        said = f"{used[0]} time"
+    else:
+        most, fewer = sorted(used, key=lambda clock: (-len(read[clock]), clock))
+        said = f"{most} time; {fewer} time for {', '.join(read[fewer])}"
+    if untimed:
+        said += f"; no device times for {', '.join(untimed)}"
+    return said

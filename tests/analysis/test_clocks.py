@@ -1,0 +1,193 @@
+"""Each phase read on the clock of its work (analysis/_clocks.py), on GPU-like runs from the
+synthetic generator: host time is launch time there, device time the GPU's execution, and
+DDP's all-reduce ends backward on the GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rankscope.analysis._analyse import analyse_stragglers
+from rankscope.analysis._clocks import choose_clock, clock_words
+from rankscope.analysis._options import StragglerOptions
+from rankscope.cli._main import main
+from rankscope.testing._synthetic import DDP_PHASES, GPU_PHASES, Slowdown, write_timings
+
+RANKS, STEPS, EVERY = 4, 30, 2
+FROM = 10
+
+
+def _run(root: Path, *slow: Slowdown, phases: Any = GPU_PHASES, seed: int = 1) -> Path:
+    return write_timings(
+        root,
+        ranks=RANKS,
+        steps=STEPS,
+        every_n_steps=EVERY,
+        phases=phases,
+        slowdowns=slow,
+        seed=seed,
+    )
+
+
+def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["stragglers", *args, "--json"]) == 0
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def _step_ms(root: Path, since: int) -> float:
+    """The measured step time (device, as the GPU ran it) from step `since` on, median over ranks and steps."""
+    times = []
+    for path in sorted((root / "timings").glob("rank-*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("phase") == "step" and record["step"] >= since:
+                times.append(record["gpu_ms"])
+    return float(np.median(times))
+
+
+def _truth(tmp_path: Path, slow: Slowdown) -> float:
+    """What fixing the slow rank saves: the step time with it, less the step time without."""
+    clean = _run(tmp_path / "clean")
+    slowed = _run(tmp_path / "slow", slow)
+    return _step_ms(slowed, FROM) - _step_ms(clean, FROM)
+
+
+def _slow(data: dict[str, Any]) -> list[tuple[int, str]]:
+    return [(f["rank"], f["phase"]) for f in data["findings"] if f["role"] == "slow"]
+
+
+def _waits(data: dict[str, Any]) -> list[tuple[int, str, list[int]]]:
+    return sorted(
+        (f["rank"], f["phase"], f["waits_for"]) for f in data["findings"] if f["role"] == "waits"
+    )
+
+
+def _saves(data: dict[str, Any]) -> float:
+    (slow,) = [f for f in data["findings"] if f["role"] == "slow"]
+    saved: float = slow["cost"]["step_ms_saved"]
+    return saved
+
+
+def test_a_slower_gpu_with_unchanged_launches_is_found_and_priced_on_device_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slow = Slowdown(2, "forward", 3.0, from_step=FROM, on="device")
+    truth = _truth(tmp_path, slow)
+    data = _json(capsys, str(tmp_path / "slow"))
+    assert _slow(data) == [(2, "forward")]
+    assert _waits(data) == [(r, "backward", [2]) for r in (0, 1, 3)]
+    assert _saves(data) == pytest.approx(truth, rel=0.15), (data["summary"], truth)
+    assert data["clocks"]["forward"] == "device" and data["clocks"]["backward"] == "device"
+    # On host time (launches) nothing shows: the case the default must not miss.
+    host = _json(capsys, str(tmp_path / "slow"), "--time", "host")
+    assert _slow(host) == [] and host["clocks"]["forward"] == "host"
+
+
+def test_extra_gpu_work_seen_in_its_launches_too_is_priced_on_device_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slow = Slowdown(2, "forward", 3.0, from_step=FROM, on="both")
+    truth = _truth(tmp_path, slow)
+    data = _json(capsys, str(tmp_path / "slow"))
+    assert _slow(data) == [(2, "forward")]
+    assert _saves(data) == pytest.approx(truth, rel=0.15)
+    host = _json(capsys, str(tmp_path / "slow"), "--time", "host")
+    assert _saves(host) < truth / 10, "launch time prices it far lower: what --time host reads"
+
+
+def test_a_rank_slow_in_a_host_bound_loader_is_found_and_its_waiters_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slow = Slowdown(3, "data", 1.5, from_step=FROM, on="host")
+    truth = _truth(tmp_path, slow)
+    data = _json(capsys, str(tmp_path / "slow"))
+    assert data["clocks"]["data"] == "host", "the GPU is idle in data; the host is the work"
+    assert _slow(data) == [(3, "data")]
+    assert _waits(data) == [(r, "backward", [3]) for r in (0, 1, 2)]
+    # The loader overlaps the GPU's work on the step before: fixing it saves what the
+    # GPU waited, not the loader's whole excess (30 ms).
+    assert _saves(data) == pytest.approx(truth, rel=0.25), (data["summary"], truth)
+    assert "backward" in data["sync_phases"]
+
+
+def test_onsets_on_device_time_are_the_step_the_slowdown_began(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _run(tmp_path, Slowdown(2, "forward", 3.0, from_step=FROM, on="device"))
+    data = _json(capsys, str(tmp_path))
+    assert {f["since_step"] for f in data["findings"]} == {FROM}
+
+
+def test_a_cpu_run_gives_the_answers_of_host_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slow = Slowdown(1, "forward", 0.4, from_step=5)
+    for gpu in (False, True):  # True: device times a little under host times, as on a CPU
+        root = write_timings(
+            tmp_path / str(gpu), ranks=4, steps=40, phases=DDP_PHASES, slowdowns=[slow], gpu=gpu
+        )
+        auto = _json(capsys, str(root))
+        host = _json(capsys, str(root), "--time", "host")
+        assert auto.pop("time") == "auto" and host.pop("time") == "host"
+        assert set(auto["clocks"].values()) == {"host"}
+        assert auto == host
+        assert _slow(auto) == [(1, "forward")]
+
+
+def test_the_clocks_are_said_in_the_terminal_and_per_phase_in_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _run(tmp_path, Slowdown(2, "forward", 3.0, from_step=FROM, on="device"))
+    assert main(["stragglers", str(root)]) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if line.startswith("clocks:")]
+    assert said == ["clocks: device time; host time for data, step"], out
+    data = _json(capsys, str(root))
+    assert data["clocks"] == {
+        "data": "host",
+        "forward": "device",
+        "backward": "device",
+        "optimizer": "device",
+        "step": "host",
+    }
+    cpu = write_timings(tmp_path / "cpu", ranks=3, steps=10)
+    assert main(["stragglers", str(cpu)]) == 0
+    assert "(host time;" in capsys.readouterr().out
+
+
+def test_device_time_asked_of_phases_without_it_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = write_timings(tmp_path, ranks=3, steps=10)  # a CPU run: no device times
+    data = _json(capsys, str(root), "--time", "device")
+    assert data["untimed"] == [*(p.name for p in DDP_PHASES), "step"]
+    assert main(["stragglers", str(root), "--time", "device"]) == 0
+    assert "no device times for host_to_device, forward" in capsys.readouterr().out
+
+
+def test_the_rule_reads_the_longer_clock_where_device_times_cover_the_phase() -> None:
+    nan = float("nan")
+    host, gpu = np.array([1.0, 1.1, 0.9, 1.0]), np.array([12.0, 12.5, 11.0, 13.0])
+    assert choose_clock("auto", gpu, host) == "device"
+    assert choose_clock("auto", host, gpu) == "host"
+    assert choose_clock("auto", np.array([nan, nan, 12.0, 13.0]), host) == "host"  # half covered
+    assert choose_clock("host", gpu, host) == "host"
+    assert choose_clock("device", host, gpu) == "device"
+    assert clock_words({"a": "host", "b": "host"}) == "host time"
+    assert (
+        clock_words({"a": "device", "b": "host", "c": "device"}) == "device time; host time for b"
+    )
+
+
+def test_analysis_api_defaults_to_auto(tmp_path: Path) -> None:
+    root = _run(tmp_path, Slowdown(2, "forward", 3.0, from_step=FROM, on="device"))
+    found = analyse_stragglers(root)
+    assert found.report.time == "auto" == StragglerOptions().time
+    assert [(f.rank, f.phase) for f in found.report.findings if f.role == "slow"] == [
+        (2, "forward")
+    ]
