@@ -15,7 +15,7 @@ from rankscope.analysis._analyse import analyse_stragglers
 from rankscope.analysis._clocks import choose_clock, clock_words
 from rankscope.analysis._options import StragglerOptions
 from rankscope.cli._main import main
-from rankscope.testing._synthetic import DDP_PHASES, GPU_PHASES, Slowdown, write_timings
+from rankscope.testing._synthetic import DDP_PHASES, GPU_PHASES, PhaseSpec, Slowdown, write_timings
 
 RANKS, STEPS, EVERY = 4, 30, 2
 FROM = 10
@@ -191,3 +191,49 @@ def test_analysis_api_defaults_to_auto(tmp_path: Path) -> None:
     assert [(f.rank, f.phase) for f in found.report.findings if f.role == "slow"] == [
         (2, "forward")
     ]
+
+
+def test_diff_reads_each_phase_on_its_clock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clean = _run(tmp_path / "a")
+    slow = _run(tmp_path / "b", Slowdown(2, "forward", 3.0, from_step=0, on="device"), seed=2)
+    assert main(["diff", str(clean), str(slow), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["clocks"]["forward"] == "device" and data["clocks"]["data"] == "host"
+    assert ("forward", 2) in [(c["phase"], c.get("rank")) for c in data["changes"]]
+    assert main(["diff", str(clean), str(slow)]) == 0
+    assert "device time; host time for data, step" in capsys.readouterr().out
+
+
+def test_diff_does_not_compare_a_phase_read_on_two_clocks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gpu = _run(tmp_path / "gpu")
+    cpu = write_timings(
+        tmp_path / "cpu",
+        ranks=RANKS,
+        steps=STEPS,
+        phases=[PhaseSpec(p.name, p.kind, p.ms + (p.device_ms or 0.0), p.sync) for p in GPU_PHASES],
+    )
+    assert main(["diff", str(gpu), str(cpu), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "forward" not in data["compared"]["phases"] and "data" in data["compared"]["phases"]
+    said = [n for n in data["notes"] if n.startswith("read on different clocks")]
+    assert said and "forward (device time in A, host in B)" in said[0], data["notes"]
+
+
+def test_the_report_says_the_clocks_and_prices_on_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _run(tmp_path, Slowdown(2, "forward", 3.0, from_step=FROM, on="device"))
+    page = tmp_path / "page.html"
+    assert main(["report", str(root), "--json", "-o", str(page)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["clock"] == "device time; host time for data, step"
+    assert {p["name"]: p["clock"] for p in data["phases"]}["forward"] == "device"
+    assert [(f["rank"], f["phase"]) for f in data["stragglers"]["findings"]][:1] == [(2, "forward")]
+    html = page.read_text()
+    assert "Read on device time; host time for data, step." in html
+    assert main(["report", str(root), "--no-html"]) == 0
+    assert "device time; host time for data, step" in capsys.readouterr().out

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["CLOCKS", "COVERED", "choose_clock", "clock_words"]
+__all__ = ["CLOCKS", "COVERED", "choose_clock", "clock_words", "same_clocks"]
 
 CLOCKS = ("host", "device")
 
@@ -60,3 +60,16 @@ def clock_words(clocks: Mapping[str, str], untimed: Sequence[str] = ()) -> str:
     if untimed:
         said += f"; no device times for {', '.join(untimed)}"
     return said
+
+
+def same_clocks(
+    phases: Sequence[str], a: Mapping[str, str], b: Mapping[str, str]
+) -> tuple[list[str], list[str]]:
+    """The phases read on one clock in both runs, and a note naming the others: a launch
+    time against a GPU's time is no change, so those are not compared."""
+    apart = [p for p in phases if a[p] != b[p]]
+    if not apart:
+        return list(phases), []
+    said = ", ".join(f"{p} ({a[p]} time in A, {b[p]} in B)" for p in apart)
+    note = f"read on different clocks, so not compared: {said}; --time host or --time device reads both on one"
+    return [p for p in phases if p not in apart], [note]

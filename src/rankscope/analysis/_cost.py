@@ -352,6 +352,7 @@ def without_waiting(m: PhaseMatrices, sync: set[str]) -> list[Matrix]:
     such a phase look faster, the more so the more ranks. That tail, as expected from
     the arrivals of each step (_hidden_work_tail), is taken out too."""
     out = list(m.ms)
+    t = m.on_timeline()  # arrivals on the GPU's timeline where phases are read on two clocks
     since = np.zeros((len(m.ranks), len(m.steps)))
     for p, phase in enumerate(m.phases):
         if phase == STEP or m.depths[p] != 0:
@@ -359,15 +360,15 @@ def without_waiting(m: PhaseMatrices, sync: set[str]) -> list[Matrix]:
         if phase in sync:
             with quiet():
                 last = np.nanmax(since, axis=0)
-            left = m.ms[p] - (last[None, :] - since)
+            left = t.ms[p] - (last[None, :] - since)
             if m.kinds[p] != "comm":
                 with quiet():
-                    tail = _hidden_work_tail(since, np.nanmin(m.ms[p], axis=0))
+                    tail = _hidden_work_tail(since, np.nanmin(t.ms[p], axis=0))
                 left = left - tail[None, :]
             out[p] = np.maximum(left, 0.0)
             since = np.zeros_like(since)
         else:
-            since = since + np.nan_to_num(m.ms[p])
+            since = since + np.nan_to_num(t.ms[p])
     return out
 
 

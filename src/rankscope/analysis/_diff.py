@@ -22,6 +22,7 @@ import numpy.typing as npt
 from .._errors import TraceError
 from .._text import format_ranks
 from ..rundir._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folder, window_steps
+from ._clocks import clock_words, same_clocks
 from ._cost import without_waiting
 from ._kernels import find_traces, latest_of_the_same_steps, read_summaries
 from ._matrix import STEP, matrices_of, nanmedian, quiet
@@ -120,12 +121,16 @@ class RunDiff:
     """Figures compared whose change is within their noise, so not listed."""
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    clocks: dict[str, str] = field(default_factory=dict)
+    """The clock each compared phase was read on in both A and B (analysis/_clocks.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "a": self.a,
             "b": self.b,
             "time": self.time,
+            "clocks": self.clocks,
+            "clock": clock_words(self.clocks) if self.clocks else f"{self.time} time",
             "noise": {"multiplier": self.noise, "min_share": self.min_share, "z": _Z},
             "floor_ms": self.floor_ms,
             "step": self.step,
@@ -198,6 +203,8 @@ class _Phases:
     depths: dict[str, int]
     sync: set[str]
     steps: int
+    clocks: dict[str, str]
+    """The clock each phase was read on."""
     window: bool = False
     """The steps of a window of the run, not the whole run."""
     _errors: dict[str, tuple[Vector, float]] = field(default_factory=dict)
@@ -367,6 +374,7 @@ class _Side:
             depths=dict(zip(m.phases, m.depths, strict=True)),
             sync=sync,
             steps=len(cols),
+            clocks=dict(zip(m.phases, m.clocks, strict=True)),
             window=self.window is not None,
         )
 
@@ -427,6 +435,9 @@ class _PerRank:
 
 def _compare_phases(diff: RunDiff, a: _Phases, b: _Phases) -> None:
     common = [p for p in a.values if p in b.values and p != STEP]
+    common, apart = same_clocks(common, a.clocks, b.clocks)
+    diff.notes.extend(apart)
+    diff.clocks = {p: a.clocks[p] for p in [*common, STEP] if p in a.clocks and p in b.clocks}
     if not common:
         diff.notes.append(
             f"no phase in common (A: {', '.join(p for p in a.values if p != STEP) or 'none'}; "
@@ -441,10 +452,10 @@ def _compare_phases(diff: RunDiff, a: _Phases, b: _Phases) -> None:
     for phase in common:
         diff.phases.append(phase)
         row = pair.phase(phase)
-        apart = list(pair.ranks_apart(phase, row.delta_ms))
         # The phase's figures are those of the ranks whose change it is.
-        fa, fb = pair.figures(phase, apart={change.rank for change in apart})
-        for change in (replace(row, a=fa, b=fb), *apart):
+        moved = list(pair.ranks_apart(phase, row.delta_ms))
+        fa, fb = pair.figures(phase, apart={change.rank for change in moved})
+        for change in (replace(row, a=fa, b=fb), *moved):
             _keep(diff, change)
     for side, other, label in ((a, b, "A"), (b, a, "B")):
         alone = sorted(set(side.ranks) - set(other.ranks))

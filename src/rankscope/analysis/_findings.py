@@ -212,6 +212,7 @@ class StragglerReport:
             "reference": self.reference,
             "time": self.time,
             "clocks": self.clocks,
+            "clock": self.clock,
             "untimed": self.untimed,
             "ranks": self.ranks,
             "steps": self.steps,

@@ -17,6 +17,7 @@ from .._errors import TraceError
 from .._text import format_ranks, format_steps
 from ..rundir._layout import SIGNAL_TAG, RunDir, leftovers, window_key
 from ._analyse import TimedRun, read_timed_run, stragglers_in
+from ._clocks import clock_words
 from ._collective_clocks import host_clock_offsets
 from ._collectives import collectives_of_run
 from ._hangs import hangs_of
@@ -130,6 +131,7 @@ def _add_timings(
     stragglers = stragglers_in(run, options)
     report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
     report["time"] = m.time
+    report["clock"] = clock_words(dict(zip(m.phases, m.clocks, strict=True)), m.untimed)
     report["phases"] = _phase_stats(m)
     strag = stragglers.to_dict(table=False)
     for finding in strag["findings"]:
@@ -156,12 +158,13 @@ def _round(value: float) -> float | None:
 
 def _phase_stats(m: PhaseMatrices) -> list[dict[str, Any]]:
     out = []
-    for phase, kind, ms in zip(m.phases, m.kinds, m.ms, strict=True):
+    for phase, kind, clock, ms in zip(m.phases, m.kinds, m.clocks, m.ms, strict=True):
         cells = ms[np.isfinite(ms)]
         out.append(
             {
                 "name": phase,
                 "kind": kind,
+                "clock": clock,
                 "records": int(cells.size),
                 "median_ms": _round(float(np.median(cells))) if cells.size else None,
                 "p90_ms": _round(float(np.percentile(cells, 90))) if cells.size else None,

@@ -63,7 +63,8 @@ def _show(data: dict[str, Any]) -> None:
         Text(
             f"Hosts that held a slow rank, over {_many(runs, 'run')} "
             f"({_many(counts['attempts'], 'attempt')} and {_many(counts['windows'], 'window')} "
-            f"with hosts to compare; {options['time']} time, threshold {options['threshold']:.2f})",
+            f"with hosts to compare; {_clock(options['time'])}, "
+            f"threshold {options['threshold']:.2f})",
             style="bold",
         )
     )
@@ -122,3 +123,8 @@ def _ranks(ranks: list[dict[str, Any]], runs: int) -> str:
             where.append(f"attempt {r['attempt']}")
         parts.append(f"{r['rank']} ({', '.join(where)})" if where else str(r["rank"]))
     return ", ".join(parts) + (f", {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+def _clock(time: str) -> str:
+    """The basis the windows were read on (auto: each phase on the clock of its work)."""
+    return "each phase on its own clock" if time == "auto" else f"{time} time"

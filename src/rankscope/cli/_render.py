@@ -207,7 +207,7 @@ def report(data: dict[str, Any], html: Path | None) -> None:
     if steps:
         _console.print(
             f"sampled steps: {len(steps['sampled'])} (steps {steps['first']}-{steps['last']}), "
-            f"{data['time']} time"
+            f"{data.get('clock', str(data['time']) + ' time')}"
         )
         table = Table(
             box=box.SIMPLE_HEAD, title="Phases across ranks and sampled steps", title_justify="left"

@@ -106,7 +106,7 @@ def summary_line(data: Mapping[str, Any]) -> str:
     return (
         f"{head}; {data['within_noise']} figure(s) within it "
         f"({len(compared['phases'])} phases and {compared['kernels']} kernels compared, "
-        f"{data['time']} time){apart}"
+        f"{data.get('clock', data['time'] + ' time')}){apart}"
     )
 
 

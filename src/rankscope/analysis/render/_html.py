@@ -230,12 +230,21 @@ def _finding_words(report: Mapping[str, Any], findings: list[Mapping[str, Any]])
         return '<p class="none">No straggler analysis: no timings were read.</p>'
     sentences = [as_text(s) for s in as_list(stragglers.get("summary")) if as_text(s)]
     if not sentences and not findings:
-        return f'<p class="clean">No straggler found with the thresholds used ({_rule(stragglers)}).</p>'
+        return (
+            f'<p class="clean">No straggler found with the thresholds used ({_rule(stragglers)}).</p>'
+            + _clock(stragglers)
+        )
     words = "".join(f"<li>{esc(s)}</li>" for s in sentences)
     if not words:  # findings the sentences did not say (a report from elsewhere)
         n = len(findings)
         words = f"<li>{n} finding{plural(n)}: see the table below</li>"
-    return f'<ul class="findings">{words}</ul>'
+    return f'<ul class="findings">{words}</ul>' + _clock(stragglers)
+
+
+def _clock(stragglers: Mapping[str, Any]) -> str:
+    """Which clock the phases were read on: on a GPU, host time is launch time."""
+    clock = as_text(stragglers.get("clock"))
+    return f'<p class="note clock">Read on {esc(clock)}.</p>' if clock else ""
 
 
 def _rule(stragglers: Mapping[str, Any]) -> str:
@@ -376,6 +385,7 @@ def _phases(report: Mapping[str, Any]) -> str:
         return head + '<p class="none">none</p>'
     rows = "\n".join(
         f"<tr><td>{esc(as_text(p.get('name'))) or HTML.missing}</td><td>{esc(as_text(p.get('kind'))) or HTML.missing}</td>"
+        f"<td>{esc(as_text(p.get('clock'))) or HTML.missing}</td>"
         f'<td class="num">{esc(as_text(p.get("records"))) or HTML.missing}</td>'
         f'<td class="num">{HTML.ms_text(as_float(p.get("median_ms")))}</td>'
         f'<td class="num">{HTML.ms_text(as_float(p.get("p90_ms")))}</td></tr>'
@@ -384,7 +394,7 @@ def _phases(report: Mapping[str, Any]) -> str:
     return (
         head + '<p class="note">Across all ranks and sampled steps; "step" is the time between '
         "step() calls.</p>\n"
-        '<table class="data">\n<tr><th>phase</th><th>kind</th><th>records</th><th>median</th>'
+        '<table class="data">\n<tr><th>phase</th><th>kind</th><th>clock</th><th>records</th><th>median</th>'
         f"<th>90th percentile</th></tr>\n{rows}\n</table>"
     )
 
