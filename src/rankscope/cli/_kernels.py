@@ -9,7 +9,7 @@ from typing import Any
 # The trace summaries' reader imports neither numpy nor DuckDB: cheap at start-up.
 from ..analysis._kernels import kernel_report
 from ..analysis._options import KernelOptions
-from ._options import add_options, json_option, options_from
+from ._options import command, options_from
 from ._output import answer
 from ._progress import stage
 
@@ -17,10 +17,15 @@ __all__ = ["add_commands"]
 
 
 def add_commands(commands: Any) -> None:
-    kernels = commands.add_parser("kernels", help="the top kernels (or CPU ops) of traces")
+    kernels = command(
+        commands,
+        "kernels",
+        "the top kernels (or CPU ops) of traces",
+        run_dir=False,
+        options=KernelOptions,
+        scripts=True,
+    )
     kernels.add_argument("sources", nargs="+", type=Path, metavar="TRACE_OR_DIR")
-    add_options(kernels, KernelOptions)
-    json_option(kernels)
     kernels.set_defaults(run=_kernels)
 
 

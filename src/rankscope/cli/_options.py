@@ -97,11 +97,18 @@ def command(
     description: str | None = None,
     *,
     run_dir: bool = True,
+    options: type | None = None,
+    scripts: bool = False,
 ) -> argparse.ArgumentParser:
-    """A command's parser, with the RUN_DIR every command over a run takes first."""
+    """A command's parser, with the RUN_DIR every command over a run takes first, the
+    flags of its `options` class and, for `scripts`, --json."""
     parser: argparse.ArgumentParser = commands.add_parser(name, help=help, description=description)
     if run_dir:
         parser.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    if options is not None:
+        add_options(parser, options)
+    if scripts:
+        json_option(parser)
     return parser
 
 

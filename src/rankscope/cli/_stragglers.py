@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from ..analysis._options import StragglerOptions
-from ._options import add_options, command, json_option, options_from
+from ._options import command, options_from
 from ._output import answer
 from ._progress import stage
 
@@ -19,13 +19,15 @@ _SHOWN = 20
 
 def add_commands(commands: Any) -> None:
     parser = command(
-        commands, "stragglers", "which rank is slow in which phase, and who waits for it"
+        commands,
+        "stragglers",
+        "which rank is slow in which phase, and who waits for it",
+        options=StragglerOptions,
+        scripts=True,
     )
-    add_options(parser, StragglerOptions)
     parser.add_argument(
         "--all", action="store_true", help=f"list every finding (default: {_SHOWN})"
     )
-    json_option(parser)
     parser.set_defaults(run=_stragglers)
 
 
