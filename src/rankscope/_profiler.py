@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._errors import ConfigError
 from .config._config import ProfileConfig
 from .config._ranks import RankInfo, detect_rank_info
-from .rundir._attempt import Attempt, current_attempt
+from .rundir._attempt import current_attempt
+from .rundir._checks import say_config_differs, say_other_job
 from .rundir._files import remove_stale_temps
-from .rundir._meta import check_groups, previous_attempt, write_meta
+from .rundir._meta import check_groups, write_meta
 
 if TYPE_CHECKING:
     from .capture import TraceCapture
@@ -159,12 +160,14 @@ class Profiler:
             return
         run_dir, attempt = str(self.config.output_dir), current_attempt()
         if self.rank_info.rank == 0:
-            _say_other_job(run_dir, attempt)
+            say_other_job(run_dir, attempt)
         try:
             write_meta(
                 run_dir, self.rank_info, self.config.to_dict(), attempt.to_dict(), self.groups
             )
             remove_stale_temps(run_dir, self.rank_info.rank)  # what a killed process left
+            if self.rank_info.rank != 0:
+                say_config_differs(run_dir, attempt, self.config.to_dict(), self.rank_info.rank)
         except OSError as exc:
             what = f"cannot write to {self.config.output_dir} ({exc})"
             for part in (capture, timer, memory):
@@ -494,26 +497,6 @@ def _say_bad_config(
             "rankscope: bad config, so every rank of this job stops: %s (said by rank 0 alone)",
             exc,
         )
-
-
-def _say_other_job(run_dir: str, attempt: Attempt) -> None:
-    """Warn when another job has written into `run_dir` before: allowed, and said."""
-    earlier = previous_attempt(run_dir, 0)
-    if earlier is None or earlier.get("attempt") == attempt.token or attempt.same_job(earlier):
-        return
-    started = earlier.get("started_ns")
-    when = (
-        time.strftime(" (started %Y-%m-%d %H:%M:%S)", time.localtime(started / 1e9))
-        if isinstance(started, int) and not isinstance(started, bool) and 0 < started < 1 << 63
-        else ""
-    )
-    logger.warning(
-        "rankscope: %s already holds the files of an earlier job%s; this job adds to them as "
-        "a new attempt. The analysis uses the latest record of each step and says so "
-        "(--attempt picks one); give this job its own output_dir to keep them apart",
-        run_dir,
-        when,
-    )
 
 
 class _SettleAtExit:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._findings import StragglerReport
-from ._matrix import PhaseMatrices, matrices_of
+from ._matrix import PhaseMatrices, matrices_of, shared_steps
 from ._options import StragglerOptions
 from ._stragglers import find_stragglers
 from .read._engine import RunRecords, read_run_records
@@ -35,6 +35,13 @@ class TimedRun:
     meta: RunMeta
     records: RunRecords
     matrices: PhaseMatrices
+    apart: list[str] = field(default_factory=list)
+    """The sampled steps left out for not every rank having them, said (_matrix.shared_steps)."""
+
+    @property
+    def notes(self) -> list[str]:
+        """What the run's files say that bears on every answer: ranks configured apart."""
+        return self.meta.config_differences()
 
     @property
     def root(self) -> Path:
@@ -47,6 +54,7 @@ class TimedRun:
             *self.meta.skipped,
             *self.records.skipped,
             *self.meta.say_missing(sorted(self.records.ranks)),
+            *self.apart,
         ]
 
 
@@ -69,7 +77,8 @@ def read_timed_run(
         progress=progress,
         workers=workers,
     )
-    return TimedRun(meta=meta, records=records, matrices=matrices_of(records))
+    matrices, apart = shared_steps(matrices_of(records))
+    return TimedRun(meta=meta, records=records, matrices=matrices, apart=apart)
 
 
 def stragglers_in(
@@ -89,7 +98,7 @@ def stragglers_in(
     def read_values(phases: set[str]) -> Any:
         return read_phase_values(run.root, judged.ranks, judged.steps, phases & run.records.valued)
 
-    return find_stragglers(
+    report = find_stragglers(
         judged,
         options,
         hosts=run.meta.hosts if hosts is None else hosts,
@@ -97,6 +106,8 @@ def stragglers_in(
         values=read_values if values else None,
         gpus=run.meta.gpus,
     )
+    report.notes[:0] = run.notes
+    return report
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import ConfigError
+from .._text import format_ranks, number_ranges
 from ._clocks import choose_clock
 from .read._engine import TIME_BASES, RunRecords
 from .read._timings import RunTimings
@@ -25,6 +26,7 @@ __all__ = [
     "nanmedian",
     "phase_matrices",
     "quiet",
+    "shared_steps",
 ]
 
 STEP = "step"
@@ -233,3 +235,61 @@ def nanmedian(values: npt.ArrayLike, axis: int) -> npt.NDArray[np.float64]:
     high = np.take_along_axis(ordered, count // 2, axis=axis)
     middle = np.where(count > 0, (low + high) / 2, np.nan)
     return np.squeeze(middle, axis=axis)
+
+
+def shared_steps(m: PhaseMatrices) -> tuple[PhaseMatrices, list[str]]:
+    """The matrices over the sampled steps every rank has, and a line for each group of
+    ranks that had more, naming how many and which.
+
+    A step only some ranks sampled cannot be compared: a median over one rank is its own
+    time, a rank alone at 333k steps makes the run's figures its own, and a rank that
+    samples every 5th step where the others sample each would be judged against steps
+    it never saw. Where no step has every rank, the steps two ranks or more share are
+    kept, and said."""
+    if len(m.ranks) < 2 or not m.steps:
+        return m, []
+    has = np.zeros((len(m.ranks), len(m.steps)), np.bool_)
+    for start in m.start_ns:
+        has |= np.isfinite(start)
+    every = np.asarray(has.all(axis=0), np.bool_)
+    if every.all():
+        return m, []
+    keep = every if every.any() else np.asarray(np.sum(has, axis=0) >= 2, np.bool_)
+    if not keep.any():
+        return m, []  # no two ranks share a step: nothing to compare, as the rules say
+    extra = has & ~keep[None, :]
+    steps = np.asarray(m.steps)
+    groups: dict[tuple[int, str], list[int]] = {}
+    for r in np.flatnonzero(extra.any(axis=1)).tolist():
+        mine = steps[extra[r]].tolist()
+        groups.setdefault((len(mine), _few_ranges(mine, m.steps)), []).append(m.ranks[r])
+    shared = "they all have" if every.any() else "two ranks or more have"
+    lines = [
+        f"{format_ranks(ranks)}: {count} sampled step{'s' if count != 1 else ''}"
+        f"{' each' if len(ranks) > 1 else ''} that not every rank has (steps {said}), left "
+        f"out: ranks are compared on the {int(keep.sum())} steps {shared}"
+        for (count, said), ranks in sorted(groups.items(), key=lambda g: g[1][0])
+    ]
+    return take_steps(m, np.flatnonzero(keep)), lines
+
+
+def take_steps(m: PhaseMatrices, cols: npt.NDArray[np.int64]) -> PhaseMatrices:
+    """The matrices of the steps at `cols` alone."""
+    return dataclasses.replace(
+        m,
+        steps=[m.steps[c] for c in cols.tolist()],
+        ms=[d[:, cols] for d in m.ms],
+        start_ns=[d[:, cols] for d in m.start_ns],
+        end_ns=[d[:, cols] for d in m.end_ns],
+        timeline_ms=None if m.timeline_ms is None else [d[:, cols] for d in m.timeline_ms],
+    )
+
+
+def _few_ranges(numbers: list[int], among: list[int], most: int = 3) -> str:
+    """`200-999998`, or the first `most` runs of many and how many more."""
+    runs = number_ranges(numbers, among=among).split(", ")
+    return (
+        ", ".join(runs)
+        if len(runs) <= most
+        else f"{', '.join(runs[:most])} and {len(runs) - most} more runs"
+    )

@@ -127,6 +127,7 @@ def _add_timings(
     report["attempts"] = run.records.attempts.to_dict()
     skipped.extend(run.records.skipped)
     skipped.extend(run.meta.say_missing(sorted(run.records.ranks)))
+    skipped.extend(run.apart)
     m = run.matrices
     stragglers = stragglers_in(run, options)
     report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}

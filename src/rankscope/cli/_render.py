@@ -307,6 +307,8 @@ def stragglers(
         _console.print(_findings_table(rows, found.reference, limit))
         if limit is not None and len(rows) > limit:
             _console.print(f"  ... {len(rows) - limit} more findings (--all, or --json)")
+    else:
+        _causes([], found.notes)
     if found.sync_phases:
         _console.print(f"phases that end in a collective: {', '.join(found.sync_phases)}")
     _skipped(skipped)

@@ -17,7 +17,14 @@ from ..config._ranks import RankInfo
 from ._files import read_regular, write_atomic
 from ._layout import meta_path
 
-__all__ = ["check_groups", "previous_attempt", "write_meta"]
+__all__ = [
+    "check_groups",
+    "differing_settings",
+    "flat_config",
+    "previous_attempt",
+    "rank_meta",
+    "write_meta",
+]
 
 META_VERSION = 1
 
@@ -54,6 +61,45 @@ def write_meta(
 
 
 _META_MAX = 1 << 20  # a meta file is a few KB; more is not one
+
+
+def rank_meta(run_dir: str, rank: int) -> dict[str, Any] | None:
+    """A rank's meta file as written (a dict), or None where there is no regular file
+    holding a JSON object. Never raises, and opens only a regular file."""
+    try:
+        raw = read_regular(meta_path(run_dir, rank), _META_MAX)
+        data = json.loads(raw)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+_NOT_SET = "(not set)"
+
+
+def flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A config as dotted settings and their values in JSON ("timer.every_n_steps": "5"):
+    what two ranks' configs are compared by. A value that is no JSON is its repr."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flat_config(value, name + "."))
+        else:
+            try:
+                out[name] = json.dumps(value, sort_keys=True)
+            except (TypeError, ValueError):
+                out[name] = repr(value)
+    return out
+
+
+def differing_settings(a: Mapping[str, str], b: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """(setting, a's value, b's value) for each setting two flat configs disagree on."""
+    return [
+        (key, a.get(key, _NOT_SET), b.get(key, _NOT_SET))
+        for key in sorted(set(a) | set(b))
+        if a.get(key, _NOT_SET) != b.get(key, _NOT_SET)
+    ]
 
 
 def previous_attempt(run_dir: str, rank: int) -> dict[str, Any] | None:

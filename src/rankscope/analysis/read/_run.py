@@ -11,6 +11,7 @@ from typing import Any
 from ..._errors import TraceError
 from ..._text import format_ranks, printable
 from ...rundir._layout import META, RunDir, is_run_dir, open_regular, runs_in
+from ...rundir._meta import flat_config
 
 __all__ = ["RunMeta", "read_run_meta"]
 
@@ -67,6 +68,34 @@ class RunMeta:
         have = set(present)
         size = self.world_size if self.world_size is not None else max(have, default=-1) + 1
         return [r for r in range(size) if r not in have]
+
+    def config_differences(self, most: int = 5) -> list[str]:
+        """One line per setting the ranks' meta files disagree on, the value most ranks
+        have last ("timer.every_n_steps is 5 on rank 1, 1 on ranks 0, 2, 3"): ranks
+        configured apart time different steps, or none."""
+        flat = {
+            rank: flat_config(data["config"])
+            for rank, data in sorted(self.meta.items())
+            if isinstance(data.get("config"), dict)
+        }
+        if len(flat) < 2:
+            return []
+        lines = []
+        for key in sorted(set().union(*flat.values())):
+            held: dict[str, list[int]] = {}
+            for rank, settings in flat.items():
+                held.setdefault(settings.get(key, "(not set)"), []).append(rank)
+            if len(held) > 1:
+                parts = sorted(held.items(), key=lambda item: (len(item[1]), item[1][0]))
+                said = ", ".join(
+                    f"{printable(value)[:60]} on {format_ranks(ranks)}" for value, ranks in parts
+                )
+                lines.append(f"the ranks' configs differ: {key} is {said}")
+        if len(lines) > most:
+            lines[most:] = [
+                f"... and {len(lines) - most} more settings differ (the meta files hold each rank's config)"
+            ]
+        return lines
 
     def say_missing(self, present: set[int] | list[int] | dict[int, Any]) -> list[str]:
         """One line naming the ranks below the world size without timings; none when none are."""

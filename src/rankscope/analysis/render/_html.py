@@ -242,9 +242,12 @@ def _finding_words(report: Mapping[str, Any], findings: list[Mapping[str, Any]])
 
 
 def _clock(stragglers: Mapping[str, Any]) -> str:
-    """Which clock the phases were read on: on a GPU, host time is launch time."""
+    """Which clock the phases were read on (on a GPU, host time is launch time), and the
+    notes: ranks configured apart, what the causes could not use."""
     clock = as_text(stragglers.get("clock"))
-    return f'<p class="note clock">Read on {esc(clock)}.</p>' if clock else ""
+    out = f'<p class="note clock">Read on {esc(clock)}.</p>' if clock else ""
+    notes = [as_text(n) for n in as_list(stragglers.get("notes")) if as_text(n)]
+    return out + "".join(f'<p class="note">Note: {esc(n)}</p>' for n in notes)
 
 
 def _rule(stragglers: Mapping[str, Any]) -> str:
