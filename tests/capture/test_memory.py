@@ -13,6 +13,7 @@ import torch
 
 from rankscope import ConfigError, MemoryConfig, ProfileConfig, TraceConfig
 from rankscope.capture._compat import incompatibilities
+from rankscope.capture._faults import OneFault
 from rankscope.capture._memory import (
     MemorySnapshots,
     SnapshotWriter,
@@ -50,6 +51,30 @@ def test_memory_path_sits_under_run_dir_memory_window(tmp_path: Path) -> None:
     # Zero-padded, so a listing sorts by step.
     names = [oom_window_name(s) for s in (9, 10, 100)]
     assert names == sorted(names)
+
+
+def test_the_fault_warning_agrees_with_the_part_in_number(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gpu tests match "memory snapshots are off"; this says it without a GPU."""
+    snaps = MemorySnapshots(MemoryConfig(enable=True), str(tmp_path), _rank())
+
+    class Capture(OneFault):
+        def __init__(self) -> None:
+            super().__init__()
+            self._part, self._rank, self.enabled = "trace capture", 0, True
+
+    capture = Capture()
+    snaps.enabled = True  # as CUDA would have left it; the CPU path starts off
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        snaps.fault("writing a snapshot failed")
+        capture._switch_off("writing a trace failed")
+    assert _records(caplog, logging.WARNING) == [
+        "rankscope: writing a snapshot failed; memory snapshots are off for the rest of "
+        "this run (rank 0), training goes on",
+        "rankscope: writing a trace failed; trace capture is off for the rest of this run "
+        "(rank 0), training goes on",
+    ]
 
 
 # -- without CUDA ------------------------------------------------------------------
