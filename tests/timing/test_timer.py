@@ -826,6 +826,42 @@ def test_cuda_device_time_is_taken_on_the_current_stream(tmp_path: Path) -> None
     assert all(r["gpu_ms"] > 5 for r in sleeps), sleeps
 
 
+@pytest.mark.gpu
+def test_nvtx_ranges_open_and_close_in_pairs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every range a phase opens is closed, phases that raise and nested ones included: an
+    NVTX range left open would swallow the rest of the run in Nsight Systems."""
+    opened: dict[int, str] = {}
+    unmatched: list[int] = []
+    start, end = torch.cuda.nvtx.range_start, torch.cuda.nvtx.range_end
+
+    def range_start(name: str) -> int:
+        range_id = start(name)  # the real range, counted on its way
+        opened[range_id] = name
+        return range_id
+
+    def range_end(range_id: int) -> None:
+        if opened.pop(range_id, None) is None:
+            unmatched.append(range_id)
+        end(range_id)
+
+    monkeypatch.setattr(torch.cuda.nvtx, "range_start", range_start)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_end", range_end)
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    a = torch.randn(256, 256, device="cuda")
+    with prof:
+        for step in range(4):
+            with contextlib.suppress(ValueError), prof.phase("outer"), prof.phase("inner"):
+                a = (a @ a).tanh_()
+                if step % 2:
+                    raise ValueError("a phase that raises")
+            prof.step()
+    assert opened == {} and unmatched == []
+    errors = [(r["phase"], r["step"]) for r in read_records(tmp_path) if r["error"]]
+    assert errors == [("inner", 1), ("outer", 1), ("inner", 3), ("outer", 3)]
+
+
 # -- found in review -----------------------------------------------------------------
 
 
