@@ -552,6 +552,30 @@ def test_a_device_clock_that_fails_in_the_background_warns_once(
     assert _timer_threads() == []
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_lets_go_of_the_parents_background_writer(tmp_path: Path) -> None:
+    timer = fake_timer(tmp_path, CountingClock(), flush_every_n_steps=100)
+    timer.start()
+    timed(timer, "parent")
+    pid = os.fork()
+    if pid == 0:  # the writer thread was not forked: the child must neither wait for it nor write
+        code = 0
+        try:
+            timer.forget_after_fork()  # as Profiler's fork hook does
+            timer.step()
+            timer.stop()
+            code = 0 if timer.pending == 0 and not timer.enabled else 3
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    timer.step()
+    timer.stop()
+    assert sorted(r["phase"] for r in read_records(tmp_path)) == ["parent", "step"]
+    assert _timer_threads() == []
+
+
 # -- the decorator forms -------------------------------------------------------------
 
 
