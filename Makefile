@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-gpu lint bench clean
 
 $(BIN)/python:
 	@echo "==> creating the virtual environment $(VENV) (once, about 15 s)"
@@ -49,6 +49,13 @@ TEST_WORKERS ?= auto
 test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
 	$(BIN)/python -m pytest -q -p no:xdist -m serial
+
+# On a machine with an NVIDIA GPU: the gpu-marked tests (they skip without CUDA), then the
+# timer's and the capture's benchmarks on the device.
+test-gpu: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -p no:xdist -m gpu
+	$(BIN)/python bench/timer_overhead.py --device cuda --quick
+	$(BIN)/python bench/capture_stall.py --device cuda --quick
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/capture_stall.py

@@ -16,7 +16,10 @@ long again beside a child process that only spins: where the machine has no spar
 any second process slows the loop, whatever it does. Prints medians and ratios:
 absolute times mean little on a small, shared machine.
 
-    python bench/capture_stall.py [--quick]
+With --device cuda the loop's tensors live on the GPU (thousands of tiny kernels a step,
+a device synchronize at its end) and the raw and framework profilers record CUDA too.
+
+    python bench/capture_stall.py [--quick] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -78,11 +81,12 @@ class RunResult:
 class _Loop:
     """The training step: thousands of ops on 8-element tensors, so the trace is large."""
 
-    def __init__(self, ops: int) -> None:
+    def __init__(self, ops: int, device: str) -> None:
         gen = torch.Generator().manual_seed(0)
-        self._x = torch.randn(8, generator=gen)
-        self._y = torch.randn(8, generator=gen)
+        self._x = torch.randn(8, generator=gen).to(device)
+        self._y = torch.randn(8, generator=gen).to(device)
         self._ops = ops
+        self._cuda = device == "cuda"
 
     def step(self) -> torch.Tensor:
         a = self._x
@@ -90,6 +94,8 @@ class _Loop:
         for _ in range(self._ops):
             a = a * 0.5 + y
             a = a.relu()
+        if self._cuda:
+            torch.cuda.synchronize()  # step times then mean device time
         return a
 
 
@@ -120,6 +126,10 @@ def _beside_spinning_child(step: Callable[[], None], seconds: float, cap: int) -
     return times
 
 
+_ACTIVITIES = [torch.profiler.ProfilerActivity.CPU]
+"""What the raw and framework profilers record (main() adds CUDA with --device cuda)."""
+
+
 def _torch_schedule() -> Any:
     return torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=1)
 
@@ -139,7 +149,7 @@ def _rankscope_profiler(out: Path) -> rankscope.Profiler:
 def _raw_profiler(out: Path) -> Any:
     path = out / "raw.pt.trace.json"
     return torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
+        activities=list(_ACTIVITIES),
         schedule=_torch_schedule(),
         on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
     )
@@ -154,7 +164,7 @@ def _framework_profiler(out: Path) -> Any:
         (out / "key_averages.txt").write_text(table, encoding="utf-8")
 
     return torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
+        activities=list(_ACTIVITIES),
         schedule=_torch_schedule(),
         on_trace_ready=on_ready,
     )
@@ -310,10 +320,13 @@ def _verdict(ok: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small run, to smoke-test")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
     torch.set_num_threads(1)
-    loop = _Loop(sizes.ops)
+    if args.device == "cuda":
+        _ACTIVITIES.append(torch.profiler.ProfilerActivity.CUDA)
+    loop = _Loop(sizes.ops, args.device)
     results: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp:
         # torch.profiler's first window in a process stops slower; keep that out of the runs.

@@ -5,12 +5,15 @@ unsampled step and on a sampled step, next to `with contextlib.nullcontext()` in
 same run. Macro: a small MLP trained on the CPU with 5 phases a step, the step times of
 three variants interleaved step by step (no profiler, timer every 10 steps, timer every
 step), compared by their medians. With --device cuda the macro loop runs on the GPU and
-the timer records CUDA events. The timer's variants run with the heartbeat and hang
+the timer records CUDA events. With --device stand-in the loop runs on the CPU and the
+timer's device clock is a stand-in (CountingClock) that counts the device calls a
+sampled phase makes on the training thread and off it: on a host without a GPU, this
+shows that the training thread makes the phase's two event records and nothing else. The timer's variants run with the heartbeat and hang
 watchdog on, as they are by default (what the heartbeat alone adds to step() and phase():
 bench/unselected_cost.py). Prints ratios; absolute times mean little on a shared
 machine.
 
-    python bench/timer_overhead.py [--quick] [--device cpu|cuda]
+    python bench/timer_overhead.py [--quick] [--device cpu|cuda|stand-in]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import random
 import statistics
 import tempfile
+import threading
 import time
 import timeit
 from pathlib import Path
@@ -28,6 +32,7 @@ from typing import Any
 import torch
 
 import rankscope
+from rankscope.timing import CountingClock
 
 PHASES = (
     ("data", "data"),
@@ -46,20 +51,31 @@ def _ns_per(stmt: str, env: dict[str, Any], number: int, repeat: int) -> float:
     )
 
 
-def _profiler(run_dir: Path, every: int | None, flush: int = 10) -> rankscope.Profiler:
+def _profiler(
+    run_dir: Path, every: int | None, flush: int = 10, clock: CountingClock | None = None
+) -> rankscope.Profiler:
     timer = rankscope.TimerConfig(
         enable=every is not None, every_n_steps=every or 1, flush_every_n_steps=flush
     )
-    return rankscope.Profiler(
+    prof = rankscope.Profiler(
         rankscope.ProfileConfig(output_dir=run_dir, timer=timer), rank=0, world_size=1
     )
+    if clock is not None and prof._timer is not None:
+        # The Profiler picks CUDA events or no clock; the stand-in replaces it before start().
+        prof._timer._clock = clock
+    return prof
 
 
-def micro(run_dir: Path, quick: bool) -> dict[str, float]:
+def _stand_in(device: str) -> CountingClock | None:
+    return CountingClock() if device == "stand-in" else None
+
+
+def micro(run_dir: Path, quick: bool, device: str) -> tuple[dict[str, float], CountingClock | None]:
     number, repeat = (20_000, 3) if quick else (200_000, 7)
     disabled = _profiler(run_dir / "disabled", None)
     unsampled = _profiler(run_dir / "unsampled", 10**9)
-    sampled = _profiler(run_dir / "sampled", 1, flush=10**9)  # flushed apart, below
+    # flushed apart, below
+    sampled = _profiler(run_dir / "sampled", 1, flush=10**9, clock=_stand_in(device))
     for prof in (disabled, unsampled, sampled):
         prof.start()
     unsampled.step()  # step 1 of every 10**9: not sampled
@@ -81,7 +97,8 @@ def micro(run_dir: Path, quick: bool) -> dict[str, float]:
         "with s.phase('forward'): pass", env, s_number, repeat
     )
     sampled.stop()
-    written = _profiler(run_dir / "written", 1, flush=10)
+    counted = _stand_in(device)
+    written = _profiler(run_dir / "written", 1, flush=10, clock=counted)
     written.start()
     env["w"] = written
     loop = "for _ in range(5):\n    with w.phase('forward'): pass\nw.step()"
@@ -89,7 +106,24 @@ def micro(run_dir: Path, quick: bool) -> dict[str, float]:
     written.stop()
     disabled.stop()
     unsampled.stop()
-    return rows
+    return rows, counted
+
+
+def device_calls(clock: CountingClock, records: int) -> None:
+    """Print the stand-in's device calls per sampled phase, on the training thread and off it."""
+    me = threading.get_ident()
+    for where, calls in (("on the training thread", clock.on(me)), ("off it", clock.off(me))):
+        said = ", ".join(f"{method} {n / records:.2f}" for method, n in calls.items())
+        print(f"  {where:<24} {said or 'none'}")
+
+
+def records_in(run_dir: Path) -> int:
+    """Timing records (not attempt lines) under `run_dir`."""
+    return sum(
+        '"phase"' in line
+        for path in run_dir.rglob("rank-*.jsonl")
+        for line in path.read_text().splitlines()
+    )
 
 
 class _Loop:
@@ -129,11 +163,11 @@ class _Loop:
 
 
 def macro(run_dir: Path, quick: bool, device: str) -> dict[str, list[float]]:
-    loop = _Loop(device)
+    loop = _Loop("cuda" if device == "cuda" else "cpu")
     variants: dict[str, rankscope.Profiler | None] = {
         "no profiler": None,
-        "timer every 10 steps": _profiler(run_dir / "every10", 10),
-        "timer every step": _profiler(run_dir / "every1", 1),
+        "timer every 10 steps": _profiler(run_dir / "every10", 10, clock=_stand_in(device)),
+        "timer every step": _profiler(run_dir / "every1", 1, clock=_stand_in(device)),
     }
     for prof in variants.values():
         if prof is not None:
@@ -159,11 +193,11 @@ def macro(run_dir: Path, quick: bool, device: str) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run (a smoke test)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda", "stand-in"), default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = micro(Path(tmp) / "micro", args.quick)
+        rows, counted = micro(Path(tmp) / "micro", args.quick, args.device)
         base = rows["with nullcontext()"]
         print(f"{'phase() enter+exit':<34} {'ns':>9} {'vs nullcontext':>15}")
         for name, ns in rows.items():
@@ -173,6 +207,9 @@ def main() -> None:
             f"unsampled vs nullcontext: {rows['unsampled phase()'] / base:.2f}x (goal <= 2x); "
             f"sampled on CPU with its write: {rows['sampled phase(), with its write'] / 1000:.2f} us (goal < 10 us)"
         )
+        if counted is not None:
+            print("\ndevice calls per sampled phase (stand-in clock, the 'with its write' loop):")
+            device_calls(counted, records_in(Path(tmp) / "micro" / "written"))
         times = macro(Path(tmp) / "macro", args.quick, args.device)
     base_ms = statistics.median(times["no profiler"])
     print(f"\nmacro ({args.device}, {len(times['no profiler'])} steps per variant, interleaved):")

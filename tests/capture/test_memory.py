@@ -3,6 +3,7 @@ and (with a GPU) recording, dumping and the out-of-memory dump."""
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import threading
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rankscope import ConfigError, MemoryConfig, ProfileConfig, TraceConfig
+from rankscope import ConfigError, MemoryConfig, ProfileConfig, Profiler, TimerConfig, TraceConfig
 from rankscope.capture._compat import incompatibilities
+from rankscope.capture._faults import OneFault
 from rankscope.capture._memory import (
     MemorySnapshots,
     SnapshotWriter,
@@ -50,6 +52,30 @@ def test_memory_path_sits_under_run_dir_memory_window(tmp_path: Path) -> None:
     # Zero-padded, so a listing sorts by step.
     names = [oom_window_name(s) for s in (9, 10, 100)]
     assert names == sorted(names)
+
+
+def test_the_fault_warning_agrees_with_the_part_in_number(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gpu tests match "memory snapshots are off"; this says it without a GPU."""
+    snaps = MemorySnapshots(MemoryConfig(enable=True), str(tmp_path), _rank())
+
+    class Capture(OneFault):
+        def __init__(self) -> None:
+            super().__init__()
+            self._part, self._rank, self.enabled = "trace capture", 0, True
+
+    capture = Capture()
+    snaps.enabled = True  # as CUDA would have left it; the CPU path starts off
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        snaps.fault("writing a snapshot failed")
+        capture._switch_off("writing a trace failed")
+    assert _records(caplog, logging.WARNING) == [
+        "rankscope: writing a snapshot failed; memory snapshots are off for the rest of "
+        "this run (rank 0), training goes on",
+        "rankscope: writing a trace failed; trace capture is off for the rest of this run "
+        "(rank 0), training goes on",
+    ]
 
 
 # -- without CUDA ------------------------------------------------------------------
@@ -255,6 +281,37 @@ def test_gpu_out_of_memory_dumps_before_the_error_reaches_the_loop(
     with pytest.raises(torch.cuda.OutOfMemoryError):
         torch.empty(total * 2, dtype=torch.uint8, device="cuda")
     assert _files(tmp_path) == [path]
+
+
+@pytest.mark.gpu
+def test_gpu_out_of_memory_through_the_profiler_in_a_loop_that_goes_on(tmp_path: Path) -> None:
+    """The loop catches the error and goes on, as a loop that skips a too-large batch does:
+    the snapshot is on disk and the steps after it run and are timed."""
+    config = ProfileConfig(
+        output_dir=tmp_path,
+        memory=MemoryConfig(enable=True, max_entries=10000),
+        timer=TimerConfig(enable=True, every_n_steps=1),
+    )
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    a = torch.randn(256, 256, device="cuda")
+    caught = []
+    with Profiler(config, rank=0, world_size=1) as prof:
+        for step in range(5):
+            try:
+                with prof.phase("forward"):
+                    if step == 2:
+                        torch.empty(total * 2, dtype=torch.uint8, device="cuda")
+                    a = (a @ a).tanh_()
+            except torch.cuda.OutOfMemoryError:
+                caught.append(step)
+            prof.step()
+    assert caught == [2]
+    path = memory_path(tmp_path, oom_window_name(2), 0)
+    assert path.is_file() and "oom" in _actions(_load(path))
+    assert prof.faults == []
+    timings = (tmp_path / "timings" / "rank-00000.jsonl").read_text().splitlines()
+    forward = [json.loads(line) for line in timings if '"phase":"forward"' in line]
+    assert [(r["step"], r["error"]) for r in forward] == [(s, s == 2) for s in range(5)]
 
 
 @pytest.mark.gpu

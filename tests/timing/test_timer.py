@@ -19,7 +19,14 @@ import torch
 import rankscope
 from rankscope import ConfigError, Profiler, TimerConfig
 from rankscope.config._ranks import RankInfo
-from rankscope.timing import CudaEventClock, PhaseTimer, is_sampled, sampled_steps
+from rankscope.timing import (
+    CountingClock,
+    CudaEventClock,
+    DeviceClock,
+    PhaseTimer,
+    is_sampled,
+    sampled_steps,
+)
 
 RECORD_KEYS = {
     "v",
@@ -334,8 +341,8 @@ class FakeClock:
         self.position = self.issued
 
 
-def fake_timer(tmp_path: Path, clock: FakeClock, **fields: Any) -> PhaseTimer:
-    config = TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1, **fields)
+def fake_timer(tmp_path: Path, clock: DeviceClock, **fields: Any) -> PhaseTimer:
+    config = TimerConfig(**{"enable": True, "every_n_steps": 1, "flush_every_n_steps": 1, **fields})
     info = RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, host="h")
     return PhaseTimer(config, str(tmp_path), info, clock=clock)
 
@@ -354,10 +361,12 @@ def test_device_times_are_read_only_once_the_device_passed_them(tmp_path: Path) 
     timer.start()  # mark 0: step 0 begins
     timed(timer, "fwd", inner=1)  # marks 1 (fwd), 2 (fwd.0), 3 (fwd.0 end), 4 (fwd end)
     timer.step()  # mark 5: step 0 ends; flush with the device still at 0
+    assert timer.wait_written()  # the flush is done by the timer's background writer
     assert timer.pending == 3
     assert timer.path.read_text() == ""
     clock.position = 4  # past fwd.0 (2..3), not past fwd's end (4)
     timer.step()  # flush again: fwd.0 resolves
+    assert timer.wait_written()
     lines = records_of(timer.path.read_text())
     assert [(r["phase"], r["gpu_ms"]) for r in lines] == [("fwd.0", 1.0)]
     assert timer.pending >= 2
@@ -389,6 +398,7 @@ def test_the_pending_bound_drops_the_oldest_and_reports_it(tmp_path: Path) -> No
     timer.start()
     for name in ("p0", "p1", "p2", "p3", "p4"):
         timed(timer, name)  # the device never moves
+    assert timer.wait_written()  # the background writer enforces the bound
     assert timer.pending == 3
     clock.catch_up()
     timer.step()
@@ -466,6 +476,9 @@ def test_cuda_events_come_from_a_reused_pool(tmp_path: Path) -> None:
         for name in PHASES:
             timed(timer, name)
         timer.step()
+        # A step's worth of time for the background writer to give the events back, as a
+        # real step's kernels give it.
+        assert timer.wait_written()
     timer.stop()
     assert sorted(_FakeStream.made) == [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
     # one step's worth of events (5 phases + the step, 2 marks each) serves all 100 steps
@@ -473,6 +486,94 @@ def test_cuda_events_come_from_a_reused_pool(tmp_path: Path) -> None:
     assert clock.pooled == _FakeEvent.created
     assert len(read_records(tmp_path)) == 100 * (len(PHASES) + 1)
     assert {r["gpu_ms"] for r in read_records(tmp_path)} == {0.5}
+
+
+# -- the training thread makes two device calls a phase (issue 26) -----------------------
+
+
+def _timer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "rankscope-timer"]
+
+
+def test_a_sampled_phase_makes_two_device_calls_on_the_training_thread(tmp_path: Path) -> None:
+    """On a GPU each device call costs the training thread microseconds (a query, an
+    elapsed time); the phase's two event records are the only ones that must be made there."""
+    clock = CountingClock()
+    timer = fake_timer(tmp_path, clock)  # every step sampled and flushed
+    me = threading.get_ident()
+    timer.start()
+    for _ in range(5):
+        for name in PHASES:
+            before = clock.on(me).get("mark", 0)
+            timed(timer, name)
+            assert clock.on(me) == {"mark": before + 2}, name
+        timer.step()
+    timer.stop()
+    on_thread = {k: n for k, n in clock.on(me).items() if k != "synchronize"}  # stop() may wait
+    # 25 phases and 5 steps, 2 marks each, and step 5's start, which stop() cut short
+    assert on_thread == {"mark": 2 * 25 + 2 * 5 + 1}
+    assert clock.off(me) == {"done": 2 * 30, "elapsed_ms": 30, "release": 2 * 30 + 1}
+    assert all(r["gpu_ms"] is not None for r in read_records(tmp_path))
+    assert len(read_records(tmp_path)) == 30
+
+
+def test_stop_ends_the_background_writer(tmp_path: Path) -> None:
+    timer = fake_timer(tmp_path, CountingClock(), flush_every_n_steps=100)
+    timer.start()
+    timed(timer, "a")
+    assert [t.daemon for t in _timer_threads()] == [True]  # never keeps a process alive
+    timer.step()
+    timer.stop()  # no flush point came: stop() resolves and writes it all
+    assert _timer_threads() == []
+    assert sorted(r["phase"] for r in read_records(tmp_path)) == ["a", "step"]
+
+
+def test_a_device_clock_that_fails_in_the_background_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class FailingQuery(CountingClock):
+        def done(self, mark: int) -> bool:
+            raise RuntimeError("CUDA error: unspecified launch failure")
+
+    timer = fake_timer(tmp_path, FailingQuery())
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        timer.start()
+        for _ in range(3):
+            span = timer.enter("forward", "compute", None, ranged=False)
+            if span is not None:
+                timer.exit(span, error=False)
+            timer.step()
+            timer.wait_written()
+        timer.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "unspecified launch failure" in warnings[0]
+    assert not timer.enabled
+    assert _timer_threads() == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_lets_go_of_the_parents_background_writer(tmp_path: Path) -> None:
+    timer = fake_timer(tmp_path, CountingClock(), flush_every_n_steps=100)
+    timer.start()
+    timed(timer, "parent")
+    pid = os.fork()
+    if pid == 0:  # the writer thread was not forked: the child must neither wait for it nor write
+        code = 0
+        try:
+            timer.forget_after_fork()  # as Profiler's fork hook does
+            timer.step()
+            timer.stop()
+            code = 0 if timer.pending == 0 and not timer.enabled else 3
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    timer.step()
+    timer.stop()
+    assert sorted(r["phase"] for r in read_records(tmp_path)) == ["parent", "step"]
+    assert _timer_threads() == []
 
 
 # -- the decorator forms -------------------------------------------------------------
@@ -747,6 +848,42 @@ def test_cuda_device_time_is_taken_on_the_current_stream(tmp_path: Path) -> None
     assert len(sleeps) == 2
     # marks on the default stream would bracket nothing and read about 0 ms
     assert all(r["gpu_ms"] > 5 for r in sleeps), sleeps
+
+
+@pytest.mark.gpu
+def test_nvtx_ranges_open_and_close_in_pairs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every range a phase opens is closed, phases that raise and nested ones included: an
+    NVTX range left open would swallow the rest of the run in Nsight Systems."""
+    opened: dict[int, str] = {}
+    unmatched: list[int] = []
+    start, end = torch.cuda.nvtx.range_start, torch.cuda.nvtx.range_end
+
+    def range_start(name: str) -> int:
+        range_id = start(name)  # the real range, counted on its way
+        opened[range_id] = name
+        return range_id
+
+    def range_end(range_id: int) -> None:
+        if opened.pop(range_id, None) is None:
+            unmatched.append(range_id)
+        end(range_id)
+
+    monkeypatch.setattr(torch.cuda.nvtx, "range_start", range_start)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_end", range_end)
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    a = torch.randn(256, 256, device="cuda")
+    with prof:
+        for step in range(4):
+            with contextlib.suppress(ValueError), prof.phase("outer"), prof.phase("inner"):
+                a = (a @ a).tanh_()
+                if step % 2:
+                    raise ValueError("a phase that raises")
+            prof.step()
+    assert opened == {} and unmatched == []
+    errors = [(r["phase"], r["step"]) for r in read_records(tmp_path) if r["error"]]
+    assert errors == [("inner", 1), ("outer", 1), ("inner", 3), ("outer", 3)]
 
 
 # -- found in review -----------------------------------------------------------------

@@ -33,11 +33,17 @@ class OneFault:
             if not self.enabled:
                 return False
             logger.warning(
-                "rankscope: %s; %s is off for the rest of this run (rank %d), training goes on",
+                "rankscope: %s; %s %s off for the rest of this run (rank %d), training goes on",
                 what,
                 self._part,
+                _verb(self._part),
                 self._rank,
             )
             self.enabled = False
             self.fault_reason = what
             return True
+
+
+def _verb(part: str) -> str:
+    """ "are" for a part named in the plural ("memory snapshots"), else "is"."""
+    return "are" if part.endswith("s") else "is"

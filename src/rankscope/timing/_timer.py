@@ -8,7 +8,6 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from types import ModuleType
 from typing import Any
 
@@ -19,6 +18,7 @@ from ..rundir._attempt import current_attempt
 from ..rundir._files import open_append
 from ..rundir._layout import timing_path
 from ._clock import CudaEventClock, DeviceClock
+from ._device_writer import FLUSH_RECORDS, DeviceTimeWriter, Ready
 from ._record import STEP_PHASE, Span, format_attempt, format_record, meta_json, safe_str
 from ._sampling import is_sampled
 
@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 AUTO: Any = object()
 """`clock=AUTO`: CUDA events where CUDA is available, else no device clock."""
 
-_FLUSH_RECORDS = 8192  # records held in memory before a step() flushes them early
+_FLUSH_RECORDS = FLUSH_RECORDS  # records held in memory before a step() flushes them early
+_STOP_TIMEOUT_S = 30.0  # how long stop() waits for the background writer (a stuck disk)
 
 
 class PhaseTimer:
@@ -37,8 +38,12 @@ class PhaseTimer:
 
     Device time comes from marks on the current stream (CUDA events) that are read only
     at flush points and only once the device has passed them, so the training thread
-    never waits for the GPU except once, at stop(). A fault (the file cannot be written,
-    the device clock raises) logs one warning and turns the timer off; training goes on.
+    never waits for the GPU except once, at stop(). With a device clock, the training
+    thread makes the two marks of each phase and no other device call: at a flush point
+    it hands the finished spans to a DeviceTimeWriter, whose thread reads their device
+    times, formats and writes them. Without one it formats and writes at the flush point
+    itself. A fault (the file cannot be written, the device clock raises) logs one
+    warning and turns the timer off; training goes on.
     """
 
     def __init__(
@@ -71,9 +76,9 @@ class PhaseTimer:
         self._owner = threading.get_ident()
         self._lock = threading.Lock()  # guards the spans below, which phases on any thread add to
         self._write_lock = threading.Lock()  # one flush writes at a time
-        self._ready: list[tuple[Span, float | None]] = []  # finished, waiting to be written
-        self._pending: deque[Span] = deque()  # finished, device time not yet known
-        self._dropped = 0  # device times given up since the last record written
+        self._ready: Ready = []  # finished without device marks, waiting to be written
+        self._pending: list[Span] = []  # finished with device marks, not handed over yet
+        self._writer: DeviceTimeWriter | None = None  # with a clock, between start() and stop()
         self._step = 0
         self._sampled: int | None = None  # the current step while it is sampled, else None
         self._step_span: Span | None = None
@@ -101,6 +106,10 @@ class PhaseTimer:
         except OSError as exc:
             self.fault(f"cannot open {self.path} ({exc.strerror or exc})")
             return False
+        if self._clock is not None:
+            self._writer = DeviceTimeWriter(
+                self._clock, self._config.max_pending_events, self._write_ready, self.fault
+            )
         self.enabled = True
         return self._begin_step(first_step)
 
@@ -122,16 +131,23 @@ class PhaseTimer:
             return False
 
     def stop(self) -> None:
-        """Resolve every device time (one synchronize), write everything, close the file."""
+        """Resolve every device time (one synchronize), write everything, close the file,
+        and end the background writer."""
+        writer = self._writer
         if not self.enabled:
+            if writer is not None:  # a fault abandoned it; it ends on its own, promptly
+                writer.close(0.5)
             return
         try:
             span, self._step_span = self._step_span, None
-            if span is not None and self._clock is not None and span.dev_start is not None:
-                self._clock.release(span.dev_start)  # a step cut short by stop() is not a step
-            if self._clock is not None and self._pending:
+            if writer is not None and span is not None and span.dev_start is not None:
+                writer.discard(span.dev_start)  # a step cut short by stop() is not a step
+            if writer is not None and self._clock is not None and self.pending:
                 self._clock.synchronize()
             self._flush()
+            if writer is not None and not writer.close(_STOP_TIMEOUT_S):
+                self.fault(f"the background writer did not finish within {_STOP_TIMEOUT_S:.0f} s")
+                return
         except Exception as exc:
             self.fault("stop() failed to write the last records", exc)
             return
@@ -229,6 +245,8 @@ class PhaseTimer:
         with self._lock:
             self._ready.clear()
             self._pending.clear()
+        if self._writer is not None:
+            self._writer.abandon()
         self._close()
 
     # -- inside --------------------------------------------------------------------
@@ -257,52 +275,32 @@ class PhaseTimer:
     def _queue(self, span: Span) -> bool:
         """Hold a finished span; True when so many wait that they should be written now."""
         with self._lock:
-            if span.dev_end is None:
+            writer = self._writer
+            if span.dev_end is None or writer is None:
                 self._ready.append((span, None))
-            else:
-                self._pending.append(span)
-                if 2 * len(self._pending) > self._config.max_pending_events:
-                    self._resolve()
-                    self._shed()
-            return len(self._ready) >= _FLUSH_RECORDS
-
-    def _resolve(self) -> None:
-        """Move every span whose marks the device has passed to the ready list (lock held)."""
-        clock = self._clock
-        if clock is None or not self._pending:
-            return
-        waiting: deque[Span] = deque()
-        for span in self._pending:
-            if clock.done(span.dev_end) and clock.done(span.dev_start):
-                gpu_ms = clock.elapsed_ms(span.dev_start, span.dev_end)
-                clock.release(span.dev_start)
-                clock.release(span.dev_end)
-                self._ready.append((span, gpu_ms))
-            else:
-                waiting.append(span)
-        self._pending = waiting
-
-    def _shed(self) -> None:
-        """Past the bound, write the oldest pending spans without device time (lock held)."""
-        clock = self._clock
-        while clock is not None and 2 * len(self._pending) > self._config.max_pending_events:
-            span = self._pending.popleft()
-            # Re-recording an event the device has not reached yet is allowed; the old
-            # record simply no longer matters.
-            clock.release(span.dev_start)
-            clock.release(span.dev_end)
-            self._ready.append((span, None))
-            self._dropped += 1
+                return len(self._ready) >= _FLUSH_RECORDS
+            self._pending.append(span)
+            if 2 * (len(self._pending) + writer.waiting) > self._config.max_pending_events:
+                # The bound: the writer resolves what the device passed, drops the oldest rest.
+                spans, self._pending = self._pending, []
+                writer.hand(spans, write=False)
+            return False
 
     def _flush(self) -> None:
         with self._lock:
-            self._resolve()
-            if not self._ready:
-                return
             ready, self._ready = self._ready, []
-            dropped, self._dropped = self._dropped, 0
-            watch = self._watch
-            if watch is not None:
+            spans, self._pending = self._pending, []
+        if self._writer is not None:
+            # Even with no new span: those it holds may be done now.
+            self._writer.hand(spans, write=True)
+        if ready:
+            self._write_ready(ready, 0)
+
+    def _write_ready(self, ready: Ready, dropped: int) -> None:
+        """Format and append finished records (the training thread or the writer's)."""
+        watch = self._watch
+        if watch is not None:
+            with self._lock:
                 self._watched.extend(
                     (span.step, span.cpu_ns / 1e9 if gpu_ms is None else gpu_ms / 1e3)
                     for span, gpu_ms in ready
@@ -350,7 +348,8 @@ class PhaseTimer:
         self._lock = threading.Lock()  # another thread may have held it at the fork
         self._write_lock = threading.Lock()
         self._ready = []
-        self._pending = deque()
+        self._pending = []
+        self._writer = None  # its thread was not forked: only the parent has it
         self._step_span = None
         self._close()
 
@@ -363,4 +362,11 @@ class PhaseTimer:
     @property
     def pending(self) -> int:
         """Spans whose device time is not known yet."""
-        return len(self._pending)
+        writer = self._writer
+        return len(self._pending) + (writer.waiting if writer is not None else 0)
+
+    def wait_written(self, timeout: float = 10.0) -> bool:
+        """Wait until the background writer has handled every span handed to it so far
+        (tests and benchmarks; stop() does it itself). False if `timeout` passed first."""
+        writer = self._writer
+        return writer is None or writer.wait(timeout)
