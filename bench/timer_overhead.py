@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 import rankscope
-from rankscope.timing import CountingClock
+from rankscope.testing._clock import CountingClock
 
 PHASES = (
     ("data", "data"),

@@ -19,8 +19,8 @@ import torch
 import rankscope
 from rankscope import ConfigError, Profiler, TimerConfig
 from rankscope.config._ranks import RankInfo
+from rankscope.testing._clock import CountingClock
 from rankscope.timing import (
-    CountingClock,
     CudaEventClock,
     DeviceClock,
     PhaseTimer,

@@ -3,14 +3,13 @@
 Importing this package does not import torch; creating a PhaseTimer does.
 """
 
-from ._clock import CountingClock, CudaEventClock, DeviceClock
+from ._clock import CudaEventClock, DeviceClock
 from ._record import RECORD_VERSION
 from ._sampling import is_sampled, sampled_steps
 from ._timer import PhaseTimer
 
 __all__ = [
     "RECORD_VERSION",
-    "CountingClock",
     "CudaEventClock",
     "DeviceClock",
     "PhaseTimer",

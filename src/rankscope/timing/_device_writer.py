@@ -22,7 +22,7 @@ class DeviceTimeWriter:
 
     On a GPU host, asking an event whether the device passed it, reading its elapsed
     time, formatting and writing cost the training thread more than the phase's two
-    event records themselves (issue 26: 22 us of a sampled phase on an H200). Here the
+    event records themselves (22 us of a sampled phase, measured on an H200). Here the
     training thread only hands finished spans over; this thread makes every other
     device call (`done`, `elapsed_ms`, `release`) and writes.
 
