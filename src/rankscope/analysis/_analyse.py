@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._text import format_ranks
 from ._findings import StragglerReport
 from ._matrix import PhaseMatrices, matrices_of, shared_steps
 from ._options import StragglerOptions
@@ -40,8 +41,10 @@ class TimedRun:
 
     @property
     def notes(self) -> list[str]:
-        """What the run's files say that bears on every answer: ranks configured apart."""
-        return self.meta.config_differences()
+        """What the run's files say that bears on every answer: ranks configured apart,
+        and ranks whose records end before the others'."""
+        every = {rank: self.meta.sampling(rank) for rank in self.records.last_step}
+        return [*self.meta.config_differences(), *ended_early(self.records.last_step, every)]
 
     @property
     def root(self) -> Path:
@@ -56,6 +59,24 @@ class TimedRun:
             *self.meta.say_missing(sorted(self.records.ranks)),
             *self.apart,
         ]
+
+
+def ended_early(last_step: Mapping[int, int], every: Mapping[int, int]) -> list[str]:
+    """A line per group of ranks whose records end before the latest rank's by more than
+    their sampling interval (`every`): killed, crashed, or stopped apart."""
+    if len(last_step) < 2:
+        return []
+    latest = max(last_step.values())
+    early: dict[int, list[int]] = {}
+    for rank, step in sorted(last_step.items()):
+        if step + every.get(rank, 1) <= latest:
+            early.setdefault(step, []).append(rank)
+    return [
+        f"{format_ranks(ranks)}: {'its' if len(ranks) == 1 else 'their'} records end at step "
+        f"{step}, the others' go on to step {latest}: ended early (killed, crashed, or "
+        "stopped apart; `rankscope hang` says which where the watch was on)"
+        for step, ranks in sorted(early.items())
+    ]
 
 
 def read_timed_run(

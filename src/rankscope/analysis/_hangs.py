@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ConfigError
 from .._text import format_ranks, number_ranges
 from ..config._config import HangConfig
+from ._hang_ends import behind_note, ended_words, last_seen, process_gone
 from ._hang_launches import current_hangs, latest_launch, world_size_of
 from ._options import HangOptions
 from ._step_order import StepOrder, step_order
@@ -77,6 +78,7 @@ IN_COMM = "in a comm phase"
 IN_SYNC = "in a phase that ends in a collective"
 LATER_STEP = "at a later step"
 LATER_PHASE = "at a later phase of the step"
+FOR_ENDED = "for a rank that ended (its process is gone)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +151,8 @@ class HangReport:
 
     run_dir: Path
     state: str
-    """"hung", "running", "finished" (every heartbeat stopped) or "no heartbeats"."""
+    """"hung", "running", "finished" (every heartbeat stopped), "ended" (no rank running
+    and some ended without stop(): their processes are gone) or "no heartbeats"."""
     summary: str
     now_ns: int
     world_size: int | None
@@ -161,6 +164,8 @@ class HangReport:
     stopped: list[int] = field(default_factory=list)
     stopped_steps: list[int] = field(default_factory=list)
     """The step each stopped rank was at, in the order of `stopped`."""
+    gone: dict[int, int] = field(default_factory=dict)
+    """Ranks whose process is gone without stop() (_hang_ends.py): where last seen."""
     missing: list[int] = field(default_factory=list)
     earlier_launch: list[int] = field(default_factory=list)
     longest_unmoved: tuple[float, int] | None = None
@@ -220,6 +225,7 @@ class HangReport:
                 "waiting": [f.rank for f in self.findings if f.role == WAITS],
                 "running": self.running,
                 "stopped": self.stopped,
+                "ended": sorted(self.gone),
                 "missing": self.missing,
                 "earlier_launch": self.earlier_launch,
             },
@@ -229,6 +235,7 @@ class HangReport:
             if longest is None
             else {"rank": longest[1], "s": round(longest[0], 3)},
             "stalls_ended": self.stalls_ended,
+            "ended_at": {str(rank): step for rank, step in sorted(self.gone.items())},
             "older_hang_files": self.older_hang_files,
             "phases": None if self.order is None else self.order.to_dict(),
             "notes": self.notes,
@@ -292,13 +299,22 @@ def hangs_of(
     size = world if world is not None else max(present, default=-1) + 1
     report.missing = [r for r in range(size) if r not in present]
     stalled = _judge(report, beats, open_hangs, meta)
-    if any(f.kind != "comm" for f in stalled):  # else every role is known without it
+    if report.gone or any(f.kind != "comm" for f in stalled):  # else no need of the timings
         report.order = step_order(meta, report.skipped, run)
+    timed = report.order.last_step if report.order is not None else {}
+    report.gone = {rank: last_seen(beats[rank], timed) for rank in report.gone}
     report.findings = _roles(stalled, report.order)
+    if report.gone:  # the ranks still there wait for the ones that ended
+        report.findings = [
+            dataclasses.replace(f, role=WAITS, why=FOR_ENDED) for f in report.findings
+        ]
     report.stalls_ended = _ended(ended)
     report.state = _state(report, beats)
     report.summary = _summary(report)
     report.notes = _notes(report, HangOptions() if options is None else options)
+    behind = behind_note({r: b for r, b in beats.items() if r not in report.running}, timed)
+    if behind is not None:
+        report.notes.append(behind)
     return report
 
 
@@ -319,6 +335,9 @@ def _judge(
         if beat is not None and beat.stopped:
             report.stopped.append(rank)
             report.stopped_steps.append(beat.step)
+            continue
+        if beat is not None and hang is None and process_gone(beat):
+            report.gone[rank] = beat.step  # where last seen: set once the timings are read
             continue
         if beat is not None:
             step, phases, moved = beat.step, beat.open, beat.moved_ns
@@ -455,6 +474,8 @@ def _state(report: HangReport, beats: dict[int, Heartbeat]) -> str:
         return "hung"
     if not beats:
         return "no heartbeats"
+    if report.gone and not report.running:
+        return "ended"
     if not report.running:
         return "finished"
     return "running"
@@ -474,6 +495,9 @@ def _summary(report: HangReport) -> str:
         return "no heartbeat of the run's latest launch; nothing to judge against"
     if report.state == "finished":
         return f"the run finished: every rank's stop() ran ({_ranks(report.stopped)})"
+    if report.state == "ended":
+        stopped = f"; {_ranks(report.stopped)} stopped cleanly" if report.stopped else ""
+        return f"not hung: {ended_words(report.gone)}{stopped}"
     if report.state == "running":
         n = len(report.running)
         text = (
@@ -487,13 +511,13 @@ def _summary(report: HangReport) -> str:
     groups = report.groups()
     stuck = [g for g in groups if g["role"] == STUCK]
     waits = [g for g in groups if g["role"] == WAITS]
-    parts = []
+    parts = [ended_words(report.gone)] if report.gone else []
     for g in stuck[:_SUMMARY_GROUPS]:
         parts.append(
             f"{format_ranks(g['ranks'])} {'has' if g['count'] == 1 else 'have'} been stuck "
             f"{_where(g['phase'], g['kind'])} at step {g['step']} for {seconds_text(g['for_s'])}"
         )
-    if not stuck:
+    if not stuck and not report.gone:
         parts.append("no stalled rank is outside a collective")
     for g in waits[:_SUMMARY_GROUPS]:
         parts.append(
@@ -503,7 +527,7 @@ def _summary(report: HangReport) -> str:
     rest = sum(g["count"] for g in stuck[_SUMMARY_GROUPS:] + waits[_SUMMARY_GROUPS:])
     if rest:
         parts.append(f"{rest} more stalled rank{'s' if rest > 1 else ''} elsewhere (see the table)")
-    if not stuck:
+    if not stuck and not report.gone:
         parts.extend(_suspects(report))
     return "; ".join(parts)
 

@@ -28,6 +28,8 @@ class StepOrder:
     sync: frozenset[str]
     """The phases of kind "comm", and those whose ranks leave them together though they
     enter apart (analysis/_stragglers.py's rule: a DDP backward)."""
+    last_step: dict[int, int] = field(default_factory=dict)
+    """Each rank's latest step with a record: where the timings last saw it."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,4 +97,8 @@ def _order_of(run: TimedRun) -> StepOrder:
     m = run.matrices
     named = [phase for phase in m.phases if phase != STEP]
     places = {phase: i for i, phase in enumerate(named)}
-    return StepOrder(places=places, sync=frozenset(ends_in_collective(m, run.meta.hosts)))
+    return StepOrder(
+        places=places,
+        sync=frozenset(ends_in_collective(m, run.meta.hosts)),
+        last_step=dict(run.records.last_step),
+    )

@@ -375,7 +375,7 @@ def _rank_list(ranks: list[int]) -> str:
 
 # -- hangs ---------------------------------------------------------------------
 
-_STATE_STYLES = {"hung": "bold red", "no heartbeats": "yellow"}
+_STATE_STYLES = {"hung": "bold red", "ended": "yellow", "no heartbeats": "yellow"}
 _STACKS_SHOWN = 4  # stuck ranks whose frames are printed; --json has them all
 
 

@@ -69,6 +69,16 @@ class RunMeta:
         size = self.world_size if self.world_size is not None else max(have, default=-1) + 1
         return [r for r in range(size) if r not in have]
 
+    def sampling(self, rank: int) -> int:
+        """Every how many steps the rank's timer samples, as its meta file's config says
+        (1 where it does not say, or says something no config holds)."""
+        config = self.meta.get(rank, {}).get("config")
+        timer = config.get("timer") if isinstance(config, dict) else None
+        every = timer.get("every_n_steps") if isinstance(timer, dict) else None
+        if isinstance(every, int) and not isinstance(every, bool) and 0 < every < 1 << 31:
+            return every
+        return 1
+
     def config_differences(self, most: int = 5) -> list[str]:
         """One line per setting the ranks' meta files disagree on, the value most ranks
         have last ("timer.every_n_steps is 5 on rank 1, 1 on ranks 0, 2, 3"): ranks
