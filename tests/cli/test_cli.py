@@ -198,7 +198,73 @@ def test_a_reader_that_goes_away_stops_the_command_quietly(tmp_path: Path) -> No
         err = proc.stderr.read().decode()
         code = proc.wait(timeout=120)
     assert head.startswith(b"{")
-    assert (code, err) == (141, "")
+    assert (code, err) == (0, "")  # the reader had what it wanted: nothing failed
+
+
+_PIPED = [
+    ["stragglers", "{run}"],
+    ["stragglers", "{run}", "--json"],
+    ["report", "{run}", "--no-html"],
+    ["report", "{run}", "--json", "--no-html"],
+    ["sql", "{run}", "select * from timings limit 500"],
+    ["sql", "{run}", "--csv", "select * from timings"],
+    ["sql", "--schema", "{run}"],
+    ["hang", "{run}"],
+    ["top", "{run}", "--once"],
+    ["kernels", "{run}"],
+    ["hosts", "{run}"],
+    ["trigger", "--status", "{run}"],
+    ["stragglers", "--help"],
+    [],
+]
+
+
+@pytest.fixture(scope="module")
+def piped_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ..analysis.test_hang_analysis import data_stuck_run
+
+    return data_stuck_run(_straggler_run(tmp_path_factory.mktemp("piped")), dead=True)
+
+
+@pytest.mark.parametrize(
+    "argv", _PIPED, ids=lambda a: " ".join(x for x in a if x != "{run}") or "alone"
+)
+def test_a_pipe_closed_before_the_first_line_ends_every_command_quietly(
+    piped_run: Path, argv: list[str]
+) -> None:
+    """`rankscope ... | head -1` where head is gone before the command writes: exit 0, and
+    nothing on stderr (rich alone would exit 1, the interpreter's last flush 120)."""
+    import os
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone: every write and the last flush meet EPIPE
+    command = [sys.executable, "-m", "rankscope.cli", *(a.format(run=piped_run) for a in argv)]
+    try:
+        done = subprocess.run(
+            command, stdout=write, stderr=subprocess.PIPE, timeout=120, check=False
+        )
+    finally:
+        os.close(write)
+    err = done.stderr.decode()
+    assert (done.returncode, err) == (0, ""), err
+
+
+def test_head_1_reads_one_line_and_the_pipeline_exits_0(piped_run: Path) -> None:
+    """The shell's own `| head -1`, with pipefail so the command's exit code counts."""
+    import shlex
+    import subprocess
+
+    command = f"{shlex.quote(sys.executable)} -m rankscope.cli stragglers {piped_run} | head -1"
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert len(done.stdout.splitlines()) == 1
 
 
 # -- the command line itself ---------------------------------------------------------
