@@ -159,6 +159,75 @@ def test_json_output_is_strict_where_a_value_is_not_a_number(
     assert json.loads(capsys.readouterr().out) == [{"x": None, "y": 1}]
 
 
+def _escapes(tmp_path: Path) -> dict[str, tuple[str, Path | None]]:
+    """What a query must not do by default: (its SQL, the file it would make or read)."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the password\n")
+    written, attached = tmp_path / "written.csv", tmp_path / "made.duckdb"
+    return {
+        "copy to": (f"COPY (select 1 as one) TO '{written}'", written),
+        "read_text": (f"select content from read_text('{secret}')", None),
+        "attach": (f"ATTACH '{attached}' AS made", attached),
+        "install": ("INSTALL httpfs", None),
+        "unlock": ("SET enable_external_access = true", None),
+    }
+
+
+@pytest.mark.parametrize("escape", ["copy to", "read_text", "attach", "install", "unlock"])
+def test_a_confined_database_refuses_what_reaches_past_the_run(tmp_path: Path, escape: str) -> None:
+    sql, made = _escapes(tmp_path)[escape]
+    db = open_run_database(_run(tmp_path / "run"), allow_files=False)
+    with pytest.raises(RankscopeError, match=r"the query failed: .*tables only") as caught:
+        db.query(sql)
+    assert "the password" not in str(caught.value)
+    assert made is None or not made.exists()
+
+
+def test_a_confined_database_still_answers_from_every_table(tmp_path: Path) -> None:
+    root = data_stuck_run(_run(tmp_path), dead=True)
+    query = (
+        "select rank, phase, count(*), sum(cpu_ms), bool_and(used) from timings "
+        "group by all order by all"
+    )
+    _, free = open_run_database(root).query(query)
+    db = open_run_database(root, allow_files=False)
+    _, rows = db.query(query)
+    assert rows == free and len(rows) == 4 * 6
+    _, meta = db.query("select count(*), min(meta->>'$.host') from meta")
+    assert meta[0][0] == 4 and meta[0][1]
+    _, stuck = db.query("select rank from hangs where open_phases->>'$[0].phase' = 'data_loading'")
+    assert stuck == [(2,)]
+    _, names = db.query("select table_name from duckdb_tables() order by 1")
+    assert [n for (n,) in names] == sorted(TABLES)  # the run's tables, no helper left
+
+
+@pytest.mark.parametrize("escape", ["copy to", "read_text", "attach", "install", "unlock"])
+def test_the_cli_refuses_each_escape_in_one_line_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], escape: str
+) -> None:
+    sql, made = _escapes(tmp_path)[escape]
+    root = _run(tmp_path / "run")
+    assert main(["sql", str(root), sql]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err and "the password" not in err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("rankscope sql: the query failed: ")
+    assert line.endswith(
+        "(queries see the run's tables only; rankscope sql --allow-files lifts this)"
+    )
+    assert made is None or not made.exists()
+
+
+def test_allow_files_lets_copy_to_write_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _run(tmp_path / "run")
+    out = tmp_path / "forward.csv"
+    query = f"COPY (select rank, cpu_ms from timings where phase = 'forward') TO '{out}'"
+    assert main(["sql", str(root), "--allow-files", query]) == 0, capsys.readouterr().err
+    assert len(out.read_text().splitlines()) == 1 + 4 * 12  # a header, then every record
+
+
 def test_export_writes_parquet_that_reads_back(tmp_path: Path) -> None:
     root = _run(tmp_path / "run")
     out = tmp_path / "kept"

@@ -74,6 +74,54 @@ def test_report_writes_html_and_prints_the_run(
     assert "html" not in data
 
 
+@pytest.mark.parametrize("where", ["missing folder", "under a file", "a folder at the name"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_an_unwritable_report_still_prints_the_answer_and_says_the_page_failed_after_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, as_json: bool
+) -> None:
+    """A page that cannot be written (`-o` into no folder, a read-only run directory: as
+    root, a folder where the page goes stands in for it) costs the page, not the answer."""
+    run = _straggler_run(tmp_path / "run")
+    (tmp_path / "file").write_text("x")
+    target = {
+        "missing folder": tmp_path / "no" / "such" / "report.html",
+        "under a file": tmp_path / "file" / "report.html",
+        "a folder at the name": run / "report.html",
+    }[where]
+    if where == "a folder at the name":
+        target.mkdir()
+    before = sorted(p.name for p in run.iterdir())
+    argv = ["report", str(run), "-o", str(target), *(["--json"] if as_json else [])]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 1, err
+    if as_json:
+        data = json.loads(out)  # the whole answer, as without the page
+        assert data["stragglers"]["summary"] and "html" not in data
+        assert data["html_error"].startswith(f"{target}: ")
+    else:
+        assert "rank 2 is slow in forward" in out and "HTML report:" not in out
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"rankscope report: the HTML report was not written ({target}: ")
+    assert "Traceback" not in err
+    assert sorted(p.name for p in run.iterdir()) == before  # no temporary left behind
+
+
+def test_an_unwritable_report_says_so_after_the_answer_on_one_terminal(tmp_path: Path) -> None:
+    """stdout and stderr on one terminal: the page's failure is the last line, not the first."""
+    import subprocess
+
+    run = _straggler_run(tmp_path)
+    target = tmp_path / "missing" / "report.html"
+    command = [sys.executable, "-m", "rankscope.cli", "report", str(run), "-o", str(target)]
+    done = subprocess.run(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120, check=False
+    )
+    lines = done.stdout.decode().strip().splitlines()
+    assert done.returncode == 1
+    assert any("rank 2 is slow in forward" in line for line in lines)
+    assert lines[-1].startswith("rankscope report: the HTML report was not written")
+
+
 def test_report_of_a_run_that_hung_says_who_is_stuck(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -198,7 +246,73 @@ def test_a_reader_that_goes_away_stops_the_command_quietly(tmp_path: Path) -> No
         err = proc.stderr.read().decode()
         code = proc.wait(timeout=120)
     assert head.startswith(b"{")
-    assert (code, err) == (141, "")
+    assert (code, err) == (0, "")  # the reader had what it wanted: nothing failed
+
+
+_PIPED = [
+    ["stragglers", "{run}"],
+    ["stragglers", "{run}", "--json"],
+    ["report", "{run}", "--no-html"],
+    ["report", "{run}", "--json", "--no-html"],
+    ["sql", "{run}", "select * from timings limit 500"],
+    ["sql", "{run}", "--csv", "select * from timings"],
+    ["sql", "--schema", "{run}"],
+    ["hang", "{run}"],
+    ["top", "{run}", "--once"],
+    ["kernels", "{run}"],
+    ["hosts", "{run}"],
+    ["trigger", "--status", "{run}"],
+    ["stragglers", "--help"],
+    [],
+]
+
+
+@pytest.fixture(scope="module")
+def piped_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ..analysis.test_hang_analysis import data_stuck_run
+
+    return data_stuck_run(_straggler_run(tmp_path_factory.mktemp("piped")), dead=True)
+
+
+@pytest.mark.parametrize(
+    "argv", _PIPED, ids=lambda a: " ".join(x for x in a if x != "{run}") or "alone"
+)
+def test_a_pipe_closed_before_the_first_line_ends_every_command_quietly(
+    piped_run: Path, argv: list[str]
+) -> None:
+    """`rankscope ... | head -1` where head is gone before the command writes: exit 0, and
+    nothing on stderr (rich alone would exit 1, the interpreter's last flush 120)."""
+    import os
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone: every write and the last flush meet EPIPE
+    command = [sys.executable, "-m", "rankscope.cli", *(a.format(run=piped_run) for a in argv)]
+    try:
+        done = subprocess.run(
+            command, stdout=write, stderr=subprocess.PIPE, timeout=120, check=False
+        )
+    finally:
+        os.close(write)
+    err = done.stderr.decode()
+    assert (done.returncode, err) == (0, ""), err
+
+
+def test_head_1_reads_one_line_and_the_pipeline_exits_0(piped_run: Path) -> None:
+    """The shell's own `| head -1`, with pipefail so the command's exit code counts."""
+    import shlex
+    import subprocess
+
+    command = f"{shlex.quote(sys.executable)} -m rankscope.cli stragglers {piped_run} | head -1"
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert len(done.stdout.splitlines()) == 1
 
 
 # -- the command line itself ---------------------------------------------------------

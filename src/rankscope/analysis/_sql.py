@@ -7,6 +7,11 @@ the files the line-by-line reader must read (bad lines, a restart's several atte
 are read by it, and their usable records added as a table. The smaller files (meta,
 window summaries, heartbeats, hang files) go through their own readers into tables.
 What could not be used is said in `skipped`, as by every other command.
+
+`rankscope sql` confines the connection (`allow_files=False`): once the tables are built,
+the timings are copied into memory (the view's reads of the files would be refused),
+DuckDB's access to files, the network and extensions is turned off, and the
+configuration locked, so a query sees the run's tables and nothing else of the machine.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from .read._run import read_run_meta, run_root
 from .read._timings import RankTimings, claim_ranks
 from .read._watch import read_watch
 
-__all__ = ["TABLES", "RunDatabase", "open_run_database"]
+__all__ = ["CONFINED", "TABLES", "RunDatabase", "open_run_database"]
 
 TABLES: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
     "timings": (
@@ -116,6 +121,8 @@ class RunDatabase:
 
     con: Any
     skipped: list[str] = field(default_factory=list)
+    confined: bool = False
+    """Queries see the run's tables only: no file, no network, no extension (`confine`)."""
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """(column names, rows) of `sql`; a RankscopeError with DuckDB's complaint where it fails."""
@@ -126,8 +133,32 @@ class RunDatabase:
             rows = result.fetchall()
         except duckdb.Error as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RankscopeError(f"the query failed: {first}") from None
+            refused = isinstance(exc, duckdb.PermissionException) or "locked" in first
+            why = f" ({CONFINED})" if self.confined and refused else ""
+            raise RankscopeError(f"the query failed: {first}{why}") from None
         return [d[0] for d in result.description or []], rows
+
+    def confine(self) -> None:
+        """Leave queries the run's tables and nothing else: no file read or written
+        (COPY, read_text, ATTACH), no extension installed or loaded, and a configuration
+        no query can change back."""
+        con = self.con
+        # The timings view reads the JSONL files at each query, which the lock refuses;
+        # allowing their paths instead would let `COPY ... TO` overwrite them. A table
+        # of the same rows costs one read of the files, as one query over the view did.
+        con.execute("CREATE TABLE _timings AS SELECT * FROM timings")
+        con.execute("DROP VIEW timings")
+        con.execute("ALTER TABLE _timings RENAME TO timings")
+        con.execute("DROP TABLE _line_by_line")
+        con.execute("DROP TABLE _fast_files")
+        for setting in (
+            "autoinstall_known_extensions = false",
+            "autoload_known_extensions = false",
+            "enable_external_access = false",
+            "lock_configuration = true",  # last: a query could otherwise undo the others
+        ):
+            con.execute(f"SET {setting}")
+        self.confined = True
 
     def export_parquet(self, folder: str | os.PathLike[str]) -> list[Path]:
         """Each table as FOLDER/<table>.parquet (written under a temporary name, then renamed)."""
@@ -144,14 +175,20 @@ class RunDatabase:
         return written
 
 
+CONFINED = "queries see the run's tables only; rankscope sql --allow-files lifts this"
+"""What a refused query is told, after DuckDB's own reason."""
+
+
 def open_run_database(
     run_dir: str | os.PathLike[str],
     *,
     progress: Callable[[str, int, int], None] | None = None,
     workers: int | None = None,
+    allow_files: bool = True,
 ) -> RunDatabase:
     """The run's tables (TABLES) in an in-memory DuckDB. A table whose files are absent is
-    empty; a run directory that is none is a TraceError."""
+    empty; a run directory that is none is a TraceError. `allow_files=False` confines
+    the queries to these tables (`RunDatabase.confine`), as `rankscope sql` does."""
     root = run_root(run_dir)
     db = RunDatabase(connect(workers))
     _timings(db, root, workers)
@@ -160,6 +197,8 @@ def open_run_database(
     _meta(db, root)
     _kernels(db, root, workers)
     _watch(db, root)
+    if not allow_files:
+        db.confine()
     return db
 
 

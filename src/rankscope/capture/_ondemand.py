@@ -96,13 +96,18 @@ class OnDemand:
         figures: dict[str, Any] = {"by": "trigger", "trigger": trigger.id, "seen_at_step": step}
         if trigger.created is not None:
             figures["created"] = trigger.created
-        asked = Asked(f"trigger {trigger.id}", trigger_tag(trigger.id), figures, trigger)
+        asked = Asked(
+            f"trigger {trigger.id}", trigger_tag(trigger.id), figures, trigger, on_demand=True
+        )
         window = self._requests.ask(asked, trigger.start, trigger.steps, step)
-        if isinstance(window, str):
+        answer: dict[str, Any]
+        if window == self._requests.bound_reason:
+            answer = self._past_bound(f"trigger {trigger.id}")
+        elif isinstance(window, str):
             logger.warning(
                 "rankscope: trigger %s declined on rank %d: %s", trigger.id, self._rank, window
             )
-            answer: dict[str, Any] = {"status": "declined", "reason": window}
+            answer = {"status": "declined", "reason": window}
         else:
             logger.info(
                 "rankscope: trigger %s: rank %d records steps %d-%d into %s/%s",
@@ -121,6 +126,26 @@ class OnDemand:
                 "warmup": window.warmup,
             }
         write_ack(self._run_dir, trigger, self._rank, {**answer, "seen_at_step": step})
+
+    def _past_bound(self, who: str) -> dict[str, Any]:
+        """A request declined by trace.trigger_max_windows: warned about once per run (a
+        loop of `rankscope trigger` would otherwise warn at every one), counted, and the
+        answer a trigger gets."""
+        requests = self._requests
+        declined = requests.past_bound
+        reason = requests.bound_reason
+        if declined == 1:
+            logger.warning(
+                "rankscope: %s declined on rank %d: %s; later on-demand requests are declined "
+                "too (each trigger's answer in %s says so, with the count)",
+                who,
+                self._rank,
+                reason,
+                RunDir(self._run_dir).triggers_dir,
+            )
+        else:
+            logger.debug("rankscope: %s declined on rank %d: %s", who, self._rank, reason)
+        return {"status": "declined", "reason": reason, "declined_past_bound": declined}
 
     # -- SIGUSR2 --------------------------------------------------------------------
 
@@ -152,8 +177,11 @@ class OnDemand:
             )
             return
         figures = {"by": "SIGUSR2", "received_before_step": step}
-        asked = Asked(SIGNAL, SIGNAL_TAG, figures)
+        asked = Asked(SIGNAL, SIGNAL_TAG, figures, on_demand=True)
         window = self._requests.ask_next(asked, self._requests.signal_steps, step)
+        if window == self._requests.bound_reason:
+            self._past_bound(f"SIGUSR2 before step {step}")
+            return
         if isinstance(window, str):
             logger.warning(
                 "rankscope: SIGUSR2 received before step %d; no window on rank %d: %s",
@@ -303,7 +331,18 @@ class OnDemand:
                 )
 
     def missed(self, step: int) -> None:
-        """At stop(): the asked-for windows the run stopped before."""
+        """At stop(): the asked-for windows the run stopped before, and how many on-demand
+        requests trace.trigger_max_windows declined."""
+        declined = self._requests.past_bound
+        if declined:
+            logger.info(
+                "rankscope: rank %d declined %d on-demand request%s past "
+                "trace.trigger_max_windows (%d)",
+                self._rank,
+                declined,
+                "" if declined == 1 else "s",
+                self._requests.max_windows,
+            )
         for window, asked in self._requests.not_begun(step):
             logger.warning(
                 "rankscope: %s asked rank %d for steps %d-%d; the run stopped at step %d",

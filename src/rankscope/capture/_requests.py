@@ -32,6 +32,8 @@ class Asked:
     figures: dict[str, Any] = field(default_factory=dict)
     """What the window's summary records under "captured_because"."""
     trigger: Trigger | None = None
+    on_demand: bool = False
+    """A trigger or SIGUSR2: its window counts against trace.trigger_max_windows."""
 
 
 class WindowRequests:
@@ -39,7 +41,8 @@ class WindowRequests:
 
     A request names its steps, or takes the next ones: a warm-up step first where the
     schedule has one, then `steps` steps. It is granted (an AddedWindow) unless it asks
-    for more than trace.trigger_max_steps, begins too late, or overlaps another window.
+    for more than trace.trigger_max_steps, begins too late, overlaps another window, or
+    is on demand once trace.trigger_max_windows on-demand windows were granted.
     """
 
     def __init__(self, config: TraceConfig, plan: StepPlan) -> None:
@@ -48,6 +51,12 @@ class WindowRequests:
         self.signal_steps = min(config.schedule.active, config.trigger_max_steps)
         """How many steps a SIGUSR2 window records: the schedule's, within the cap."""
         self._max_steps = config.trigger_max_steps
+        self.max_windows = config.trigger_max_windows
+        self.on_demand = 0
+        """On-demand windows granted and not given up."""
+        self.past_bound = 0
+        """On-demand requests declined because `max_windows` were granted: each would have
+        been a window."""
         self._asked: dict[AddedWindow, Asked] = {}
 
     def ask(self, asked: Asked, first: int, steps: int, step: int) -> AddedWindow | str:
@@ -59,9 +68,22 @@ class WindowRequests:
         conflict = self.plan.conflict(first, first + steps - 1)
         if conflict is not None:
             return conflict
+        if asked.on_demand:
+            # Checked last, so that what is counted is a window the bound alone declined.
+            if self.on_demand >= self.max_windows:
+                self.past_bound += 1
+                return self.bound_reason
+            self.on_demand += 1
         window = self.plan.add(first, first + steps - 1, warmup=self._warmup, after=step)
         self._asked[window] = asked
         return window
+
+    @property
+    def bound_reason(self) -> str:
+        return (
+            f"this rank has recorded trace.trigger_max_windows ({self.max_windows}) on-demand "
+            "windows this run"
+        )
 
     def ask_next(self, asked: Asked, steps: int, step: int) -> AddedWindow | str:
         """`steps` steps from the next one after `step` that can begin a window."""
@@ -86,7 +108,10 @@ class WindowRequests:
         dropped = []
         for window in [w for w in plan.added if plan.next_added in (w.warmup, w.first)]:
             plan.drop(window, step)
-            dropped.append((window, self._asked.pop(window, None)))
+            asked = self._asked.pop(window, None)
+            if asked is not None and asked.on_demand:
+                self.on_demand -= 1  # never recorded: it does not count
+            dropped.append((window, asked))
         return dropped
 
     def not_begun(self, step: int) -> list[tuple[AddedWindow, Asked]]:

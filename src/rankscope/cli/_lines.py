@@ -9,16 +9,30 @@ from typing import Any
 
 from .._text import printable
 
-__all__ = ["SHOWN_SKIPPED", "SafeStdout", "skipped_lines"]
+__all__ = ["SHOWN_SKIPPED", "ReaderGone", "SafeStdout", "skipped_lines"]
+
+
+class ReaderGone(Exception):
+    """stdout's reader went away (`| head -1`). Raised in place of BrokenPipeError, which
+    rich turns into `SystemExit(1)` itself; `main` ends the command quietly on either."""
 
 
 class SafeStdout:
     """sys.stdout (whichever it is at the time) for the terminal renderers: every text
     goes through `printable`, so no file's name can end a command in UnicodeEncodeError
-    (a byte that is not UTF-8 is written `\\xff`)."""
+    (a byte that is not UTF-8 is written `\\xff`). A closed pipe is a ReaderGone."""
 
     def write(self, text: str) -> int:
-        return sys.stdout.write(printable(text))
+        try:
+            return sys.stdout.write(printable(text))
+        except BrokenPipeError:
+            raise ReaderGone from None
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise ReaderGone from None
 
     def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding
         return getattr(sys.stdout, name)

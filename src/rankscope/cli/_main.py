@@ -32,12 +32,12 @@ from . import (
     _top,
     _trigger,
 )
+from ._lines import ReaderGone
 from ._options import OPTION_FIELDS
 from ._output import EXIT_BAD_INPUT
 
 __all__ = ["main"]
 
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a command a pipe cut short
 # ConfigError fields that are this CLI's options (the analyses' and the demo's).
 _OPTIONS = OPTION_FIELDS | {
     "ranks",
@@ -126,6 +126,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _run(argv)
+        # What is still buffered goes now: a reader gone by then is seen here, where the
+        # interpreter's own flush at exit would print a complaint and exit 120.
+        sys.stdout.flush()
+        return code
+    except (BrokenPipeError, ReaderGone):
+        # The reader went away (`| head -1`) with all it wanted: nothing failed, so exit 0
+        # and say nothing, for every command. stdout goes to devnull so that nothing
+        # written after this (the interpreter's flush) meets the closed pipe again.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -138,12 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Callable[[argparse.Namespace], int] = args.run
     try:
         return command(args)
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, as a command killed by SIGPIPE would.
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
     except (RankscopeError, OSError, ImportError) as exc:  # ConfigError is a RankscopeError
+        if isinstance(exc, BrokenPipeError):
+            raise
         print(f"rankscope {args.command}: {_error_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

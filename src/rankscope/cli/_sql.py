@@ -39,6 +39,12 @@ def add_commands(commands: Any) -> None:
     form.add_argument("--json", action="store_true", help="print the rows as a JSON array")
     form.add_argument("--csv", action="store_true", help="print the rows as CSV")
     form.add_argument("--schema", action="store_true", help="list the tables and their columns")
+    sql.add_argument(
+        "--allow-files",
+        action="store_true",
+        help="let the query read and write files, attach databases and load extensions "
+        "(COPY ... TO, read_csv, ATTACH, INSTALL); by default it sees the run's tables only",
+    )
     sql.set_defaults(run=_sql)
 
 
@@ -54,7 +60,7 @@ def _sql(args: argparse.Namespace) -> int:
     if not args.query:
         print("rankscope sql: give a QUERY (or --schema for the tables)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    db = open_run_database(args.run_dir)
+    db = open_run_database(args.run_dir, allow_files=args.allow_files)
     names, rows = db.query(args.query)
     for line in db.skipped:
         print(f"skipped: {line}", file=sys.stderr)

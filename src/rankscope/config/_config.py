@@ -190,6 +190,10 @@ class TraceConfig:
     trigger_max_steps: int = 5
     """The most steps one trigger may record; a trigger asking for more is declined. Bounds
     the size of a triggered window's trace, as schedule.active does for scheduled ones."""
+    trigger_max_windows: int = 10
+    """On-demand windows (triggers and SIGUSR2) per run on this rank, at most: a request past
+    it is declined and answered so, and the rank warns once. Bounds what repeated requests
+    cost a job, as auto.max_captures does for anomaly windows."""
     on_signal: bool = False
     """Capture a window when the process receives SIGUSR2 (`kill -USR2 PID`): schedule.active steps
     (at most trigger_max_steps) from the next step that can start one. The handler is installed by
@@ -218,6 +222,7 @@ class TraceConfig:
         _check_bool("trace.gzip", self.gzip)
         _check_int("trace.trigger_check_every_n_steps", self.trigger_check_every_n_steps, 0)
         _check_int("trace.trigger_max_steps", self.trigger_max_steps, 1)
+        _check_int("trace.trigger_max_windows", self.trigger_max_windows, 1)
         _check_bool("trace.on_signal", self.on_signal)
         if self.on_signal and self.target != "step":
             raise ConfigError(
