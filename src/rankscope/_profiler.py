@@ -270,10 +270,15 @@ class Profiler:
         self.start()
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, *tb: object) -> None:
         capture = self._live
         if exc_type is not None and capture is not None:
             capture.loop_raised = True  # "captured nothing" then needs no hint about step()
+        if exc_type is not None and self._watchdog is not None:
+            # The last heartbeat says the loop left on an error, not a clean end: a peer
+            # that died makes the others' collectives raise (gloo) rather than hang.
+            name = getattr(exc_type, "__name__", "error")
+            self._watchdog.ended_by = f"{name}: {exc}"[:_ERROR_TEXT]
         self.stop()
 
     @property
@@ -497,6 +502,10 @@ def _say_bad_config(
             "rankscope: bad config, so every rank of this job stops: %s (said by rank 0 alone)",
             exc,
         )
+
+
+_ERROR_TEXT = 300
+"""Characters of the error a loop left on, kept in the last heartbeat."""
 
 
 class _SettleAtExit:

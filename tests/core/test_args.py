@@ -31,7 +31,7 @@ def test_no_flags_give_the_default_config() -> None:
 
 def test_every_field_has_a_flag_with_its_docstring_as_help() -> None:
     fields = config_fields()
-    assert len(fields) == 46  # a new field gets a flag without anyone writing one
+    assert len(fields) == 47  # a new field gets a flag without anyone writing one
     help_text = " ".join(_parser().format_help().split())
     for field in fields:
         assert flag_name(field) in help_text, field.name
@@ -61,6 +61,7 @@ _FLAGS = {
     "trace.gzip": None,  # on by default: --no-... turns it off
     "trace.trigger_check_every_n_steps": ["3"],
     "trace.trigger_max_steps": ["7"],
+    "trace.trigger_max_windows": ["4"],
     "trace.on_signal": [],
     "trace.auto.enable": [],
     "trace.auto.ratio": ["2.5"],

@@ -490,6 +490,7 @@ def test_to_dict_shape(run_dir: Path) -> None:
             "gzip": True,
             "trigger_check_every_n_steps": 10,
             "trigger_max_steps": 5,
+            "trigger_max_windows": 10,
             "on_signal": False,
             "auto": {
                 "enable": False,

@@ -15,10 +15,10 @@ import os
 import socket
 from collections.abc import Mapping
 
-from .._text import format_ranks, number_ranges
+from .._text import format_ranks, number_ranges, printable
 from .read._watch import Heartbeat
 
-__all__ = ["behind_note", "ended_words", "last_seen", "process_gone"]
+__all__ = ["behind_note", "ended_words", "last_seen", "process_gone", "stopped_words"]
 
 _BEHIND = 2
 """Steps a heartbeat may trail the timings by before that is said: one written every
@@ -65,9 +65,28 @@ def behind_note(beats: Mapping[int, Heartbeat], timed: Mapping[int, int]) -> str
         return None
     steps = sorted(set(behind.values()))
     reach = sorted({timed[r] for r in behind})
+    one = len(behind) == 1
     return (
-        f"the heartbeats of {format_ranks(sorted(behind))} stop at step "
-        f"{number_ranges(steps)} while their timings reach step {number_ranges(reach)}: "
-        "no heartbeat was written after that (a write that failed, such as on a full disk, "
-        "is said in the job's log; a killed process stops both at once)"
+        f"the heartbeat{'' if one else 's'} of {format_ranks(sorted(behind))} stop"
+        f"{'s' if one else ''} at step {number_ranges(steps)} while {'its' if one else 'their'} "
+        f"timings reach step {number_ranges(reach)}: where {'it was' if one else 'they were'} last seen is taken from the timings (a heartbeat is written every "
+        "few seconds, hang.heartbeat_s; one far behind may be one that could not be "
+        "written, as on a full disk: the job's log says which write failed)"
     )
+
+
+def stopped_words(stopped: list[int], errors: Mapping[int, str]) -> str:
+    """`; ranks 0, 2 stopped on an error (RuntimeError: ...)`, and those that stopped
+    cleanly; nothing where none stopped."""
+    out = []
+    by_error: dict[str, list[int]] = {}
+    for rank, error in sorted(errors.items()):
+        # By the error's type: its text names ports and paths that differ rank to rank.
+        kind = error.split(":", 1)[0].strip() or "an error"
+        by_error.setdefault(printable(kind)[:60], []).append(rank)
+    for error, ranks in by_error.items():
+        out.append(f"{format_ranks(ranks)} stopped on an error ({error}; --json has its text)")
+    clean = [r for r in stopped if r not in errors]
+    if clean:
+        out.append(f"{format_ranks(clean)} stopped cleanly")
+    return "".join(f"; {part}" for part in out)

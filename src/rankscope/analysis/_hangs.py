@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ConfigError
 from .._text import format_ranks, number_ranges
 from ..config._config import HangConfig
-from ._hang_ends import behind_note, ended_words, last_seen, process_gone
+from ._hang_ends import behind_note, ended_words, last_seen, process_gone, stopped_words
 from ._hang_launches import current_hangs, latest_launch, world_size_of
 from ._options import HangOptions
 from ._step_order import StepOrder, step_order
@@ -164,6 +164,8 @@ class HangReport:
     stopped: list[int] = field(default_factory=list)
     stopped_steps: list[int] = field(default_factory=list)
     """The step each stopped rank was at, in the order of `stopped`."""
+    errors: dict[int, str] = field(default_factory=dict)
+    """Stopped ranks whose loop left on an error, and the error (their last heartbeat's)."""
     gone: dict[int, int] = field(default_factory=dict)
     """Ranks whose process is gone without stop() (_hang_ends.py): where last seen."""
     missing: list[int] = field(default_factory=list)
@@ -236,6 +238,7 @@ class HangReport:
             else {"rank": longest[1], "s": round(longest[0], 3)},
             "stalls_ended": self.stalls_ended,
             "ended_at": {str(rank): step for rank, step in sorted(self.gone.items())},
+            "errors": {str(rank): error for rank, error in sorted(self.errors.items())},
             "older_hang_files": self.older_hang_files,
             "phases": None if self.order is None else self.order.to_dict(),
             "notes": self.notes,
@@ -335,6 +338,8 @@ def _judge(
         if beat is not None and beat.stopped:
             report.stopped.append(rank)
             report.stopped_steps.append(beat.step)
+            if beat.error is not None:
+                report.errors[rank] = beat.error
             continue
         if beat is not None and hang is None and process_gone(beat):
             report.gone[rank] = beat.step  # where last seen: set once the timings are read
@@ -493,11 +498,8 @@ def _summary(report: HangReport) -> str:
         if report.files_read == 0:
             return "no heartbeats or hang files: the watch was off, or the run predates it"
         return "no heartbeat of the run's latest launch; nothing to judge against"
-    if report.state == "finished":
-        return f"the run finished: every rank's stop() ran ({_ranks(report.stopped)})"
-    if report.state == "ended":
-        stopped = f"; {_ranks(report.stopped)} stopped cleanly" if report.stopped else ""
-        return f"not hung: {ended_words(report.gone)}{stopped}"
+    if report.state in ("finished", "ended"):
+        return _ended_summary(report)
     if report.state == "running":
         n = len(report.running)
         text = (
@@ -530,6 +532,16 @@ def _summary(report: HangReport) -> str:
     if not stuck and not report.gone:
         parts.extend(_suspects(report))
     return "; ".join(parts)
+
+
+def _ended_summary(report: HangReport) -> str:
+    """A run no rank of which is running: how each ended."""
+    stopped = stopped_words(report.stopped, report.errors)
+    if report.gone:
+        return f"not hung: {ended_words(report.gone)}{stopped}"
+    if report.errors:
+        return f"not hung: every rank's stop() ran{stopped}"
+    return f"the run finished: every rank's stop() ran ({_ranks(report.stopped)})"
 
 
 def _suspects(report: HangReport) -> list[str]:

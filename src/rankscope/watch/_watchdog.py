@@ -77,6 +77,8 @@ class Watchdog:
         self._seen: list[tuple[Any, int]] = []
         self._open: list[tuple[str, str, int]] = []  # (name, kind, since_ns), outermost first
         self._stall: dict[str, Any] | None = None  # the hang file of the stall under way
+        self.ended_by: str | None = None
+        """The error the training loop left on ("RuntimeError: ..."), said by the last heartbeat."""
         self._written_at = -(10**18)  # monotonic ns of the last heartbeat written: long ago
         self._changed = True
 
@@ -208,6 +210,8 @@ class Watchdog:
             "stopped_ns": now if stopped else None,
             "hang": None if self._stall is None else stall_name(self._step, self._token),
         }
+        if stopped and self.ended_by is not None:
+            data["error"] = self.ended_by
         self._write(live_path(self._run_dir, self._rank), data, "the heartbeat")
         self._written_at, self._changed = time.monotonic_ns(), False
 

@@ -208,7 +208,9 @@ def read_rank_timings(path: str | os.PathLike[str]) -> RankTimings:
         out = _read_any_lines(body, rank, path)
     if torn.strip():
         line = body.count(b"\n") + 1
-        out.skipped.append(f"{path}:{line}: the last line is cut short (a crash mid-write?)")
+        out.skipped.append(
+            f"{path}:{line}: the last line is cut short (a write that did not finish: a crash, or a full disk)"
+        )
     return out
 
 

@@ -96,6 +96,8 @@ class Heartbeat:
     """The watchdog's threshold, where the heartbeat states it (optional)."""
     started_ns: int | None = None
     """When this attempt started, where the heartbeat states it (optional)."""
+    error: str | None = None
+    """The error its training loop left on, where its last heartbeat says (optional)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +242,7 @@ def _heartbeat(data: dict[str, Any], found: RankFile) -> Heartbeat:
         hang=_text(data, "hang", null=True, optional=True),
         threshold_s=_seconds(data, "threshold_s", null=True, optional=True, positive=True),
         started_ns=_ns(data, "started_ns", null=True, optional=True),
+        error=_text(data, "error", null=True, optional=True),
     )
 
 
