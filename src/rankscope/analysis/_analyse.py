@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .._errors import TraceError
 from .._text import format_ranks
 from ._findings import StragglerReport
 from ._matrix import PhaseMatrices, matrices_of, shared_steps
@@ -155,4 +156,33 @@ def analyse_stragglers(
 ) -> StragglerAnalysis:
     """Which rank is slow in which phase, who waits for it, what it costs and why."""
     run = read_timed_run(run_dir, options, progress=progress, workers=workers)
-    return StragglerAnalysis(run=run, report=stragglers_in(run, options))
+    report = stragglers_in(run, options)
+    report.notes[:0] = concurrent_notes(run, options, workers=workers)
+    return StragglerAnalysis(run=run, report=report)
+
+
+def concurrent_notes(
+    run: TimedRun, options: StragglerOptions | None = None, *, workers: int | None = None
+) -> list[str]:
+    """Where jobs that ran at the same time share the run directory and none was asked
+    for, the latest is analysed alone (read/_attempts.py); each other's headline, so that
+    every job's slow rank is named."""
+    options = StragglerOptions() if options is None else options
+    attempts = run.records.attempts
+    if options.attempt is not None or len(attempts.concurrent) < 2:
+        return []
+    notes = []
+    for n in attempts.concurrent:
+        if n == attempts.used:
+            continue
+        other = replace(options, attempt=n)
+        try:
+            found = stragglers_in(read_timed_run(run.meta, other, workers=workers), other)
+        except TraceError as exc:
+            notes.append(f"attempt {n}, which ran at the same time, cannot be analysed: {exc}")
+            continue
+        said = found.summary[0] if found.summary else "no straggler"
+        notes.append(
+            f"attempt {n}, which ran at the same time: {said} (--attempt {n} for its whole answer)"
+        )
+    return notes

@@ -16,7 +16,7 @@ import numpy as np
 from .._errors import TraceError
 from .._text import format_ranks, format_steps
 from ..rundir._layout import SIGNAL_TAG, RunDir, leftovers, window_key
-from ._analyse import TimedRun, read_timed_run, stragglers_in
+from ._analyse import TimedRun, concurrent_notes, read_timed_run, stragglers_in
 from ._clocks import clock_words
 from ._collective_clocks import host_clock_offsets
 from ._collectives import collectives_of_run
@@ -130,6 +130,7 @@ def _add_timings(
     skipped.extend(run.apart)
     m = run.matrices
     stragglers = stragglers_in(run, options)
+    stragglers.notes[:0] = concurrent_notes(run, options)
     report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
     report["time"] = m.time
     report["clock"] = clock_words(dict(zip(m.phases, m.clocks, strict=True)), m.untimed)

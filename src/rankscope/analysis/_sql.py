@@ -217,7 +217,7 @@ def _timings(db: RunDatabase, root: Path, workers: int | None) -> None:
             f"""WITH {lines_sql()}
             SELECT filename,
                 count(*) FILTER (WHERE NOT (known AND (record OR opens))) AS bad,
-                count(*) FILTER (WHERE known AND opens) AS opens,
+                count(DISTINCT attempt::VARCHAR) FILTER (WHERE known AND opens) AS opens,
                 count(*) FILTER (WHERE known AND record) AS records,
                 list(DISTINCT rank) FILTER (WHERE known) AS ranks
             FROM lines GROUP BY filename""",

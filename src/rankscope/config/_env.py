@@ -230,6 +230,16 @@ def launcher_attempt(
     return None
 
 
+def rendezvous(environ: Mapping[str, str] | None = None) -> str | None:
+    """MASTER_ADDR:MASTER_PORT, where both are set (torchrun and most launchers set them);
+    None otherwise. Never raises."""
+    env = os.environ if environ is None else environ
+    addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+    if not addr or not port or len(addr) + len(port) > 300:
+        return None
+    return f"{addr}:{port}"
+
+
 def _count(env: Mapping[str, str], name: str) -> int | None:
     text = env.get(name, "").strip()
     return int(text) if _INT.fullmatch(text) and not text.startswith("-") else None

@@ -38,6 +38,10 @@ class Attempt:
     restart: int | None
     """The launcher's restart count (0 for the first start); None when unknown."""
     pid: int
+    rendezvous: str | None = None
+    """MASTER_ADDR:MASTER_PORT where the launcher set them: shared by the ranks of one
+    launch, and two jobs running at once on one host cannot share it (the port is
+    bound), so it tells concurrent jobs in one output_dir apart where no job id does."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +51,7 @@ class Attempt:
             "job": self.job,
             "restart": self.restart,
             "pid": self.pid,
+            "rendezvous": self.rendezvous,
         }
 
     def same_job(self, earlier: dict[str, Any]) -> bool:
@@ -87,6 +92,7 @@ def current_attempt() -> Attempt:
             job=job,
             restart=restart,
             pid=os.getpid(),
+            rendezvous=_env.rendezvous(),
         )
         _current = attempt
     return attempt

@@ -85,6 +85,8 @@ class PhaseTimer:
         self._file: Any = None
         # Written with the first records, so a start that records nothing adds nothing.
         self._opening = self._attempt_line()
+        self._end: int | None = None  # the file's size after our last write
+        self._shared = False  # another process was seen appending (said once)
         self._watch: str | None = None  # the phase whose times `take_watched` hands out
         self._watched: list[tuple[int, float]] = []
         self._warned = False
@@ -103,6 +105,7 @@ class PhaseTimer:
             # Never through a link: the file stays under RUN_DIR (see _files).
             self._file = open_append(self._run_dir, self.path)
             self._end_torn_line()
+            self._end = os.fstat(self._file.fileno()).st_size
         except OSError as exc:
             self.fault(f"cannot open {self.path} ({exc.strerror or exc})")
             return False
@@ -317,18 +320,28 @@ class PhaseTimer:
         file = self._file
         if file is None:
             return
-        if os.fstat(file.fileno()).st_nlink == 0:
+        st = os.fstat(file.fileno())
+        if st.st_nlink == 0:
             # Someone removed the file mid-run: what we write would vanish with it.
             logger.warning("rankscope: %s was removed during the run; writing a new one", self.path)
             self._close()
             file = self._file = open_append(self._run_dir, self.path)
-            self._opening = self._attempt_line()
-        if self._opening:
-            data, self._opening = self._opening + data, b""
-        view = memoryview(data)
+        elif self._end is not None and st.st_size != self._end and not self._shared:
+            self._shared = True
+            logger.warning(
+                "rankscope: another process appends to %s at the same time (another job "
+                "with this output_dir?): the records stay apart by attempt and the analysis "
+                "says so, but give each job its own output_dir",
+                self.path,
+            )
+        # Every write opens with the attempt line, in one append: records of two jobs
+        # that write into one file at once interleave by whole writes, each of which
+        # says whose records follow (read/_timings.py tells them apart by token).
+        view = memoryview(self._opening + data)
         while view:
             written = file.write(view)
             view = view[written:]
+        self._end = os.fstat(file.fileno()).st_size
 
     def _attempt_line(self) -> bytes:
         """The line that says which attempt wrote the records after it, and on which host."""

@@ -45,6 +45,8 @@ class AttemptMark:
     none usable (`host_problem` says why). No part of the attempt's identity."""
     host_problem: str | None = None
     """Why the line's host was ignored ("12, not a host name"); None where it was not."""
+    rendezvous: str | None = None
+    """MASTER_ADDR:MASTER_PORT of the start's launch, where the line says (rundir/_attempt.py)."""
 
 
 HOST_MAX = 255
@@ -70,6 +72,7 @@ def mark_of(record: dict[str, Any]) -> AttemptMark | str:
     if started is not None and not (_is_int(started) and 0 <= started < 1 << 63):
         return "an attempt line whose started_ns is not an integer >= 0"
     launcher, job, restart = record.get("launcher"), record.get("job"), record.get("restart")
+    meeting = record.get("rendezvous")
     host = record.get("host")
     problem = None if host is None else host_problem(host)
     return AttemptMark(
@@ -80,6 +83,7 @@ def mark_of(record: dict[str, Any]) -> AttemptMark | str:
         restart=restart if isinstance(restart, int) and _is_int(restart) and restart >= 0 else None,
         host=host if problem is None else None,
         host_problem=problem,
+        rendezvous=meeting if isinstance(meeting, str) and 0 < len(meeting) <= 300 else None,
     )
 
 
@@ -108,6 +112,10 @@ class Attempts:
     marks: list[dict[int, AttemptMark]] = field(default_factory=list)
     """Per attempt (0-based), each of its ranks' marks: what its attempt line said (its
     start, its host). Not in to_dict."""
+    concurrent: list[int] = field(default_factory=list)
+    """Attempts (1-based) whose records interleave in a file with another's: they ran at
+    the same time (two jobs with one output_dir). Their records are never mixed: where
+    no attempt is asked for, the latest of them is used alone."""
 
     @property
     def note(self) -> str | None:
@@ -115,6 +123,11 @@ class Attempts:
         if self.count == 1:
             return None
         head = f"{self.count} attempts ({'; '.join(_label(a) for a in self.described)})"
+        if self.concurrent:
+            head += (
+                f"; attempts {number_ranges(self.concurrent)} ran at the same time (their "
+                "records interleave in the files: jobs that shared one output_dir)"
+            )
         if self.used is not None:
             tail = f"attempt {self.used} is used (--attempt {self.used})"
             if self.without:
@@ -139,6 +152,7 @@ class Attempts:
             "rerun_steps": number_ranges(self.rerun_steps),
             "records_left_out": self.dropped,
             "ranks_without": self.without,
+            "concurrent": self.concurrent,
             "note": self.note,
         }
 
@@ -153,6 +167,15 @@ def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
     groups, of_rank = run_attempts(ranks)
     out = Attempts(count=max(len(groups), 1), described=_describe(groups))
     out.marks = [dict(group) for group in groups]  # a rank starts once per attempt
+    together = {
+        int(of_rank[rank][i]) + 1
+        for rank, timings in ranks.items()
+        for pair in getattr(timings, "interleaved", ())
+        for i in pair
+    }
+    out.concurrent = sorted(together)
+    if pick is None and together:
+        pick = max(together)  # the records of jobs that ran at once are never mixed
     rerun: set[int] = set()
     recorded: set[int] = set()
     for rank, timings in list(ranks.items()):
@@ -199,7 +222,7 @@ def run_attempts(
     Ranks start together but not all of them write in every attempt (a rank killed
     before its first records, a job scaled up), so the n-th attempt of a rank's file is
     not the run's n-th. A rank's start joins the latest attempt that has the same
-    launcher job and restart, or, where no launcher said, the latest attempt started
+    launcher job and restart (or rendezvous and restart), or, where neither is known, the latest attempt started
     less than ten minutes before it; never one that already holds that rank.
     """
     marks = [(rank, i, mark) for rank, t in ranks.items() for i, mark in enumerate(t.attempts)]
@@ -211,7 +234,7 @@ def run_attempts(
     latest: dict[object, int] = {}  # a launcher's (job, restart), or None: its latest group
     of_rank = {rank: np.zeros(len(t.attempts), np.int64) for rank, t in ranks.items()}
     for rank, own, mark in marks:
-        key = (mark.launcher, mark.job, mark.restart) if mark.job is not None else None
+        key = _launch_key(mark)
         index = latest.get(key)
         if index is not None and (
             rank in members[index]  # a rank starts once per attempt
@@ -228,6 +251,16 @@ def run_attempts(
         members[index].add(rank)
         of_rank[rank][own] = index
     return groups, of_rank
+
+
+def _launch_key(mark: AttemptMark) -> object:
+    """What the ranks of one launch share: the launcher's job id and restart, else the
+    rendezvous (MASTER_ADDR:MASTER_PORT) and restart; None where neither is known."""
+    if mark.job is not None:
+        return (mark.launcher, mark.job, mark.restart)
+    if mark.rendezvous is not None:
+        return ("rendezvous", mark.rendezvous, mark.restart)
+    return None
 
 
 def _near(first: int | None, started: int | None) -> bool:

@@ -88,7 +88,7 @@ def lines_sql(files: str = "$files", columns: str = "$columns", extra: str = "")
     FROM read_json({files}, format = 'newline_delimited', ignore_errors = true,
                    filename = true, columns = {columns})
 ), lines AS (
-    SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth{extra},
+    SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth, attempt{extra},
         coalesce((v IS NULL OR CAST(v AS VARCHAR) = '1') AND rank >= 0 AND {_WHOLE}, false)
             AS known,
         coalesce({_RECORD}, false) AS record,

@@ -69,6 +69,7 @@ SELECT filename, phase, kind,
     count(meta) FILTER (WHERE known AND record) AS valued,
     count(*) FILTER (WHERE NOT (known AND (record OR opens))) AS bad,
     count(*) FILTER (WHERE known AND opens) AS opens,
+    count(DISTINCT attempt::VARCHAR) FILTER (WHERE known AND opens) AS tokens,
     count(*) FILTER (WHERE known AND record) AS records,
     min(rank) FILTER (WHERE known) AS low_rank,
     max(rank) FILTER (WHERE known) AS high_rank,
@@ -348,7 +349,9 @@ class _Scan:
         have a phase or kind that is no string."""
         n = len(files)
         bad = np.bincount(file, weights=table["bad"], minlength=n) > 0
-        opens = np.bincount(file, weights=table["opens"], minlength=n)
+        # The timer opens each flush with its attempt line: a file of one attempt has
+        # many such lines, all with one token.
+        opens = np.bincount(file, weights=table["tokens"], minlength=n)
         own = np.array([self.rank_of[path] for path in files], np.int64)[file]
         named = ~np.ma.getmaskarray(table["low_rank"])  # groups with a line that names a rank
         low = np.ma.filled(table["low_rank"], -1).astype(np.int64)
@@ -435,10 +438,10 @@ def verdict(
     path: Path, rank: int, *, bad: int, opens: int, ranks: set[int]
 ) -> list[AttemptMark] | None:
     """The one attempt of a file DuckDB can read whole, from what its scan saw (lines it
-    could not take, attempt lines, the ranks its lines name); None where the line-by-line
-    reader must read the file."""
+    could not take, the attempts its attempt lines name (`opens`: their distinct tokens),
+    the ranks its lines name); None where the line-by-line reader must read the file."""
     if bad or ranks != {rank} or opens > 1:
-        return None  # a bad line, another rank's line, or a restart's several attempts
+        return None  # a bad line, another rank's line, or several attempts
     first, whole = _edges(path)
     if not whole:
         return None  # a torn last line (or a last line without its newline)

@@ -94,6 +94,11 @@ class RankTimings:
     """Which of `attempts` wrote each record."""
     attempts: list[AttemptMark] = field(default_factory=lambda: [AttemptMark()])
     """This rank's attempts in the order they started (read/_attempts.py)."""
+    interleaved: set[tuple[int, int]] = field(default_factory=set)
+    """Pairs of `attempts` (indexes) whose records interleave in the file: an attempt's
+    records after another's began, so both ran at the same time (two jobs with one
+    output_dir). Each flush of the timer starts with its attempt line, so the records
+    of each stay told apart by their token."""
     skipped: list[str] = field(default_factory=list)
     """What was left out of this file and why, one line each (a torn last line, a bad line)."""
     valued: set[str] = field(default_factory=set)
@@ -202,8 +207,9 @@ def read_rank_timings(path: str | os.PathLike[str]) -> RankTimings:
     split = _split_attempts(body, rank)
     out = None if split is None else _read_timer_lines(split[0], rank, path)
     if out is not None and split is not None:
-        _, out.attempts, counts = split
-        out.attempt = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+        _, out.attempts, chunks, counts = split
+        out.attempt = np.repeat(np.asarray(chunks, np.int32), counts)
+        out.interleaved = interleaved(chunks)
     else:
         out = _read_any_lines(body, rank, path)
     if torn.strip():
@@ -249,16 +255,25 @@ def _attempt_lines(body: bytes) -> list[re.Match[bytes]]:
     return found
 
 
-def _split_attempts(body: bytes, rank: int) -> tuple[bytes, list[AttemptMark], list[int]] | None:
-    """(the record lines, the attempts, how many lines each has), the attempt lines taken
-    out; None where an attempt line is not as the timer writes it (read line by line)."""
+def _split_attempts(
+    body: bytes, rank: int
+) -> tuple[bytes, list[AttemptMark], list[int], list[int]] | None:
+    """(the record lines, the attempts, each chunk's attempt (an index into them), how
+    many lines each chunk has), the attempt lines taken out; None where an attempt line
+    is not as the timer writes it (read line by line). A chunk is the lines after an
+    attempt line: an attempt is known by its token, so its chunks are its records
+    wherever they lie (another job's between them), and the same process starting
+    again adds none."""
     found = _attempt_lines(body)
     if not found:
-        return body, [AttemptMark()], [body.count(b"\n")]
+        return body, [AttemptMark()], [0], [body.count(b"\n")]
     lead = body[: found[0].start()]
-    parts, marks, counts = [lead], [], []
+    parts, marks, chunks, counts = [lead], [], [], []
+    index: dict[str | None, int] = {}
     if lead.strip():  # records before the first attempt line (an older version's)
         marks.append(AttemptMark())
+        index[None] = 0
+        chunks.append(0)
         counts.append(lead.count(b"\n"))
     for i, line in enumerate(found):
         try:
@@ -269,12 +284,29 @@ def _split_attempts(body: bytes, rank: int) -> tuple[bytes, list[AttemptMark], l
             return None
         part = body[line.end() : found[i + 1].start() if i + 1 < len(found) else len(body)]
         parts.append(part)
-        if marks and marks[-1].token == mark.token:  # the same process started again
-            counts[-1] += part.count(b"\n")
-        else:
+        if mark.token not in index:
+            index[mark.token] = len(marks)
             marks.append(mark)
-            counts.append(part.count(b"\n"))
-    return b"".join(parts), marks, counts
+        chunks.append(index[mark.token])
+        counts.append(part.count(b"\n"))
+    return b"".join(parts), marks, chunks, counts
+
+
+def interleaved(chunks: list[int]) -> set[tuple[int, int]]:
+    """The pairs of attempts whose chunks interleave: an attempt's chunk after another
+    attempt's began, when its own had begun before (a restart only ever follows)."""
+    out: set[tuple[int, int]] = set()
+    seen: list[int] = []
+    for attempt in chunks:
+        if seen and seen[-1] == attempt:
+            continue
+        if attempt in seen:
+            out.update(
+                (min(attempt, other), max(attempt, other))
+                for other in seen[seen.index(attempt) + 1 :]
+            )
+        seen.append(attempt)
+    return {pair for pair in out if pair[0] != pair[1]}
 
 
 def _read_timer_lines(body: bytes, rank: int, path: Path) -> RankTimings | None:  # noqa: PLR0911 - a return per check
@@ -361,16 +393,27 @@ class _Columns:
     names: dict[str, int] = field(default_factory=dict)
     kinds: dict[str, int] = field(default_factory=dict)
     attempts: list[AttemptMark] = field(default_factory=list)
+    current: int = 0
+    """The attempt whose lines these are (an index into `attempts`)."""
+    chunks: list[int] = field(default_factory=list)
+    """The attempt of each run of lines after an attempt line, in the file's order."""
 
     def begin(self, mark: AttemptMark) -> None:
-        """Records from here on are `mark`'s (the same process starting again adds none)."""
-        if not self.attempts or self.attempts[-1].token != mark.token:
+        """Records from here on are `mark`'s: an attempt is known by its token, wherever
+        its lines lie (the same process starting again adds none)."""
+        known = [i for i, m in enumerate(self.attempts) if m.token == mark.token]
+        if known:
+            self.current = known[0]
+        else:
+            self.current = len(self.attempts)
             self.attempts.append(mark)
+        self.chunks.append(self.current)
 
     def add(self, record: dict[str, Any]) -> None:
         if not self.attempts:
             self.attempts.append(AttemptMark())  # records before any attempt line
-        self.attempt.append(len(self.attempts) - 1)
+            self.chunks.append(0)
+        self.attempt.append(self.current)
         gpu_ms = record.get("gpu_ms")
         self.step.append(record["step"])
         self.start_ns.append(record["start_ns"])
@@ -393,6 +436,7 @@ class _Columns:
         out.error = np.array(self.error, np.bool_)
         out.attempt = np.array(self.attempt, np.int32)
         out.attempts = self.attempts or [AttemptMark()]
+        out.interleaved = interleaved(self.chunks)
         return out
 
 

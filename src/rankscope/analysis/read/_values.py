@@ -32,7 +32,8 @@ Matrix = npt.NDArray[np.float64]
 
 _QUERY = f"""
 WITH {lines_sql(extra=", meta")}, per_file AS (
-    SELECT filename, count(*) FILTER (WHERE known AND opens) AS attempts FROM lines GROUP BY filename
+    SELECT filename, count(DISTINCT attempt::VARCHAR) FILTER (WHERE known AND opens) AS attempts
+    FROM lines GROUP BY filename
 )
 SELECT filename, rank, step, phase, CAST(meta AS VARCHAR) AS meta, per_file.attempts
 FROM lines JOIN per_file USING (filename)
