@@ -536,16 +536,7 @@ def test_a_device_clock_that_fails_in_the_background_warns_once(
             raise RuntimeError("CUDA error: unspecified launch failure")
 
     timer = fake_timer(tmp_path, FailingQuery())
-    with caplog.at_level(logging.WARNING, logger="rankscope"):
-        timer.start()
-        for _ in range(3):
-            span = timer.enter("forward", "compute", None, ranged=False)
-            if span is not None:
-                timer.exit(span, error=False)
-            timer.step()
-            timer.wait_written()
-        timer.stop()
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    warnings = _three_steps_warned(timer, caplog, wait=True)
     assert len(warnings) == 1
     assert "unspecified launch failure" in warnings[0]
     assert not timer.enabled
@@ -805,15 +796,7 @@ def test_a_device_clock_that_raises_turns_the_timer_off(
             return super().mark()
 
     timer = fake_timer(tmp_path, BrokenClock())
-    with caplog.at_level(logging.WARNING, logger="rankscope"):
-        timer.start()
-        for _ in range(3):
-            span = timer.enter("forward", "compute", None, ranged=False)
-            if span is not None:
-                timer.exit(span, error=False)
-            timer.step()
-        timer.stop()
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    warnings = _three_steps_warned(timer, caplog, wait=False)
     assert len(warnings) == 1
     assert "illegal memory access" in warnings[0]
     assert not timer.enabled
@@ -1090,3 +1073,21 @@ def test_a_forked_child_writes_nothing_for_its_parent(tmp_path: Path) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
         prof.step()
     assert sorted(r["phase"] for r in read_records(tmp_path)) == ["parent", "step"]
+
+
+def _three_steps_warned(
+    timer: PhaseTimer, caplog: pytest.LogCaptureFixture, *, wait: bool
+) -> list[str]:
+    """Three steps of one phase and stop(); the warnings logged. `wait`: each step's
+    records are written (by the background writer) before the next."""
+    with caplog.at_level(logging.WARNING, logger="rankscope"):
+        timer.start()
+        for _ in range(3):
+            span = timer.enter("forward", "compute", None, ranged=False)
+            if span is not None:
+                timer.exit(span, error=False)
+            timer.step()
+            if wait:
+                timer.wait_written()
+        timer.stop()
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
