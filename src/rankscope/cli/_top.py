@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -47,7 +48,8 @@ def _top(args: argparse.Namespace) -> int:
         print_json({"state": report.state, "summary": report.summary, "ranks": rows})
         return 0
     render = terminal("top")
-    if args.once:
+    if args.once or not sys.stdout.isatty():
+        # Piped, a live view redraws nothing a reader sees: one frame, as with --once.
         render.top(report.to_dict(), rows, args.rows, live=None)
         return 0
     with render.live_view() as live:
