@@ -156,9 +156,11 @@ class Profiler:
         _Active.profiler = self
         _STARTED.add(self)
         capture, timer, memory = self._capture, self._timer, self._memory
-        if capture is None and timer is None and memory is None:
-            return
         run_dir, attempt = str(self.config.output_dir), current_attempt()
+        if capture is None and timer is None and memory is None:
+            if self.rank_info.rank != 0:  # a setting on this rank alone may be why
+                say_config_differs(run_dir, attempt, self.config.to_dict(), self.rank_info.rank)
+            return
         if self.rank_info.rank == 0:
             say_other_job(run_dir, attempt)
         try:

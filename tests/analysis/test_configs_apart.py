@@ -66,3 +66,26 @@ def test_one_rank_sampling_apart_is_warned_and_said(
     assert main(["stragglers", str(tmp_path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "note: the ranks' configs differ: timer.every_n_steps is 5 on rank 1" in out
+
+
+def _unselected_job(rank: int, world_size: int, run_dir: str) -> None:
+    handler = logging.FileHandler(Path(run_dir) / f"log-{rank}.txt")
+    logging.getLogger("rankscope").addHandler(handler)
+    if rank == 1:
+        os.environ["RANKSCOPE_TIMER_RANKS"] = "0"  # this rank leaves itself out, alone
+    config = {"output_dir": run_dir, "timer": {"enable": True}}
+    if rank != 0:
+        dist.barrier()
+    with rankscope.Profiler(config) as prof:
+        if rank == 0:
+            dist.barrier()
+        for _ in range(3):
+            prof.step()
+    handler.close()
+
+
+@pytest.mark.slow
+def test_a_rank_that_leaves_itself_out_alone_warns(tmp_path: Path, gloo_ranks: GlooRanks) -> None:
+    gloo_ranks.run(_unselected_job, 2, tmp_path)
+    warned = (tmp_path / "log-1.txt").read_text()
+    assert "rank 1's config differs from rank 0's: timer.ranks is \"0\" here" in warned, warned
