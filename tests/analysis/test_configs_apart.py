@@ -85,7 +85,13 @@ def _unselected_job(rank: int, world_size: int, run_dir: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_rank_that_leaves_itself_out_alone_warns(tmp_path: Path, gloo_ranks: GlooRanks) -> None:
-    gloo_ranks.run(_unselected_job, 2, tmp_path)
+def test_a_rank_that_leaves_itself_out_alone_warns_and_is_said(
+    tmp_path: Path, gloo_ranks: GlooRanks, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gloo_ranks.run(_unselected_job, 3, tmp_path)
     warned = (tmp_path / "log-1.txt").read_text()
     assert "rank 1's config differs from rank 0's: timer.ranks is \"0\" here" in warned, warned
+    # An unselected rank writes nothing (tests/core/test_profiler.py): the analysis can
+    # only say that it has no timings; its own warning is where the setting is named.
+    assert main(["stragglers", str(tmp_path), "--json"]) == 0
+    assert "rank 1: no timings (of a world of 3)" in json.loads(capsys.readouterr().out)["skipped"]
