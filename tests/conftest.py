@@ -62,8 +62,37 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
         target.chmod(0o755)
 
 
+_LONGEST = (
+    "tests/core/test_exit.py",
+    "tests/project/test_bench.py",
+    "tests/integrations/test_ray.py",
+    "tests/integrations/test_lightning.py",
+    "tests/integrations/test_hf.py",
+    "tests/analysis/test_attempts.py",
+)
+"""The files that take longest (measured with --durations), first among the slow ones."""
+
+
+def _first(items: list[pytest.Item]) -> None:
+    """The files with slow tests first, the longest of them before the rest: pytest-xdist
+    hands whole files (--dist loadfile) to its workers in this order, and a long file
+    handed out last keeps one worker busy after the other has run out of work."""
+    slow = {item.path for item in items if "slow" in item.keywords}
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.as_posix()
+        for place, longest in enumerate(_LONGEST):
+            if name.endswith(longest):
+                return place
+        return len(_LONGEST) + (0 if item.path in slow else 1)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
+
+    _first(items)
 
     if torch.cuda.is_available():
         return
