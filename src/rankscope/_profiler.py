@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import ConfigError
 from .config._config import ProfileConfig
-from .config._ranks import RankInfo, detect_rank_info
+from .config._ranks import RankInfo, detect_rank_info, parse_ranks
 from .rundir._attempt import current_attempt
-from .rundir._checks import say_config_differs, say_other_job
+from .rundir._checks import say_config_differs, say_other_job, say_rank_zero_elsewhere
 from .rundir._files import remove_stale_temps
 from .rundir._meta import check_groups, write_meta
 
@@ -233,6 +233,11 @@ class Profiler:
         capture, timer = self._detach()
         if timer is not None:
             timer.stop()
+            if self.rank_info.rank != 0 and 0 in parse_ranks(
+                self.config.timer.ranks, "timer.ranks"
+            ):
+                # By now rank 0 of this launch has written its meta where it writes.
+                say_rank_zero_elsewhere(str(self.config.output_dir), current_attempt(), self.rank)
         if capture is not None:
             capture.stop()
         if memory is not None:

@@ -95,3 +95,26 @@ def test_a_rank_that_leaves_itself_out_alone_warns_and_is_said(
     # only say that it has no timings; its own warning is where the setting is named.
     assert main(["stragglers", str(tmp_path), "--json"]) == 0
     assert "rank 1: no timings (of a world of 3)" in json.loads(capsys.readouterr().out)["skipped"]
+
+
+def _elsewhere_job(rank: int, world_size: int, run_dir: str) -> None:
+    handler = logging.FileHandler(Path(run_dir) / f"log-{rank}.txt")
+    logging.getLogger("rankscope").addHandler(handler)
+    if rank == 1:
+        os.environ["RANKSCOPE_OUTPUT_DIR"] = str(Path(run_dir) / "elsewhere")  # this rank alone
+    config = {"output_dir": str(Path(run_dir) / "run"), "timer": {"enable": True}}
+    with rankscope.Profiler(config) as prof:
+        for _ in range(3):
+            prof.step()
+        dist.barrier()  # rank 0 has written its meta by the time rank 1 stops
+    handler.close()
+
+
+@pytest.mark.slow
+def test_a_rank_writing_elsewhere_alone_warns_at_stop(
+    tmp_path: Path, gloo_ranks: GlooRanks
+) -> None:
+    gloo_ranks.run(_elsewhere_job, 2, tmp_path)
+    warned = (tmp_path / "log-1.txt").read_text()
+    assert f"rank 1: rank 0 of this job wrote nothing into {tmp_path / 'elsewhere'}" in warned
+    assert "wrote nothing" not in (tmp_path / "log-0.txt").read_text()

@@ -10,7 +10,7 @@ from typing import Any
 from ._attempt import Attempt
 from ._meta import differing_settings, flat_config, previous_attempt, rank_meta
 
-__all__ = ["say_config_differs", "say_other_job"]
+__all__ = ["say_config_differs", "say_other_job", "say_rank_zero_elsewhere"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,3 +81,25 @@ def _same_launch(attempt: Attempt, other: dict[str, Any]) -> bool:
     if not isinstance(started, int) or isinstance(started, bool):
         return False
     return abs(started - attempt.started_ns) <= _LAUNCH_SPREAD_NS
+
+
+def say_rank_zero_elsewhere(run_dir: str, attempt: Attempt, rank: int) -> None:
+    """At a timed rank's stop(), warn where rank 0 of this launch wrote no meta file into
+    `run_dir` though this rank's config times it: rank 0 writes elsewhere (an output_dir
+    set on one rank alone, RANKSCOPE_OUTPUT_DIR), and an analysis of either directory
+    misses the other's ranks. Never raises."""
+    try:
+        first = rank_meta(run_dir, 0)
+        started = first.get("attempt") if first is not None else None
+        if isinstance(started, dict) and _same_launch(attempt, started):
+            return
+        logger.warning(
+            "rankscope: rank %d: rank 0 of this job wrote nothing into %s, where this rank's "
+            "config has it timed: its output_dir differs from this rank's (RANKSCOPE_OUTPUT_DIR "
+            "set on one rank?), or it never started. An analysis of either directory misses "
+            "the other's ranks: give every rank the same output_dir",
+            rank,
+            run_dir,
+        )
+    except Exception:  # a check that cannot be made is no reason to say anything
+        logger.debug("rankscope: the check of rank 0's meta failed", exc_info=True)
