@@ -119,7 +119,12 @@ def test_missing_ranks_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     write_timings(tmp_path, ranks=1000, steps=3, only_ranks=[0, 5])
     assert main(["stragglers", str(tmp_path), "--json"]) == 0
     skipped = json.loads(capsys.readouterr().out)["skipped"]
-    assert skipped == ["ranks 1-4, 6-999: no timings (of a world of 1000)"]
+    assert skipped == [
+        (
+            "ranks 1-4, 6-999: no timings (of a world of 1000)"
+            "; no meta file either: nothing of it was written here (another output_dir, its own config leaving it out, or it never started: its log says)"
+        )
+    ]
 
 
 def test_json_is_strict_even_where_a_figure_is_not_a_number(

@@ -112,7 +112,18 @@ class RunMeta:
         missing = self.missing(list(present))
         if not missing:
             return []
-        return [f"{format_ranks(missing)}: no timings (of a world of {self.world_size or '?'})"]
+        world = f"of a world of {self.world_size or '?'}"
+        started = [r for r in missing if r in self.meta]
+        silent = [r for r in missing if r not in self.meta]
+        lines = [f"{format_ranks(started)}: no timings ({world})"] if started else []
+        if silent:
+            # No meta file either: its rankscope wrote nothing here. Its own log says why.
+            lines.append(
+                f"{format_ranks(silent)}: no timings ({world}); no meta file either: "
+                "nothing of it was written here (another output_dir, its own config "
+                "leaving it out, or it never started: its log says)"
+            )
+        return lines
 
 
 def _enclosing_run_dir(path: Path) -> Path | None:
