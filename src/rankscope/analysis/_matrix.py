@@ -119,7 +119,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     n_r, n_s = len(ranks), len(steps)
     names = list(records.phases)
     ms: list[Matrix] = []
-    device: list[Matrix] = []  # every phase's device time, where some are read on host time
+    device: list[Matrix | None] = []  # each phase's device time under auto (None: it has none)
     clocks: list[str] = []
     first: list[Matrix] = []
     last: list[Matrix] = []
@@ -129,8 +129,9 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         cell = np.searchsorted(rank_index, rank) * n_s + np.searchsorted(steps, step)
         clock = "host" if dur is host_ms else choose_clock(records.time, dur, host_ms)
         clocks.append(clock)
-        if records.time == "auto" and dur is not host_ms:
-            device.append(_sum(cell, dur, n_r, n_s))
+        if records.time == "auto":  # a CPU run's phases have none: not summed for nothing
+            timed = dur is not host_ms and bool(np.isfinite(dur).any())
+            device.append(_sum(cell, dur, n_r, n_s) if timed else None)
         if clock == "host":
             dur = host_ms
         start = (start_ns - origin).astype(np.float64)
@@ -153,11 +154,18 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         time=records.time,
         clocks=[clocks[p] for p in ranked],
         ms=[ms[p] for p in ranked],
-        timeline_ms=[device[p] for p in ranked] if len(set(clocks)) > 1 else None,
+        timeline_ms=_timeline([device[p] for p in ranked], n_r, n_s)
+        if len(set(clocks)) > 1
+        else None,
         start_ns=[first[p] for p in ranked],
         end_ns=[last[p] for p in ranked],
         origin_ns=origin,
     )
+
+
+def _timeline(device: list[Matrix | None], n_r: int, n_s: int) -> list[Matrix]:
+    """Every phase's device time, NaN (missing) where a phase has none."""
+    return [np.full((n_r, n_s), np.nan) if d is None else d for d in device]
 
 
 def _distinct(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

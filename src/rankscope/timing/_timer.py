@@ -18,7 +18,8 @@ from ..rundir._attempt import current_attempt
 from ..rundir._files import open_append
 from ..rundir._layout import timing_path
 from ._clock import CudaEventClock, DeviceClock
-from ._device_writer import FLUSH_RECORDS, DeviceTimeWriter, Ready
+from ._device_writer import FLUSH_RECORDS as _FLUSH_RECORDS
+from ._device_writer import DeviceTimeWriter, Ready
 from ._record import STEP_PHASE, Span, format_attempt, format_record, meta_json, safe_str
 from ._sampling import is_sampled
 
@@ -29,7 +30,6 @@ logger = logging.getLogger(__name__)
 AUTO: Any = object()
 """`clock=AUTO`: CUDA events where CUDA is available, else no device clock."""
 
-_FLUSH_RECORDS = FLUSH_RECORDS  # records held in memory before a step() flushes them early
 _STOP_TIMEOUT_S = 30.0  # how long stop() waits for the background writer (a stuck disk)
 
 
@@ -83,7 +83,7 @@ class PhaseTimer:
         self._sampled: int | None = None  # the current step while it is sampled, else None
         self._step_span: Span | None = None
         self._file: Any = None
-        # Written with the first records, so a start that records nothing adds nothing.
+        # Opens every write (_write), so a start that records nothing adds nothing.
         self._opening = self._attempt_line()
         self._end: int | None = None  # the file's size after our last write
         self._shared = False  # another process was seen appending (said once)
@@ -145,8 +145,9 @@ class PhaseTimer:
             span, self._step_span = self._step_span, None
             if writer is not None and span is not None and span.dev_start is not None:
                 writer.discard(span.dev_start)  # a step cut short by stop() is not a step
-            if writer is not None and self._clock is not None and self.pending:
-                self._clock.synchronize()
+            clock = self._clock
+            if writer is not None and clock is not None and self.pending:
+                clock.synchronize()
             self._flush()
             if writer is not None and not writer.close(_STOP_TIMEOUT_S):
                 self.fault(f"the background writer did not finish within {_STOP_TIMEOUT_S:.0f} s")
@@ -321,12 +322,14 @@ class PhaseTimer:
         if file is None:
             return
         st = os.fstat(file.fileno())
+        size = st.st_size
         if st.st_nlink == 0:
             # Someone removed the file mid-run: what we write would vanish with it.
             logger.warning("rankscope: %s was removed during the run; writing a new one", self.path)
             self._close()
             file = self._file = open_append(self._run_dir, self.path)
-        elif self._end is not None and st.st_size != self._end and not self._shared:
+            size = os.fstat(file.fileno()).st_size
+        elif self._end is not None and size != self._end and not self._shared:
             self._shared = True
             logger.warning(
                 "rankscope: another process appends to %s at the same time (another job "
@@ -337,11 +340,12 @@ class PhaseTimer:
         # Every write opens with the attempt line, in one append: records of two jobs
         # that write into one file at once interleave by whole writes, each of which
         # says whose records follow (read/_timings.py tells them apart by token).
-        view = memoryview(self._opening + data)
+        payload = self._opening + data
+        view = memoryview(payload)
         while view:
             written = file.write(view)
             view = view[written:]
-        self._end = os.fstat(file.fileno()).st_size
+        self._end = size + len(payload)  # another process's append since shows at the next
 
     def _attempt_line(self) -> bytes:
         """The line that says which attempt wrote the records after it, and on which host."""
