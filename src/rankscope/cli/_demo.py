@@ -44,8 +44,8 @@ def add_commands(commands: Any) -> None:
     demo.add_argument(
         "--slowdown",
         type=float,
-        default=0.5,
-        help="how much slower that phase is: 0.5 = 1.5x its time (default: 0.5)",
+        default=None,
+        help="how much slower that phase is: 0.5 = 1.5x its time (default: 1, twice its time)",
     )
     demo.add_argument("--json", action="store_true", help="print the report as JSON for scripts")
     demo.set_defaults(run=_demo)
@@ -81,7 +81,7 @@ def _demo(args: argparse.Namespace) -> int:
             else args.straggler_rank
         ),
         straggler_phase=args.straggler_phase,
-        slowdown=args.slowdown,
+        **({} if args.slowdown is None else {"slowdown": args.slowdown}),
     )
     render = None if args.json else terminal("demo")
     out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
