@@ -91,9 +91,22 @@ def _rank_main(rank: int, launch: _Launch) -> None:
         dist.destroy_process_group()
 
 
-_PRELOAD = ["torch", "torch.distributed", "torch.nn"]
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.nn",
+    "torch.nn.parallel",
+    "torch._dynamo",
+    "torch.profiler",
+    "rankscope._profiler",
+    "rankscope.capture",
+]
 """Imported once by the forkserver, which forks each rank: a spawned rank imported torch
-again (1.5-2 s of CPU a rank, most of the distributed tests' time on 2 cores)."""
+again (1.5-2 s of CPU a rank, most of the distributed tests' time on 2 cores), and the
+first DistributedDataParallel of each rank imported torch._dynamo (1.3 s of CPU more:
+sympy and the compiler's trace rules, which DDP checks its module against), and the
+job side of rankscope (0.3 s a rank, its first Profiler.start()): what a rank then does
+is its own test's work."""
 
 
 def _preload() -> None:
