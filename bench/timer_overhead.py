@@ -174,7 +174,7 @@ def macro(run_dir: Path, quick: bool, device: str) -> dict[str, list[float]]:
             prof.start()
     for _ in range(10):  # warm up allocator and caches
         loop.step(None)
-    rounds = 60 if quick else 1500
+    rounds = 30 if quick else 1500
     times: dict[str, list[float]] = {name: [] for name in variants}
     rng = random.Random(0)
     names = list(variants)

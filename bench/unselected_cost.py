@@ -2,10 +2,13 @@
 
 Prints nanoseconds per call and ratios against `contextlib.nullcontext()` and an empty
 method call, measured side by side in one run (absolute numbers mean little here).
+
+    python bench/unselected_cost.py [--quick]
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import statistics
 import tempfile
@@ -13,13 +16,14 @@ import timeit
 
 import rankscope
 
-N = 200_000
-REPEATS = 7
+FULL = (200_000, 7)  # calls a repeat, repeats
+QUICK = (20_000, 3)
 
 
-def _best_ns(stmt: str, env: dict[str, object]) -> float:
-    runs = timeit.repeat(stmt, globals=env, number=N, repeat=REPEATS)
-    return statistics.median(runs) / N * 1e9
+def _best_ns(stmt: str, env: dict[str, object], sizes: tuple[int, int]) -> float:
+    number, repeat = sizes
+    runs = timeit.repeat(stmt, globals=env, number=number, repeat=repeat)
+    return statistics.median(runs) / number * 1e9
 
 
 class _Empty:
@@ -28,6 +32,9 @@ class _Empty:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (a smoke test)")
+    sizes = QUICK if parser.parse_args().quick else FULL
     with tempfile.TemporaryDirectory() as tmp:
         trace = rankscope.TraceConfig(enable=True, ranks="0")
         deaf = rankscope.TraceConfig(enable=True, ranks="0", trigger_check_every_n_steps=0)
@@ -48,10 +55,12 @@ def main() -> None:
             # The phase timer on a step it does not sample: the always-on path (with the
             # heartbeat, on by default, and without it: what the heartbeat adds).
             "timer": rankscope.Profiler(
-                rankscope.ProfileConfig(output_dir=tmp, timer=timer), rank=0, world_size=1
+                rankscope.ProfileConfig(output_dir=f"{tmp}/timer", timer=timer),
+                rank=0,
+                world_size=1,
             ),
             "timer_nobeat": rankscope.Profiler(
-                rankscope.ProfileConfig(output_dir=tmp, timer=timer, hang=quiet),
+                rankscope.ProfileConfig(output_dir=f"{tmp}/nobeat", timer=timer, hang=quiet),
                 rank=0,
                 world_size=1,
             ),
@@ -64,12 +73,14 @@ def main() -> None:
         for prof in profilers.values():
             prof.start()
         rows = {
-            "empty method call": _best_ns("empty.step()", env),
-            "with nullcontext()": _best_ns("with nullcontext(): pass", env),
+            "empty method call": _best_ns("empty.step()", env, sizes),
+            "with nullcontext()": _best_ns("with nullcontext(): pass", env, sizes),
         }
         for name, prof in profilers.items():
-            rows[f"{name} step()"] = _best_ns(f"{name}.step()", env)
-            rows[f"{name} with phase()"] = _best_ns(f"with {name}.phase('forward'): pass", env)
+            rows[f"{name} step()"] = _best_ns(f"{name}.step()", env, sizes)
+            rows[f"{name} with phase()"] = _best_ns(
+                f"with {name}.phase('forward'): pass", env, sizes
+            )
             if name == "timer":
                 # Its heartbeat listens on this thread: stopped, the next one runs without.
                 prof.stop()

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
     ("script", "args", "expect"),
     [
         ("capture_stall.py", ["--quick"], "stall vs raw export:"),
-        ("unselected_cost.py", [], "unselected phase() vs nullcontext():"),
+        ("unselected_cost.py", ["--quick"], "unselected phase() vs nullcontext():"),
         ("timer_overhead.py", ["--quick"], "timer every 10 steps:"),
         ("trigger_check.py", ["--quick"], "trigger check (default interval) vs unsampled timer"),
         ("analysis.py", ["--quick", "--no-hta"], "rankscope stragglers --json, end to end:"),
