@@ -105,6 +105,15 @@ class DemoJob:
         )
 
 
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch._dynamo",
+    "rankscope._profiler",
+]
+
+
 def run_demo(
     job: DemoJob, run_dir: Path, progress: Callable[[int, int], None] | None = None
 ) -> Path:
@@ -115,7 +124,11 @@ def run_demo(
     torch = import_torch("demo")
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    context = torch.multiprocessing.get_context("spawn")
+    # Ranks forked from one server that imported torch, DDP's own imports (torch._dynamo)
+    # and rankscope once: spawned, each of four ranks imported them itself, 3 s of CPU a
+    # rank on a 2-core machine, longer than the training.
+    context = torch.multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
     done = context.Value("i", 0)
     with tempfile.TemporaryDirectory() as rendezvous:
         init = f"file://{rendezvous}/init"
@@ -124,7 +137,7 @@ def run_demo(
             args=(job, init, str(run_dir), done),
             nprocs=job.world_size,
             join=False,
-            start_method="spawn",
+            start_method="forkserver",
         )
         while not processes.join(timeout=0.1):
             if progress is not None:
