@@ -139,8 +139,10 @@ def test_auto_reads_back_from_a_dict() -> None:
 
 # -- a real loop on one process ----------------------------------------------------------
 
-BASE_S = 0.004  # every step sleeps this long, so scheduler jitter is small beside it
-SLOW_S = 0.06  # injected slow steps: 15x, far past any ratio used here
+# Every step sleeps BASE_S, so scheduler jitter is small beside it: at 4 ms, a step of a
+# full test run on a loaded 2-core machine took 3x the median by itself and fired.
+BASE_S = 0.01
+SLOW_S = 0.08  # injected slow steps: 8x, far past any ratio used here
 LOOP_AUTO = {"enable": True, "ratio": 3.0, "warmup_steps": 8, "history_steps": 20}
 
 
