@@ -27,6 +27,7 @@ __all__ = [
     "PhaseSpec",
     "Slowdown",
     "TraceTruth",
+    "Uneven",
     "write_run_traces",
     "write_timings",
     "write_trace",
@@ -85,6 +86,20 @@ class Slowdown:
     (extra GPU work whose launches take longer too)."""
 
 
+@dataclass(frozen=True)
+class Uneven:
+    """Data that loads ranks unevenly from step to step (sequence lengths, expert routing):
+    at each step each rank draws its own load, uniform in 1 +- `spread` / 2, and its
+    work in `phases` scales with it. No rank is slower than the others for long: the
+    slowest changes from step to step. With `tokens`, each of those phases records the
+    load as a per-step value (`prof.phase("forward", tokens=n)`), `tokens` at load 1."""
+
+    phases: tuple[str, ...] = ("forward",)
+    spread: float = 0.6
+    tokens: int | None = None
+    from_step: int = 0
+
+
 def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
     run_dir: str | os.PathLike[str],
     *,
@@ -103,6 +118,7 @@ def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
     ranks_per_host: int = 8,
     write_meta: bool = True,
     only_ranks: Iterable[int] | None = None,
+    uneven: Uneven | None = None,
 ) -> Path:
     """Simulate `steps` sampled steps of a `ranks`-rank job and write its timings.
 
@@ -114,7 +130,8 @@ def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
     clocks disagree; ranks `ranks_per_host` to a host share one); durations are
     unaffected. `resume_lag_ms` makes ranks leave a collective late by up to that much,
     as processes on an oversubscribed CPU do, woken one after another: in one order
-    that holds at every step (`resume_in_order`), or in a new order each time.
+    that holds at every step (`resume_in_order`), or in a new order each time. `uneven`
+    loads the ranks unevenly from step to step (CPU runs only).
     """
     root = Path(run_dir)
     rng = random.Random(seed)
@@ -148,10 +165,16 @@ def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
         return root
     try:
         clock = [_EPOCH_NS + rng.randrange(10**6) for _ in range(ranks)]  # ns; ranks start apart
+        # Its own generator: runs without uneven data draw the same numbers as before.
+        load_rng = random.Random(seed + 2)
         for sampled in range(steps):
             step = sampled * every_n_steps
             step_start = list(clock)
             lines: dict[int, list[str]] = {r: [] for r in writing}
+            load = [1.0] * ranks
+            if uneven is not None and step >= uneven.from_step:
+                half = uneven.spread / 2
+                load = [load_rng.uniform(1 - half, 1 + half) for _ in range(ranks)]
             for spec in phases:
                 starts = list(clock)
                 work = []
@@ -162,6 +185,8 @@ def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
                     s = hit.get((rank, spec.name))
                     if s is not None and step >= s.from_step and rng.random() < s.share:
                         ms *= 1.0 + s.factor
+                    if uneven is not None and spec.name in uneven.phases:
+                        ms *= load[rank]
                     work.append(int(ms * 1e6))
                 if spec.sync:
                     # The collective completes when the last rank reaches it.
@@ -176,9 +201,12 @@ def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
                         ]
                 else:
                     ends = [starts[r] + work[r] for r in range(ranks)]
+                tokens = uneven.tokens if uneven and spec.name in uneven.phases else None
                 for rank in writing:
                     span = _span(step, spec.name, spec.kind, starts[rank], ends[rank])
                     span.start_ns += skew[rank]
+                    if tokens:
+                        span.meta = json.dumps({"tokens": round(tokens * load[rank])})
                     lines[rank].append(format_record(rank, span, _gpu_ms(span, gpu), 0))
                 clock = [end + 20_000 for end in ends]  # the Python between phases
             for rank in writing:

@@ -1,0 +1,329 @@
+"""Step-to-step imbalance: no rank is slow for long, but the step waits for a different one
+each time.
+
+Uneven data (sequence lengths, expert routing) loads ranks unevenly from step to step.
+At every step the ranks leave the next collective together, so the step waits for that
+step's slowest rank; no rank is slow at most steps, so no straggler finding names one.
+A phase holds imbalance when, since some step:
+
+- at `min_persistence` of the steps or more, its slowest rank is above `threshold`
+  times its median rank, by at least the straggler floor;
+- no one rank is that slowest rank at half of those steps or more (else it is a
+  straggler's case, and the straggler rules judge it);
+- and the spread is the data's, not the machines': a per-step value recorded with the
+  phase (`prof.phase("forward", tokens=n)`) follows it (its slowest rank holds one of
+  the larger values), or, without one, the phase's ranks spread from step to step at
+  least `_WIDER` times as much as in another work phase of the same steps, whose work
+  does not follow the data (the optimizer's does not). Noise spreads every phase alike,
+  so a clean noisy run is not called uneven; a run with a single work phase and no value
+  cannot be told from noise and is not judged.
+
+Its price is the step model's (analysis/_cost.py): every rank's time in the phase set to
+the median of the others at each step from the onset, never slower than it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._findings import Cause, Cost
+from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
+from .read._values import PhaseValues
+
+__all__ = ["Imbalance", "find_imbalance", "imbalance_cells"]
+
+Matrix = npt.NDArray[np.float64]
+Vector = npt.NDArray[np.float64]
+
+_MOST = 0.5
+"""A rank that is the slowest at this share of the uneven steps, or more, is a straggler."""
+_WIDER = 2.0
+"""Without a value: the phase's ranks spread at least this many times as much as another
+work phase's, step by step (the spread: the interquartile range of log times)."""
+_FOLLOWS = 0.5
+"""A value follows the spread when the slowest rank holds one of the top quarter of the
+values at this share of the uneven steps, or more."""
+_FEWEST_RANKS = 3
+"""A step's median rank needs three ranks or more."""
+
+
+@dataclass(frozen=True)
+class Imbalance:
+    """One phase whose slowest rank changes from step to step."""
+
+    phase: str
+    kind: str
+    ratio: float
+    """The slowest rank against the median rank, median over the steps since the onset."""
+    share: float
+    """The share of those steps where the slowest rank is above the threshold."""
+    changes: float
+    """The share of uneven steps whose slowest rank is not the previous uneven step's."""
+    ranks_slowest: int
+    """How many ranks were the slowest at some uneven step."""
+    top_share: float
+    """The most any one rank was the slowest, as a share of the uneven steps."""
+    lost_ms: float
+    """The slowest rank's time less the median rank's, median over the steps since the onset."""
+    since_step: int
+    steps: int
+    evidence: str
+    """Why the spread is the data's (the value that follows it, or the phase it is wider than)."""
+    cause: Cause
+    cost: Cost | None = None
+
+    def sentence(self) -> str:
+        since = f" since step {self.since_step}" if self.since_step else ""
+        return (
+            f"ranks are unevenly loaded in {self.phase} from step to step{since}: the "
+            f"slowest rank changes at {self.changes:.0%} of the uneven steps ({self.ranks_slowest} "
+            f"ranks were the slowest at some step, none at more than {self.top_share:.0%}), "
+            f"{self.ratio:.2f}x the median rank at {self.share:.0%} of sampled steps"
+        )
+
+    def cost_sentence(self) -> str | None:
+        if self.cost is None:
+            return None
+        c = self.cost
+        return (
+            f"balancing {self.phase} across ranks saves {c.step_ms_saved:.3g} ms of a "
+            f"{c.step_ms:.3g} ms step ({c.speedup:.2f}x as fast)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "kind": self.kind,
+            "ratio": self.ratio,
+            "share": self.share,
+            "changes": self.changes,
+            "ranks_slowest": self.ranks_slowest,
+            "top_share": self.top_share,
+            "lost_ms": self.lost_ms,
+            "since_step": self.since_step,
+            "steps": self.steps,
+            "evidence": self.evidence,
+            "cause": self.cause.to_dict(),
+            "cost": None if self.cost is None else self.cost.to_dict(),
+            "summary": self.sentence(),
+        }
+
+
+def find_imbalance(
+    m: PhaseMatrices,
+    sync: set[str],
+    *,
+    threshold: float,
+    min_persistence: float,
+    floor: float,
+    values: Callable[[set[str]], PhaseValues] | None = None,
+) -> list[Imbalance]:
+    """The phases of `m` whose slowest rank changes from step to step (see the module).
+
+    `sync`: the phases that end in a collective (a rank's time there is its wait, not
+    its load); `floor`: the least excess in ms that counts (the straggler floor);
+    `values(phases)`: the per-step values recorded with those phases."""
+    if len(m.ranks) < _FEWEST_RANKS or len(m.steps) < 3:
+        return []
+    work = [
+        p
+        for p, phase in enumerate(m.phases)
+        if phase != STEP and m.depths[p] == 0 and phase not in sync and m.kinds[p] != "comm"
+    ]
+    spreads = {p: _spread(m.ms[p]) for p in work}
+    candidates = []
+    for p in work:
+        uneven = _uneven(m.ms[p], threshold, floor)
+        if uneven is not None and _onset(uneven, min_persistence) is not None:
+            candidates.append(p)
+    recorded = values({m.phases[p] for p in candidates}) if values and candidates else None
+    found = []
+    for p in candidates:
+        got = _judge(m, p, spreads, threshold, min_persistence, floor, recorded)
+        if got is not None:
+            found.append(got)
+    found.sort(key=lambda i: -i.lost_ms)
+    return found
+
+
+def imbalance_cells(m: PhaseMatrices, found: Imbalance) -> set[tuple[int, int, int]]:
+    """The step model's fix of `found`: every rank's phase from its onset."""
+    p = m.index(found.phase)
+    return {(r, p, found.since_step) for r in range(len(m.ranks))}
+
+
+def with_costs(found: list[Imbalance], costs: list[Cost | None]) -> list[Imbalance]:
+    return [replace(i, cost=c) for i, c in zip(found, costs, strict=True)]
+
+
+def _uneven(d: Matrix, threshold: float, floor: float) -> npt.NDArray[np.float64] | None:
+    """Per step: 1 where the slowest rank is above the threshold, 0 where not, NaN where
+    fewer than three ranks have a time."""
+    counted = np.sum(np.isfinite(d), axis=0)
+    if not np.any(counted >= _FEWEST_RANKS):
+        return None
+    with quiet():
+        med = nanmedian(d, axis=0)
+        top = np.nanmax(d, axis=0)
+        out: Vector = ((top > threshold * med) & (top - med >= floor)).astype(np.float64)
+    out[counted < _FEWEST_RANKS] = np.nan
+    return out
+
+
+def _onset(uneven: Vector, min_persistence: float) -> int | None:
+    """The first step index from which uneven steps are `min_persistence` of the steps or
+    more, taking the earliest start whose share is within a tenth of the best; None
+    where no start reaches it."""
+    valid = np.flatnonzero(np.isfinite(uneven))
+    if len(valid) < 3:
+        return None
+    hits = uneven[valid]
+    # share from each start on: suffix sums over suffix lengths
+    shares = np.cumsum(hits[::-1])[::-1] / np.arange(len(hits), 0, -1)
+    starts = [i for i in range(len(hits)) if hits[i] and len(hits) - i >= 3]
+    if not starts:
+        return None
+    best = max(shares[i] for i in starts)
+    if best < min_persistence:
+        return None
+    first = next(i for i in starts if shares[i] >= max(min_persistence, 0.9 * best))
+    return int(valid[first])
+
+
+def _spread(d: Matrix) -> float:
+    """How far a phase's ranks spread at a typical step: the median over steps of the
+    interquartile range of the ranks' log times (NaN where it cannot be told)."""
+    with quiet():
+        logs = np.log(np.where(d > 0, d, np.nan))
+        q75, q25 = np.nanpercentile(logs, [75, 25], axis=0)
+        iqr = q75 - q25
+    iqr = iqr[np.isfinite(iqr)]
+    return float(np.median(iqr)) if len(iqr) else float("nan")
+
+
+def _judge(  # noqa: PLR0917 - one phase's verdict from the run's rules
+    m: PhaseMatrices,
+    p: int,
+    spreads: dict[int, float],
+    threshold: float,
+    min_persistence: float,
+    floor: float,
+    recorded: PhaseValues | None,
+) -> Imbalance | None:
+    d = m.ms[p]
+    uneven = _uneven(d, threshold, floor)
+    if uneven is None:
+        return None
+    onset = _onset(uneven, min_persistence)
+    if onset is None:
+        return None
+    d = d[:, onset:]
+    hits = uneven[onset:]
+    at = np.flatnonzero(hits == 1)
+    with quiet():
+        slowest = np.nanargmax(np.where(np.isfinite(d[:, at]), d[:, at], -np.inf), axis=0)
+        med = nanmedian(d, axis=0)
+        top = np.nanmax(d, axis=0)
+    counts = np.bincount(slowest, minlength=len(m.ranks))
+    top_share = float(counts.max() / len(at))
+    if top_share >= _MOST:
+        return None  # one rank is the slowest at most of them: the straggler rules' case
+    phase = m.phases[p]
+    values = recorded.of(phase) if recorded is not None else {}
+    follows = _values_follow(slowest, {k: v[:, onset:][:, at] for k, v in values.items()})
+    wider = _wider_than(m, p, spreads)
+    if follows is None and wider is None:
+        return None
+    judged = np.isfinite(hits)
+    ratio = top[judged] / med[judged]
+    evidence, cause = _evidence_and_cause(phase, follows, wider, values)
+    return Imbalance(
+        phase=phase,
+        kind=m.kinds[p],
+        ratio=round(float(np.median(ratio)), 4),
+        share=round(float(np.nanmean(hits)), 4),
+        changes=round(float(np.mean(slowest[1:] != slowest[:-1])) if len(at) > 1 else 0.0, 4),
+        ranks_slowest=int(np.count_nonzero(counts)),
+        top_share=round(top_share, 4),
+        lost_ms=round(float(np.median((top - med)[judged])), 3),
+        since_step=int(m.steps[onset]),
+        steps=int(judged.sum()),
+        evidence=evidence,
+        cause=cause,
+    )
+
+
+def _values_follow(
+    slowest: npt.NDArray[np.intp], values: dict[str, Matrix]
+) -> tuple[str, float, float] | None:
+    """The first value (by name) whose top quarter holds the slowest rank at `_FOLLOWS`
+    of the uneven steps: (name, that share, the slowest rank's value over the median)."""
+    for name, v in sorted(values.items()):
+        cols = np.arange(v.shape[1])
+        mine = v[slowest, cols]
+        with quiet():
+            q75 = np.nanpercentile(v, 75, axis=0)
+            median = nanmedian(v, axis=0)
+        judged = np.isfinite(mine) & np.isfinite(q75) & (median > 0)
+        if int(judged.sum()) < 3:
+            continue
+        share = float(np.mean(mine[judged] >= q75[judged]))
+        if share >= _FOLLOWS:
+            more = float(np.median(mine[judged] / median[judged]))
+            return name, share, more
+    return None
+
+
+def _wider_than(m: PhaseMatrices, p: int, spreads: dict[int, float]) -> tuple[str, float] | None:
+    """The work phase whose ranks spread least, where `p`'s spread `_WIDER` times as much
+    or more: (its name, how many times)."""
+    others = [(s, q) for q, s in spreads.items() if q != p and np.isfinite(s)]
+    if not others or not np.isfinite(spreads[p]):
+        return None
+    least, q = min(others)
+    if least <= 0:
+        least = 1e-9
+    times = spreads[p] / least
+    return (m.phases[q], times) if times >= _WIDER else None
+
+
+def _evidence_and_cause(
+    phase: str,
+    follows: tuple[str, float, float] | None,
+    wider: tuple[str, float] | None,
+    values: dict[str, Matrix],
+) -> tuple[str, Cause]:
+    if follows is not None:
+        name, share, more = follows
+        evidence = (
+            f"the slowest rank held one of the largest {name} (top quarter) at {share:.0%} "
+            f"of the uneven steps, {more:.2f}x the median rank's"
+        )
+        text = (
+            f"data-driven: {evidence}: the work each rank is given changes from step to step "
+            f"(balance the data: pack or bucket by {name})"
+        )
+        return evidence, Cause("data-driven", text)
+    assert wider is not None
+    reference, times = wider
+    evidence = (
+        f"{phase}'s ranks spread {times:.1f}x as much from step to step as {reference}'s, "
+        "whose work does not follow the data"
+    )
+    if values:
+        names = ", ".join(sorted(values))
+        text = (
+            f"unclear: {evidence}, but its recorded {names} do not follow the slowest rank: "
+            "the ranks' machines vary from step to step, or the value is not the work's measure"
+        )
+        return evidence, Cause("unclear", text, ("data-driven", "intermittent"))
+    text = (
+        f"likely the data: {evidence}; no per-step value is recorded with {phase}, so the "
+        f'data cannot be confirmed: record one, e.g. prof.phase("{phase}", tokens=n)'
+    )
+    return evidence, Cause("data-driven", text, ("data-driven", "intermittent"))

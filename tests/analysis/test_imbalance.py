@@ -1,0 +1,79 @@
+"""Step-to-step imbalance: the slowest rank changes every step (analysis/_imbalance.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankscope.analysis import phase_matrices, read_timings
+from rankscope.analysis._imbalance import Imbalance, find_imbalance
+from rankscope.analysis._stragglers import find_stragglers
+from rankscope.analysis.read._values import read_phase_values
+from rankscope.testing._synthetic import Slowdown, Uneven, write_timings
+
+
+def _imbalance(tmp_path: Path, **run: Any) -> tuple[list[Imbalance], int]:
+    write_timings(tmp_path, **run)
+    m = phase_matrices(read_timings(tmp_path))
+    report = find_stragglers(m)
+    found = find_imbalance(
+        m,
+        set(report.sync_phases),
+        threshold=1.10,
+        min_persistence=0.5,
+        floor=1.0,
+        values=lambda phases: read_phase_values(tmp_path, m.ranks, m.steps, phases),
+    )
+    return found, len(report.findings)
+
+
+def test_uneven_data_without_a_value_is_found_and_called_likely_the_data(tmp_path: Path) -> None:
+    found, findings = _imbalance(tmp_path, ranks=16, steps=60, uneven=Uneven(spread=0.6))
+    assert findings == 0  # no rank is slow for long: the straggler rules name none
+    (imbalance,) = found
+    assert imbalance.phase == "forward" and imbalance.since_step == 0
+    assert imbalance.top_share < 0.5 and imbalance.changes > 0.7
+    assert imbalance.ranks_slowest >= 10
+    assert 1.15 < imbalance.ratio < 1.35  # the top of 16 draws in 1 +- 0.3 over their median
+    assert imbalance.cause.kind == "data-driven" and "data-driven" in imbalance.cause.could_be
+    assert 'prof.phase("forward", tokens=n)' in imbalance.cause.text
+    assert "optimizer" in imbalance.evidence  # the phase whose work does not follow the data
+    assert imbalance.sentence().startswith("ranks are unevenly loaded in forward from step to step")
+
+
+def test_a_recorded_value_that_follows_the_slowest_rank_confirms_the_data(tmp_path: Path) -> None:
+    uneven = Uneven(spread=0.6, tokens=1000)
+    (imbalance,), _ = _imbalance(tmp_path, ranks=16, steps=60, uneven=uneven)
+    assert imbalance.cause.kind == "data-driven" and imbalance.cause.could_be == ()
+    assert "tokens" in imbalance.cause.text and "balance the data" in imbalance.cause.text
+
+
+def test_the_onset_is_the_step_the_data_turned_uneven(tmp_path: Path) -> None:
+    uneven = Uneven(spread=0.6, from_step=20)
+    (imbalance,), _ = _imbalance(tmp_path, ranks=16, steps=60, uneven=uneven)
+    assert 20 <= imbalance.since_step <= 22
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    ("ranks", "noise", "spikes"), [(4, 0.08, 0.05), (16, 0.05, 0.02), (64, 0.10, 0.05)]
+)
+def test_noise_that_spreads_every_phase_alike_is_not_imbalance(
+    tmp_path: Path, seed: int, ranks: int, noise: float, spikes: float
+) -> None:
+    found, _ = _imbalance(tmp_path, ranks=ranks, steps=40, noise=noise, spikes=spikes, seed=seed)
+    assert found == []
+
+
+def test_one_slow_rank_is_a_straggler_not_imbalance(tmp_path: Path) -> None:
+    found, findings = _imbalance(
+        tmp_path, ranks=16, steps=40, slowdowns=[Slowdown(3, "forward", 0.4)], noise=0.05
+    )
+    assert findings > 0 and found == []
+
+
+def test_two_ranks_have_no_median_rank_to_judge_by(tmp_path: Path) -> None:
+    found, _ = _imbalance(tmp_path, ranks=2, steps=40, uneven=Uneven(spread=0.6))
+    assert found == []
