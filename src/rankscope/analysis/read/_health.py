@@ -1,0 +1,172 @@
+"""The GPU's and the host's health at each rank's sampled steps (RUN_DIR/health/, written
+by timing/_health.py), read line by line as untrusted input.
+
+A line that is no health sample (not JSON, another rank's, a step that is no step, a
+figure that is not a finite number >= 0) is skipped and counted, per file, with the
+first reason; a file that cannot be read is named. An attempt line says whose samples
+follow: where the analysis uses one attempt, the samples of its tokens alone are kept;
+else the latest sample of a step wins, as the latest record does in the timings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..._errors import TraceError
+from ...rundir._layout import RunDir, health_files, open_regular
+from ._attempts import Attempts
+
+__all__ = ["FIGURES", "HealthSample", "RunHealth", "read_health", "tokens_of"]
+
+FIGURES = (
+    "sm_mhz",
+    "mem_mhz",
+    "temp_c",
+    "power_w",
+    "power_limit_w",
+    "ecc_corrected",
+    "ecc_uncorrected",
+    "load1",
+    "mem_available_mb",
+)
+"""The numbers a health line holds (docs/run-directory.md); each may be null."""
+
+_LINE_MAX = 4096
+"""Bytes in one health line at most: the sampler writes about 350."""
+_REASONS_MAX = 16
+"""Throttle reasons in one line at most: NVML has nine."""
+_WORD_MAX = 64
+
+
+@dataclass(frozen=True)
+class HealthSample:
+    """One rank's health at one sampled step; None where the line gave no figure."""
+
+    figures: dict[str, float]
+    """The FIGURES the line holds a number for."""
+    throttle: frozenset[str] | None
+    """The clock-throttle reasons NVML set (timing/_health.py's words); None: not read."""
+
+    def get(self, name: str) -> float | None:
+        return self.figures.get(name)
+
+
+@dataclass
+class RunHealth:
+    """Per rank, per sampled step, its sample; and what the reading skipped."""
+
+    ranks: dict[int, dict[int, HealthSample]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+    def of(self, rank: int) -> dict[int, HealthSample]:
+        return self.ranks.get(rank, {})
+
+
+def tokens_of(attempts: Attempts) -> dict[int, set[str]] | None:
+    """Per rank, the tokens of the attempt the figures use; None where they use the latest
+    record of each step (no attempt picked)."""
+    if attempts.used is None or not 0 < attempts.used <= len(attempts.marks):
+        return None
+    marks = attempts.marks[attempts.used - 1]
+    return {rank: {mark.token} for rank, mark in marks.items() if mark.token is not None}
+
+
+def read_health(
+    run_dir: str | os.PathLike[str], tokens: Mapping[int, Collection[str]] | None = None
+) -> RunHealth:
+    """Every rank's health samples under `run_dir` (none where it has no health/ folder).
+    `tokens`: per rank, the attempt tokens whose samples to keep (None: every attempt's)."""
+    out = RunHealth()
+    run = RunDir(run_dir)
+    for entry in sorted(health_files(run), key=lambda e: e.rank):
+        wanted = None if tokens is None else tokens.get(entry.rank, ())
+        try:
+            samples, bad, first = _read_file(entry.path, entry.rank, wanted)
+        except (OSError, TraceError) as exc:
+            out.skipped.append(f"{entry.path}: cannot be read ({exc})")
+            continue
+        if samples:
+            out.ranks[entry.rank] = samples
+        if bad:
+            lines = "line" if bad == 1 else "lines"
+            out.skipped.append(f"{entry.path}: {bad} {lines} skipped ({first})")
+    out.skipped.extend(run.left_out)
+    return out
+
+
+def _read_file(
+    path: Path, rank: int, wanted: Collection[str] | None
+) -> tuple[dict[int, HealthSample], int, str | None]:
+    samples: dict[int, HealthSample] = {}
+    bad, first = 0, None
+    token: str | None = None
+    number = 0
+    with open_regular(path) as fh:
+        while raw := fh.readline(_LINE_MAX + 1):  # bounded: a line may never end
+            number += 1
+            if len(raw) > _LINE_MAX:
+                why: str | None = f"line {number}: over {_LINE_MAX} bytes"
+                while raw and not raw.endswith(b"\n"):
+                    raw = fh.readline(_LINE_MAX + 1)
+            elif not raw.strip():
+                continue
+            else:
+                why = None
+                try:
+                    line = json.loads(raw)
+                except (ValueError, RecursionError):
+                    if not raw.endswith(b"\n"):
+                        continue  # the torn last line of a rank that died mid-write
+                    why = f"line {number}: not JSON"
+                else:
+                    if isinstance(line, dict) and "attempt" in line:
+                        said = line.get("attempt")
+                        token = said if isinstance(said, str) else None
+                        continue
+                    parsed = _sample(line, rank)
+                    if isinstance(parsed, str):
+                        why = f"line {number}: {parsed}"
+                    elif wanted is None or token in wanted:
+                        samples[parsed[0]] = parsed[1]  # the latest of a step wins
+            if why is not None:
+                bad += 1
+                first = first or why
+    return samples, bad, first
+
+
+def _sample(line: Any, rank: int) -> tuple[int, HealthSample] | str:  # noqa: PLR0911 - a return per rule
+    if not isinstance(line, dict):
+        return "not a JSON object"
+    if line.get("v") != 1:
+        return f"schema version {line.get('v')!r}, not 1"
+    if line.get("rank") != rank or isinstance(line.get("rank"), bool):
+        return f"rank {line.get('rank')!r} in the file of rank {rank}"
+    step = line.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 63:
+        return f"step {step!r} is not an integer >= 0"
+    figures: dict[str, float] = {}
+    for name in FIGURES:
+        value = line.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{name} {value!r} is not a number"
+        number = float(value)
+        if not math.isfinite(number) or number < 0:
+            return f"{name} {value!r} is not a finite number >= 0"
+        figures[name] = number
+    reasons = line.get("throttle")
+    if reasons is not None and not (
+        isinstance(reasons, list)
+        and len(reasons) <= _REASONS_MAX
+        and all(isinstance(r, str) and 0 < len(r) <= _WORD_MAX for r in reasons)
+    ):
+        return "throttle is not a list of reasons"
+    throttle = None if reasons is None else frozenset(reasons)
+    return step, HealthSample(figures, throttle)
