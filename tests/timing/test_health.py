@@ -198,3 +198,13 @@ def test_health_off_reads_nothing(tmp_path: Path) -> None:
 def test_health_must_be_a_bool() -> None:
     with pytest.raises(ConfigError, match=r"timer\.health"):
         TimerConfig(enable=True, health="yes")  # type: ignore[arg-type]
+
+
+def test_the_gpu_is_found_by_its_uuid_else_by_cudas_index(tmp_path: Path) -> None:
+    """NVML numbers every GPU of the host: the UUID finds this rank's among them; where
+    NVML knows no such UUID, CUDA's index is read."""
+    gpus = [StandInGpu(), StandInGpu.throttling(uuid="GPU-hot"), StandInGpu(sm_mhz=1700)]
+    run_steps(make_timer(tmp_path / "a", GpuSource(StandInNvml(gpus), "GPU-hot", 2)), 1)
+    assert [s["sm_mhz"] for s in samples(tmp_path / "a")] == [1410]
+    run_steps(make_timer(tmp_path / "b", GpuSource(StandInNvml(gpus), "GPU-gone", 2)), 1)
+    assert [s["sm_mhz"] for s in samples(tmp_path / "b")] == [1700]

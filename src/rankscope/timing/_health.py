@@ -60,6 +60,9 @@ class GpuSource:
     device: int | str
     """The device's NVML index, or its UUID ("GPU-..."): NVML numbers every GPU of the
     host, CUDA only the visible ones, so the UUID is what ties a rank's GPU to NVML's."""
+    index: int = 0
+    """Where NVML finds no device of that UUID (an older driver): the index to read
+    instead, CUDA's own (right where CUDA_VISIBLE_DEVICES does not reorder the GPUs)."""
 
 
 def gpu_source(torch: Any) -> GpuSource | str:
@@ -72,7 +75,7 @@ def gpu_source(torch: Any) -> GpuSource | str:
         return "nvidia-ml-py is not installed (pip install 'rankscope[torch]')"
     index = torch.cuda.current_device()
     uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    return GpuSource(nvml, index if uuid is None else f"GPU-{uuid}")
+    return GpuSource(nvml, index if uuid is None else f"GPU-{uuid}", index)
 
 
 class HealthSampler:
@@ -179,8 +182,7 @@ class HealthSampler:
             try:
                 return nvml.nvmlDeviceGetHandleByUUID(device)
             except nvml.NVMLError:
-                # An older driver that knows no UUID lookup: CUDA's own order is the best left.
-                device = 0
+                device = self._source.index
         return nvml.nvmlDeviceGetHandleByIndex(device)
 
     def _sample(self, nvml: Any, gpu: Any, step: int) -> bytes:
