@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .read._health import HealthSample, RunHealth
 
-__all__ = ["THROTTLED_SHARE", "GpuHealth", "gpu_health", "throttled"]
+__all__ = ["THROTTLED_SHARE", "GpuHealth", "gpu_health", "holds_of", "throttled"]
 
 THROTTLED_SHARE = 0.5
 """A GPU throttles when a thermal or power reason is set at this share of its samples, or more."""
@@ -27,6 +27,12 @@ _SLOWING = frozenset().union(*(words for _, words in _HOLDS))
 def throttled(sample: HealthSample) -> bool:
     """A thermal or power reason (or a hardware slowdown) is set in `sample`."""
     return bool(sample.throttle and sample.throttle & _SLOWING)
+
+
+def holds_of(samples: Iterable[HealthSample]) -> tuple[str, ...]:
+    """What held the clock back at `samples`, in words ("thermal throttling")."""
+    reasons = frozenset().union(*(s.throttle or frozenset() for s in samples))
+    return tuple(words for words, bits in _HOLDS if reasons & bits)
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,6 @@ def gpu_health(
         if since <= s <= last
     ]
     held = [v for v in mine.values() if throttled(v)]
-    reasons = frozenset().union(*(v.throttle or frozenset() for v in held))
     return GpuHealth(
         rank=rank,
         since=since,
@@ -128,7 +133,7 @@ def gpu_health(
         clock=_median(v.get("sm_mhz") for v in mine.values()),
         others_clock=_median(v.get("sm_mhz") for v in theirs),
         throttled_share=len(held) / len(mine),
-        holds=tuple(words for words, bits in _HOLDS if reasons & bits),
+        holds=holds_of(held),
         temp=_median(v.get("temp_c") for v in mine.values()),
         others_temp=_median(v.get("temp_c") for v in theirs),
         power=_median(v.get("power_w") for v in held),

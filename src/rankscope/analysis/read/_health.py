@@ -68,20 +68,23 @@ class RunHealth:
         return self.ranks.get(rank, {})
 
 
-def tokens_of(attempts: Attempts) -> dict[int, set[str]] | None:
-    """Per rank, the tokens of the attempt the figures use; None where they use the latest
-    record of each step (no attempt picked)."""
+def tokens_of(attempts: Attempts) -> dict[int, set[str] | None] | None:
+    """Per rank of the attempt the figures use, its token (None for a rank whose records
+    no attempt line opens, an older rankscope's: its samples cannot be told apart); None
+    where the figures use the latest record of each step (no attempt picked)."""
     if attempts.used is None or not 0 < attempts.used <= len(attempts.marks):
         return None
     marks = attempts.marks[attempts.used - 1]
-    return {rank: {mark.token} for rank, mark in marks.items() if mark.token is not None}
+    return {rank: None if mark.token is None else {mark.token} for rank, mark in marks.items()}
 
 
 def read_health(
-    run_dir: str | os.PathLike[str], tokens: Mapping[int, Collection[str]] | None = None
+    run_dir: str | os.PathLike[str],
+    tokens: Mapping[int, Collection[str] | None] | None = None,
 ) -> RunHealth:
     """Every rank's health samples under `run_dir` (none where it has no health/ folder).
-    `tokens`: per rank, the attempt tokens whose samples to keep (None: every attempt's)."""
+    `tokens`: per rank, the attempt tokens whose samples to keep (None: every attempt's);
+    a rank it does not hold keeps none."""
     out = RunHealth()
     run = RunDir(run_dir)
     for entry in sorted(health_files(run), key=lambda e: e.rank):
