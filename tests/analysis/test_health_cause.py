@@ -125,7 +125,10 @@ def test_healthy_clocks_and_no_value_is_unclear_with_what_was_ruled_out(tmp_path
     assert "ruled out: its GPU's clocks (rank 2's SM clock 1980 MHz against a median of 1980" in (
         cause.text
     )
-    assert "left: uneven work (no per-step value is recorded" in cause.text
+    assert (
+        "left: uneven work (no per-step value is recorded with this phase: record one, e.g. "
+        'prof.phase("forward", tokens=n)), the host' in cause.text
+    )
     assert "the host (its host's load average 14.0 against a median of 2.0)" in cause.text
 
 

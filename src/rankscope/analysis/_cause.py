@@ -107,7 +107,7 @@ def _unclear(
     and what is left."""
     since = f" since step {f.since_step}" if f.since_step else ""
     kind = "persistent" if f.share_above >= PERSISTENT_SHARE and steady else "intermittent"
-    data, data_out = evidence if evidence is not None else (_NO_VALUE.format(f.phase), False)
+    data, data_out = evidence if evidence is not None else (_NOT_RECORDED.format(f.phase), False)
     ruled = [gpu.ruled_out()] + ([data] if data_out else [])
     host = gpu.host()
     left = [
@@ -124,6 +124,9 @@ def _unclear(
     return Cause("unclear", text, (kind,) if data_out else (kind, "data-driven"))
 
 
+_NOT_RECORDED = (
+    'no per-step value is recorded with this phase: record one, e.g. prof.phase("{}", tokens=n)'
+)
 _NO_VALUE = (
     "no per-step value is recorded with this phase, so uneven work (longer "
     'sequences) is not ruled out: record one, e.g. prof.phase("{}", tokens=n)'
@@ -144,7 +147,7 @@ def _machine(
         # Neither throttled nor healthy: a low clock no reason explains (clocks an
         # application set, another GPU model) is said, not judged.
         since += (
-            f" ({gpu.clock_words()}, with no thermal or power reason set at "
+            f" ({gpu.clock_words(since=False)}, with no thermal or power reason set at "
             f"{1 - gpu.throttled_share:.0%} of its samples)"
         )
     if evidence is None:

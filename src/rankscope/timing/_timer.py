@@ -68,9 +68,11 @@ class PhaseTimer:
         if clock is AUTO:
             clock = CudaEventClock(torch) if cuda else None
         self._clock: DeviceClock | None = clock
-        self._gpu: GpuSource | str | None = None
-        if config.health:
-            self._gpu = gpu_source(torch) if gpu is AUTO else gpu
+        # Which GPU is this rank's is asked at start(): a job may pick its device after
+        # making its Profiler (torch.cuda.set_device(local_rank)), and until then every
+        # rank's current device is 0.
+        self._gpu: Any = gpu if config.health else None
+        self._torch = torch
         self._health: HealthSampler | None = None  # between start() and stop()
         # NVTX ranges of the same names, for Nsight Systems; free when no tool listens.
         self._nvtx: Any = torch.cuda.nvtx if cuda else None
@@ -123,6 +125,8 @@ class PhaseTimer:
             )
         self.enabled = True
         gpu = self._gpu
+        if gpu is AUTO:
+            gpu = self._gpu = gpu_source(self._torch)
         if isinstance(gpu, str):
             logger.info("rankscope: no GPU health on rank %d: %s", self._rank, gpu)
             self._gpu = None  # said once
