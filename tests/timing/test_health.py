@@ -18,7 +18,7 @@ from rankscope.config._ranks import RankInfo
 from rankscope.testing._clock import CountingClock
 from rankscope.testing._nvml import StandInGpu, StandInNvml
 from rankscope.timing import PhaseTimer
-from rankscope.timing._health import GpuSource
+from rankscope.timing._health import THROTTLE_REASONS, GpuSource
 from rankscope.timing._timer import AUTO
 
 HEALTH_KEYS = {
@@ -208,3 +208,27 @@ def test_the_gpu_is_found_by_its_uuid_else_by_cudas_index(tmp_path: Path) -> Non
     assert [s["sm_mhz"] for s in samples(tmp_path / "a")] == [1410]
     run_steps(make_timer(tmp_path / "b", GpuSource(StandInNvml(gpus), "GPU-gone", 2)), 1)
     assert [s["sm_mhz"] for s in samples(tmp_path / "b")] == [1700]
+
+
+def test_the_reason_bits_are_nvmls_own() -> None:
+    """The words a line writes stand for the bits the real pynvml names (no GPU needed)."""
+    pynvml = pytest.importorskip("pynvml")
+    names = (
+        "GpuIdle",
+        "ApplicationsClocksSetting",
+        "SwPowerCap",
+        "HwSlowdown",
+        "SyncBoost",
+        "SwThermalSlowdown",
+        "HwThermalSlowdown",
+        "HwPowerBrakeSlowdown",
+        "DisplayClockSetting",
+    )
+    bits = [getattr(pynvml, f"nvmlClocksThrottleReason{name}") for name in names]
+    assert bits == [bit for bit, _ in THROTTLE_REASONS]
+    # The stand-in's call surface is pynvml's: every name it offers, the real one has too.
+    offered = [n for n in vars(StandInNvml) if n.lower().startswith("nvml")]
+    assert len(offered) > 20
+    assert [n for n in offered if not hasattr(pynvml, n)] == []
+    values = {n: v for n, v in vars(StandInNvml).items() if isinstance(v, int) and n in offered}
+    assert {n: getattr(pynvml, n) for n in values} == values

@@ -36,17 +36,19 @@ __all__ = ["THROTTLE_REASONS", "GpuSource", "HealthSampler", "gpu_source"]
 logger = logging.getLogger(__name__)
 
 THROTTLE_REASONS = (
-    ("nvmlClocksThrottleReasonGpuIdle", "gpu_idle"),
-    ("nvmlClocksThrottleReasonApplicationsClocksSetting", "applications_clocks"),
-    ("nvmlClocksThrottleReasonSwPowerCap", "sw_power_cap"),
-    ("nvmlClocksThrottleReasonHwSlowdown", "hw_slowdown"),
-    ("nvmlClocksThrottleReasonSyncBoost", "sync_boost"),
-    ("nvmlClocksThrottleReasonSwThermalSlowdown", "sw_thermal"),
-    ("nvmlClocksThrottleReasonHwThermalSlowdown", "hw_thermal"),
-    ("nvmlClocksThrottleReasonHwPowerBrakeSlowdown", "hw_power_brake"),
-    ("nvmlClocksThrottleReasonDisplayClockSetting", "display_clocks"),
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"),
+    (0x100, "display_clocks"),
 )
-"""pynvml's reason bit -> the word a health line writes for it (docs/run-directory.md)."""
+"""NVML's clock-throttle reason bits (nvml.h; pynvml's nvmlClocksThrottleReason*, renamed
+nvmlClocksEventReason* in newer releases with the same values) -> the word a health line
+writes for each (docs/run-directory.md)."""
 
 _PROC = Path("/proc")
 
@@ -200,7 +202,9 @@ class HealthSampler:
                     )
                 return None
 
-        throttle = read("throttle", nvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+        # Newer pynvml names it ClocksEvent and keeps the old name as a deprecated alias.
+        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        throttle = read("throttle", reasons or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)
         power = read("power_w", nvml.nvmlDeviceGetPowerUsage)
         limit = read("power_limit_w", nvml.nvmlDeviceGetEnforcedPowerLimit)
         ecc = nvml.nvmlDeviceGetTotalEccErrors
@@ -211,7 +215,7 @@ class HealthSampler:
             "time_ns": time.time_ns(),
             "sm_mhz": read("sm_mhz", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM),
             "mem_mhz": read("mem_mhz", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM),
-            "throttle": None if throttle is None else _reasons(nvml, int(throttle)),
+            "throttle": None if throttle is None else _reasons(int(throttle)),
             "temp_c": read("temp_c", nvml.nvmlDeviceGetTemperature, nvml.NVML_TEMPERATURE_GPU),
             "power_w": None if power is None else power / 1000,
             "power_limit_w": None if limit is None else limit / 1000,
@@ -233,8 +237,8 @@ class HealthSampler:
         return (json.dumps(sample, separators=(",", ":")) + "\n").encode()
 
 
-def _reasons(nvml: Any, mask: int) -> list[str]:
-    return [word for bit, word in THROTTLE_REASONS if mask & getattr(nvml, bit, 0)]
+def _reasons(mask: int) -> list[str]:
+    return [word for bit, word in THROTTLE_REASONS if mask & bit]
 
 
 def _load_average() -> float | None:
