@@ -22,6 +22,7 @@ from rankscope.timing import PhaseTimer
 from rankscope.timing._health import GpuSource
 
 from .._gloo import GlooRanks
+from .._helpers import run_cli
 
 STEPS = 48
 HOT_FROM = 16
@@ -61,7 +62,7 @@ def throttled_job(rank: int, world: int, run_dir: str) -> None:
 
 @pytest.mark.slow
 def test_a_throttling_ranks_cause_names_the_throttle_and_its_clock(
-    tmp_path: Path, gloo_ranks: GlooRanks
+    tmp_path: Path, gloo_ranks: GlooRanks, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gloo_ranks.run(throttled_job, 3, tmp_path)
     for rank in range(3):
@@ -83,3 +84,10 @@ def test_a_throttling_ranks_cause_names_the_throttle_and_its_clock(
     # The onset is the finding's: a step of noise either side of the throttle's start.
     assert int(said.group(1)) == finding.since_step
     assert HOT_FROM - 2 <= finding.since_step <= HOT_FROM + 2
+    # The command says the same, in --json and in the terminal.
+    code, out, _ = run_cli(["stragglers", str(tmp_path), "--json"], capsys)
+    assert code == 0
+    causes = [f["cause"] for f in json.loads(out)["findings"] if f["role"] == "slow"]
+    assert causes == [{"kind": "machine", "text": finding.cause.text, "could_be": []}]
+    code, out, _ = run_cli(["stragglers", str(tmp_path)], capsys)
+    assert code == 0 and "thermal throttling" in " ".join(out.split())
