@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +233,24 @@ def test_the_reason_bits_are_nvmls_own() -> None:
     assert [n for n in offered if not hasattr(pynvml, n)] == []
     values = {n: v for n, v in vars(StandInNvml).items() if isinstance(v, int) and n in offered}
     assert {n: getattr(pynvml, n) for n in values} == values
+
+
+def test_a_stuck_nvml_call_holds_stop_back_a_few_seconds_at_most(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stall = threading.Event()
+    timer = make_timer(tmp_path, GpuSource(StandInNvml(stall=stall), 0), every_n_steps=1)
+    try:
+        with caplog.at_level(logging.INFO, logger="rankscope"):
+            t0 = time.monotonic()
+            run_steps(timer, 2, wait=False)
+            took = time.monotonic() - t0
+        assert took < 20
+        said = [r.getMessage() for r in caplog.records if "sampler did not end" in r.getMessage()]
+        assert said == [
+            "rankscope: the GPU health sampler did not end within 5 s (NVML stuck?); left behind"
+        ]
+        assert timer.fault_reason is None
+        assert (tmp_path / "timings" / "rank-00001.jsonl").read_text().count('"phase"') == 4
+    finally:
+        stall.set()

@@ -41,7 +41,9 @@ class StandInNvml:
     """pynvml's call surface over a list of StandInGpu, counting the calls per thread.
 
     Inject it where the real module would be imported (timing/_health.py's GpuSource).
-    `init_error`: the NVML error code nvmlInit raises (the driver missing: 9).
+    `init_error`: the NVML error code nvmlInit raises (the driver missing: 9). `stall`:
+    while it is not set, every reading of a device waits for it (a GPU fallen off the bus
+    can hold an NVML call that long).
     """
 
     NVML_SUCCESS = 0
@@ -74,9 +76,15 @@ class StandInNvml:
         def __str__(self) -> str:
             return f"NVML error {self.value}"
 
-    def __init__(self, gpus: list[StandInGpu] | None = None, init_error: int | None = None) -> None:
+    def __init__(
+        self,
+        gpus: list[StandInGpu] | None = None,
+        init_error: int | None = None,
+        stall: threading.Event | None = None,
+    ) -> None:
         self.gpus = gpus if gpus is not None else [StandInGpu()]
         self.init_error = init_error
+        self.stall = stall
         self.calls: Counter[tuple[str, int]] = Counter()
         """(function, thread ident) -> calls."""
         self._lock = threading.Lock()
@@ -162,6 +170,8 @@ class StandInNvml:
     def _read(self, gpu: StandInGpu, name: str) -> None:
         self._call(name)
         self._ready()
+        if self.stall is not None:
+            self.stall.wait()
         code = gpu.failing.get(name)
         if code is not None:
             raise self.NVMLError(code)

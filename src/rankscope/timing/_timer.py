@@ -32,6 +32,7 @@ AUTO: Any = object()
 """`clock=AUTO`: CUDA events where CUDA is available, else no device clock."""
 
 _STOP_TIMEOUT_S = 30.0  # how long stop() waits for the background writer (a stuck disk)
+_HEALTH_STOP_S = 5.0  # and for the health sampler: a stuck NVML call holds no record back
 
 
 class PhaseTimer:
@@ -124,15 +125,18 @@ class PhaseTimer:
                 self._clock, self._config.max_pending_events, self._write_ready, self.fault
             )
         self.enabled = True
-        gpu = self._gpu
-        if gpu is AUTO:
-            gpu = self._gpu = gpu_source(self._torch)
+        try:
+            gpu = self._gpu
+            if gpu is AUTO:
+                gpu = self._gpu = gpu_source(self._torch)
+            if gpu is not None and not isinstance(gpu, str):
+                self._health = HealthSampler(gpu, self._run_dir, self._rank, self._host)
+                self._health.start()
+        except Exception as exc:  # health is extra: the timer goes on without it
+            gpu, self._health = f"it cannot start ({type(exc).__name__}: {exc})", None
         if isinstance(gpu, str):
             logger.info("rankscope: no GPU health on rank %d: %s", self._rank, gpu)
             self._gpu = None  # said once
-        elif gpu is not None:
-            self._health = HealthSampler(gpu, self._run_dir, self._rank, self._host)
-            self._health.start()
         return self._begin_step(first_step)
 
     def step(self) -> bool:
@@ -282,9 +286,11 @@ class PhaseTimer:
             return
         if not wait:
             health.abandon()
-        elif not health.close(_STOP_TIMEOUT_S):
+        elif not health.close(_HEALTH_STOP_S):
             logger.warning(
-                "rankscope: the GPU health sampler did not end within %.0f s", _STOP_TIMEOUT_S
+                "rankscope: the GPU health sampler did not end within %.0f s (NVML stuck?); "
+                "left behind",
+                _HEALTH_STOP_S,
             )
 
     # -- inside --------------------------------------------------------------------
