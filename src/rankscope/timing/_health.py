@@ -160,7 +160,12 @@ class HealthSampler:
                     self._wake.clear()
                     step = self._step
                     if step != self._done:  # close() too lets the last woken step be read
-                        out.write(self._opening + self._sample(nvml, handle, step))
+                        # One append per sample, opening with its attempt line (as the
+                        # timer's writes do): the file is unbuffered, so a short write
+                        # is written on from where it stopped.
+                        view = memoryview(self._opening + self._sample(nvml, handle, step))
+                        while view:
+                            view = view[out.write(view) :]
                         self.written += 1
                         self._done = step
                     if self._stopping:
