@@ -169,7 +169,7 @@ def test_bad_health_lines_are_skipped_counted_and_said(tmp_path: Path) -> None:
         fh.write('{"v":1,"rank":2,"step":45,"sm_mhz":1')  # torn: the rank died mid-write
     health = read_health(tmp_path)
     assert health.skipped == [f"{path}: 7 lines skipped (line 81: not JSON)"]
-    assert sorted(health.of(2)) == list(range(40))
+    assert health.of(2).steps.tolist() == list(range(40))
     finding, found = slow_cause(tmp_path)
     assert finding.cause.kind == "machine"
     assert f"{path}: 7 lines skipped (line 81: not JSON)" in found.notes
@@ -193,7 +193,6 @@ def test_only_the_used_attempts_samples_count(tmp_path: Path) -> None:
         with path.open("a") as fh:
             fh.write(opening + health_line(rank, 2, HEALTHY))
     every = read_health(tmp_path)
-    assert every.of(0)[2].get("sm_mhz") == 1980  # the latest of a step wins
-    assert every.of(0)[1].get("sm_mhz") == 1410
+    assert every.of(0).figure("sm_mhz").tolist() == [1410, 1410, 1980, 1410]  # the latest wins
     new = read_health(tmp_path, {0: {"new"}, 1: {"new"}})
-    assert sorted(new.of(0)) == [2]
+    assert new.of(0).steps.tolist() == [2]

@@ -16,10 +16,11 @@ import torch
 
 from rankscope import ConfigError, TimerConfig
 from rankscope.config._ranks import RankInfo
+from rankscope.rundir._health import THROTTLE_REASONS
 from rankscope.testing._clock import CountingClock
 from rankscope.testing._nvml import StandInGpu, StandInNvml
 from rankscope.timing import PhaseTimer
-from rankscope.timing._health import THROTTLE_REASONS, GpuSource
+from rankscope.timing._health import GpuSource
 from rankscope.timing._timer import AUTO
 
 HEALTH_KEYS = {

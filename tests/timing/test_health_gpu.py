@@ -11,8 +11,9 @@ import torch
 
 from rankscope import TimerConfig
 from rankscope.config._ranks import RankInfo
+from rankscope.rundir._health import THROTTLE_REASONS
 from rankscope.timing import PhaseTimer
-from rankscope.timing._health import THROTTLE_REASONS, GpuSource, gpu_source
+from rankscope.timing._health import GpuSource, gpu_source
 
 pytestmark = pytest.mark.gpu
 

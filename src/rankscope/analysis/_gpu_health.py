@@ -4,35 +4,45 @@ health samples, read/_health.py), against the other ranks': the figures the caus
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .read._health import HealthSample, RunHealth
+import numpy as np
+import numpy.typing as npt
+
+from ..rundir._health import FIGURES
+from ._matrix import quiet
+from .read._health import RankHealth, RunHealth, reason_bits
 
 __all__ = ["THROTTLED_SHARE", "GpuHealth", "gpu_health", "holds_of", "throttled"]
+
+Bools = npt.NDArray[np.bool_]
+FIGURE = {name: i for i, name in enumerate(FIGURES)}
 
 THROTTLED_SHARE = 0.5
 """A GPU throttles when a thermal or power reason is set at this share of its samples, or more."""
 
-# NVML's reasons (timing/_health.py's words), by what holds the clock back.
+# NVML's reasons (rundir/_health.py's words), by what holds the clock back.
 _HOLDS = (
-    ("thermal throttling", frozenset({"sw_thermal", "hw_thermal"})),
-    ("power capping", frozenset({"sw_power_cap", "hw_power_brake"})),
-    ("a hardware slowdown", frozenset({"hw_slowdown"})),
+    ("thermal throttling", reason_bits(("sw_thermal", "hw_thermal"))),
+    ("power capping", reason_bits(("sw_power_cap", "hw_power_brake"))),
+    ("a hardware slowdown", reason_bits(("hw_slowdown",))),
 )
-_SLOWING = frozenset().union(*(words for _, words in _HOLDS))
+_SLOWING = reason_bits(
+    ("sw_thermal", "hw_thermal", "sw_power_cap", "hw_power_brake", "hw_slowdown")
+)
 
 
-def throttled(sample: HealthSample) -> bool:
-    """A thermal or power reason (or a hardware slowdown) is set in `sample`."""
-    return bool(sample.throttle and sample.throttle & _SLOWING)
+def throttled(health: RankHealth) -> Bools:
+    """Per row: a thermal or power reason (or a hardware slowdown) is set."""
+    held: Bools = (health.reasons >= 0) & ((health.reasons & _SLOWING) != 0)
+    return held
 
 
-def holds_of(samples: Iterable[HealthSample]) -> tuple[str, ...]:
-    """What held the clock back at `samples`, in words ("thermal throttling")."""
-    reasons = frozenset().union(*(s.throttle or frozenset() for s in samples))
-    return tuple(words for words, bits in _HOLDS if reasons & bits)
+def holds_of(reasons: npt.NDArray[np.int64]) -> tuple[str, ...]:
+    """What held the clock back at rows whose reason bits are `reasons`, in words."""
+    union = int(np.bitwise_or.reduce(reasons[reasons >= 0], initial=0))
+    return tuple(words for words, bits in _HOLDS if union & bits)
 
 
 @dataclass(frozen=True)
@@ -116,54 +126,53 @@ def gpu_health(
 ) -> GpuHealth | None:
     """`rank`'s health over its samples at steps `since`..`last`, against `ranks`' others;
     None where it has no sample there."""
-    mine = {s: v for s, v in health.of(rank).items() if since <= s <= last}
-    if not mine:
+    mine = health.of(rank).between(since, last)
+    if not len(mine):
         return None
-    theirs = [
-        v
-        for other in ranks
-        if other != rank
-        for s, v in health.of(other).items()
-        if since <= s <= last
-    ]
-    held = [v for v in mine.values() if throttled(v)]
+    others = [health.of(r).between(since, last) for r in ranks if r != rank]
+    theirs = np.concatenate([o.figures for o in others]) if others else mine.figures[:0]
+    held = throttled(mine)
+
+    def median(rows: npt.NDArray[np.float64], name: str) -> float | None:
+        column = rows[:, FIGURE[name]]
+        with quiet():
+            value = float(np.nanmedian(column)) if len(column) else float("nan")
+        return None if np.isnan(value) else value
+
     return GpuHealth(
         rank=rank,
         since=since,
         samples=len(mine),
-        clock=_median(v.get("sm_mhz") for v in mine.values()),
-        others_clock=_median(v.get("sm_mhz") for v in theirs),
-        throttled_share=len(held) / len(mine),
-        holds=holds_of(held),
-        temp=_median(v.get("temp_c") for v in mine.values()),
-        others_temp=_median(v.get("temp_c") for v in theirs),
-        power=_median(v.get("power_w") for v in held),
-        limit=_median(v.get("power_limit_w") for v in held),
-        load=_median(v.get("load1") for v in mine.values()),
-        others_load=_median(v.get("load1") for v in theirs),
+        clock=median(mine.figures, "sm_mhz"),
+        others_clock=median(theirs, "sm_mhz"),
+        throttled_share=float(held.mean()),
+        holds=holds_of(mine.reasons[held]),
+        temp=median(mine.figures, "temp_c"),
+        others_temp=median(theirs, "temp_c"),
+        power=median(mine.figures[held], "power_w"),
+        limit=median(mine.figures[held], "power_limit_w"),
+        load=median(mine.figures, "load1"),
+        others_load=median(theirs, "load1"),
         ecc=_ecc_growth(health.of(rank), since, last),
     )
 
 
-def _ecc_growth(samples: dict[int, HealthSample], since: int, last: int) -> str | None:
+def _ecc_growth(health: RankHealth, since: int, last: int) -> str | None:
     """ECC errors that grew from the rank's last sample before `since` (else its first
     since) to its last, in words."""
-    steps = sorted(s for s in samples if s <= last)
-    before = [s for s in steps if s < since]
-    after = [s for s in steps if s >= since]
-    if not after:
+    rows = health.between(-1, last)
+    after = np.flatnonzero(rows.steps >= since)
+    if not len(after):
         return None
-    first, end = samples[(before or after)[-1 if before else 0]], samples[after[-1]]
+    before = np.flatnonzero(rows.steps < since)
+    first = int(before[-1]) if len(before) else int(after[0])
+    end = int(after[-1])
     grew = []
     for kind in ("uncorrected", "corrected"):
-        a, b = first.get(f"ecc_{kind}"), end.get(f"ecc_{kind}")
-        if a is not None and b is not None and b > a:
+        column = rows.figure(f"ecc_{kind}")
+        a, b = float(column[first]), float(column[end])
+        if not (np.isnan(a) or np.isnan(b)) and b > a:
             grew.append(f"{kind} from {a:.0f} to {b:.0f}")
     if not grew:
         return None
     return f"its GPU's ECC errors grew since step {since} ({', '.join(grew)})"
-
-
-def _median(values: Iterable[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None

@@ -49,10 +49,11 @@ def throttled_gpus(
     health = read_health(root, tokens_of(attempts))
     out = []
     for rank, samples in sorted(health.ranks.items()):
-        held = [s for s in samples.values() if throttled(s)]
-        share = len(held) / len(samples)
+        held = throttled(samples)
+        share = float(held.mean())
         if share >= THROTTLED_SHARE:
-            out.append(ThrottledGpu(run, attempt, rank, hosts.get(rank), share, holds_of(held)))
+            holds = holds_of(samples.reasons[held])
+            out.append(ThrottledGpu(run, attempt, rank, hosts.get(rank), share, holds))
     return out, health.skipped
 
 

@@ -28,27 +28,13 @@ from typing import Any
 
 from ..rundir._attempt import current_attempt
 from ..rundir._files import open_append
+from ..rundir._health import HEALTH_VERSION, THROTTLE_REASONS
 from ..rundir._layout import health_path
-from ._record import RECORD_VERSION, format_attempt
+from ._record import format_attempt
 
-__all__ = ["THROTTLE_REASONS", "GpuSource", "HealthSampler", "gpu_source"]
+__all__ = ["GpuSource", "HealthSampler", "gpu_source"]
 
 logger = logging.getLogger(__name__)
-
-THROTTLE_REASONS = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal"),
-    (0x40, "hw_thermal"),
-    (0x80, "hw_power_brake"),
-    (0x100, "display_clocks"),
-)
-"""NVML's clock-throttle reason bits (nvml.h; pynvml's nvmlClocksThrottleReason*, renamed
-nvmlClocksEventReason* in newer releases with the same values) -> the word a health line
-writes for each (docs/run-directory.md)."""
 
 _PROC = Path("/proc")
 
@@ -214,7 +200,7 @@ class HealthSampler:
         limit = read("power_limit_w", nvml.nvmlDeviceGetEnforcedPowerLimit)
         ecc = nvml.nvmlDeviceGetTotalEccErrors
         sample = {
-            "v": RECORD_VERSION,
+            "v": HEALTH_VERSION,
             "rank": self._rank,
             "step": step,
             "time_ns": time.time_ns(),

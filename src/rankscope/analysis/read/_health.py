@@ -18,54 +18,68 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from ..._errors import TraceError
+from ...rundir._health import FIGURES, HEALTH_VERSION, THROTTLE_REASONS
 from ...rundir._layout import RunDir, health_files, open_regular
 from ._attempts import Attempts
 
-__all__ = ["FIGURES", "HealthSample", "RunHealth", "read_health", "tokens_of"]
-
-FIGURES = (
-    "sm_mhz",
-    "mem_mhz",
-    "temp_c",
-    "power_w",
-    "power_limit_w",
-    "ecc_corrected",
-    "ecc_uncorrected",
-    "load1",
-    "mem_available_mb",
-)
-"""The numbers a health line holds (docs/run-directory.md); each may be null."""
+__all__ = ["RankHealth", "RunHealth", "read_health", "reason_bits", "tokens_of"]
 
 _LINE_MAX = 4096
 """Bytes in one health line at most: the sampler writes about 350."""
 _REASONS_MAX = 16
 """Throttle reasons in one line at most: NVML has nine."""
 _WORD_MAX = 64
+_BIT = {word: bit for bit, word in THROTTLE_REASONS}
+_COLUMN = {name: i for i, name in enumerate(FIGURES)}
+
+
+def reason_bits(words: Collection[str]) -> int:
+    """The THROTTLE_REASONS bits of `words` (a word no rankscope writes counts for none)."""
+    bits = 0
+    for word in words:
+        bits |= _BIT.get(word, 0)
+    return bits
 
 
 @dataclass(frozen=True)
-class HealthSample:
-    """One rank's health at one sampled step; None where the line gave no figure."""
+class RankHealth:
+    """One rank's samples as columns, one row per sampled step (ascending): a run of many
+    ranks and steps holds numbers, not an object per sample."""
 
-    figures: dict[str, float]
-    """The FIGURES the line holds a number for."""
-    throttle: frozenset[str] | None
-    """The clock-throttle reasons NVML set (timing/_health.py's words); None: not read."""
+    steps: npt.NDArray[np.int64]
+    figures: npt.NDArray[np.float64]
+    """[row, FIGURES index]; NaN where the line gave no figure."""
+    reasons: npt.NDArray[np.int64]
+    """THROTTLE_REASONS bits set at each row; -1 where the reasons were not read."""
 
-    def get(self, name: str) -> float | None:
-        return self.figures.get(name)
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def figure(self, name: str) -> npt.NDArray[np.float64]:
+        return self.figures[:, _COLUMN[name]]
+
+    def between(self, first: int, last: int) -> RankHealth:
+        """The rows of steps `first`..`last`."""
+        keep = (self.steps >= first) & (self.steps <= last)
+        return RankHealth(self.steps[keep], self.figures[keep], self.reasons[keep])
+
+
+_NONE = RankHealth(np.zeros(0, np.int64), np.zeros((0, len(FIGURES))), np.zeros(0, np.int64))
 
 
 @dataclass
 class RunHealth:
-    """Per rank, per sampled step, its sample; and what the reading skipped."""
+    """Per rank, its samples; and what the reading skipped."""
 
-    ranks: dict[int, dict[int, HealthSample]] = field(default_factory=dict)
+    ranks: dict[int, RankHealth] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
-    def of(self, rank: int) -> dict[int, HealthSample]:
-        return self.ranks.get(rank, {})
+    def of(self, rank: int) -> RankHealth:
+        return self.ranks.get(rank, _NONE)
 
 
 def tokens_of(attempts: Attempts) -> dict[int, set[str] | None] | None:
@@ -94,7 +108,7 @@ def read_health(
         except (OSError, TraceError) as exc:
             out.skipped.append(f"{entry.path}: cannot be read ({exc})")
             continue
-        if samples:
+        if samples is not None:
             out.ranks[entry.rank] = samples
         if bad:
             lines = "line" if bad == 1 else "lines"
@@ -105,8 +119,8 @@ def read_health(
 
 def _read_file(
     path: Path, rank: int, wanted: Collection[str] | None
-) -> tuple[dict[int, HealthSample], int, str | None]:
-    samples: dict[int, HealthSample] = {}
+) -> tuple[RankHealth | None, int, str | None]:
+    samples: dict[int, tuple[list[float], int]] = {}
     bad, first = 0, None
     token: str | None = None
     number = 0
@@ -140,21 +154,34 @@ def _read_file(
             if why is not None:
                 bad += 1
                 first = first or why
-    return samples, bad, first
+    if not samples:
+        return None, bad, first
+    steps = sorted(samples)
+    return (
+        RankHealth(
+            np.asarray(steps, np.int64),
+            np.asarray([samples[s][0] for s in steps], np.float64),
+            np.asarray([samples[s][1] for s in steps], np.int64),
+        ),
+        bad,
+        first,
+    )
 
 
-def _sample(line: Any, rank: int) -> tuple[int, HealthSample] | str:  # noqa: PLR0911 - a return per rule
+def _sample(line: Any, rank: int) -> tuple[int, tuple[list[float], int]] | str:  # noqa: PLR0911 - a return per rule
+    """(step, (its FIGURES, NaN where none; its reason bits, -1 where not read)), or why
+    the line is no sample."""
     if not isinstance(line, dict):
         return "not a JSON object"
-    if line.get("v") != 1:
+    if line.get("v") != HEALTH_VERSION:
         return f"schema version {line.get('v')!r}, not 1"
     if line.get("rank") != rank or isinstance(line.get("rank"), bool):
         return f"rank {line.get('rank')!r} in the file of rank {rank}"
     step = line.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 63:
         return f"step {step!r} is not an integer >= 0"
-    figures: dict[str, float] = {}
-    for name in FIGURES:
+    figures = [math.nan] * len(FIGURES)
+    for i, name in enumerate(FIGURES):
         value = line.get(name)
         if value is None:
             continue
@@ -163,7 +190,7 @@ def _sample(line: Any, rank: int) -> tuple[int, HealthSample] | str:  # noqa: PL
         number = float(value)
         if not math.isfinite(number) or number < 0:
             return f"{name} {value!r} is not a finite number >= 0"
-        figures[name] = number
+        figures[i] = number
     reasons = line.get("throttle")
     if reasons is not None and not (
         isinstance(reasons, list)
@@ -171,5 +198,4 @@ def _sample(line: Any, rank: int) -> tuple[int, HealthSample] | str:  # noqa: PL
         and all(isinstance(r, str) and 0 < len(r) <= _WORD_MAX for r in reasons)
     ):
         return "throttle is not a list of reasons"
-    throttle = None if reasons is None else frozenset(reasons)
-    return step, HealthSample(figures, throttle)
+    return step, (figures, -1 if reasons is None else reason_bits(reasons))
