@@ -196,3 +196,13 @@ def test_only_the_used_attempts_samples_count(tmp_path: Path) -> None:
     assert every.of(0).figure("sm_mhz").tolist() == [1410, 1410, 1980, 1410]  # the latest wins
     new = read_health(tmp_path, {0: {"new"}, 1: {"new"}})
     assert new.of(0).steps.tolist() == [2]
+
+
+def test_a_slow_data_phase_is_not_put_on_the_gpus_clock(tmp_path: Path) -> None:
+    """Loading data is the host's work: a throttling GPU does not explain it."""
+    write_timings(tmp_path, ranks=4, steps=40, slowdowns=[Slowdown(2, "host_to_device", 1.0)])
+    write_health(tmp_path, 4, 40, lambda r, s: HOT if r == 2 else HEALTHY)
+    finding, _ = slow_cause(tmp_path)
+    assert (finding.phase, finding.kind) == ("host_to_device", "data")
+    assert finding.cause.kind == "persistent"
+    assert "SM clock" not in finding.cause.text

@@ -40,6 +40,10 @@ __all__ = ["PERSISTENT_SHARE", "causes_of"]
 
 Matrix = npt.NDArray[np.float64]
 
+_HOST_WORK = ("data", "io")
+"""Kinds of phase whose work is the host's (a loader, a file): the GPU's clock says
+nothing of why they are slow, so its health is not weighed there."""
+
 PERSISTENT_SHARE = 0.9
 """A rank above at this share of its steps since the onset, or more, is persistent."""
 _GROUP_SHARE = 0.75
@@ -72,7 +76,7 @@ def causes_of(
             out.append(None)
             continue
         gpu = None
-        if health is not None and m.steps:
+        if health is not None and m.steps and f.kind not in _HOST_WORK:
             gpu = gpu_health(health, f.rank, m.ranks, f.since_step, m.steps[-1])
         if gpu is not None and gpu.slows(threshold):
             out.append(_with_ecc(Cause("machine", gpu.machine()), gpu))
