@@ -151,7 +151,7 @@ def test_a_low_clock_with_no_reason_set_is_said_not_judged(tmp_path: Path) -> No
     finding, _ = slow_cause(tmp_path)
     assert finding.cause.kind == "persistent"
     assert "rank 2's SM clock 1500 MHz against a median of 1980" in finding.cause.text
-    assert "with no thermal or power reason set at 100% of its samples" in finding.cause.text
+    assert "; a thermal or power throttle reason set at 0% of its samples)" in finding.cause.text
 
 
 def test_bad_health_lines_are_skipped_counted_and_said(tmp_path: Path) -> None:

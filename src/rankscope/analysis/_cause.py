@@ -145,14 +145,15 @@ def _machine(
 ) -> Cause:
     """Persistent or intermittent; with what the recorded values said (`evidence`: the
     words, whether they rule the data out; None where none was recorded) and the GPU's
-    clock where it is low with no throttle reason set (`gpu`)."""
+    clock and throttle reasons where they neither show throttling nor rule it out (`gpu`)."""
     since = f" since step {f.since_step}" if f.since_step else ""
     if gpu is not None and gpu.clock is not None and gpu.others_clock is not None:
         # Neither throttled nor healthy: a low clock no reason explains (clocks an
-        # application set, another GPU model) is said, not judged.
+        # application set, another GPU model), or a reason set with the clock near the
+        # others', is said, not judged.
         since += (
-            f" ({gpu.clock_words(since=False)}, with no thermal or power reason set at "
-            f"{1 - gpu.throttled_share:.0%} of its samples)"
+            f" ({gpu.clock_words(since=False)}; a thermal or power throttle reason set at "
+            f"{gpu.throttled_share:.0%} of its samples)"
         )
     if evidence is None:
         evidence = (_NO_VALUE.format(f.phase), False)
