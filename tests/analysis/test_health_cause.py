@@ -206,3 +206,16 @@ def test_a_slow_data_phase_is_not_put_on_the_gpus_clock(tmp_path: Path) -> None:
     assert (finding.phase, finding.kind) == ("host_to_device", "data")
     assert finding.cause.kind == "persistent"
     assert "SM clock" not in finding.cause.text
+
+
+def test_a_reason_set_with_the_clock_near_the_others_is_said_not_judged(tmp_path: Path) -> None:
+    """A throttle reason with hardly a lower clock does not explain a rank 50% slower."""
+    write_timings(tmp_path, ranks=4, steps=40, slowdowns=[Slowdown(2, "forward", 0.5)])
+    warm = {**HOT, "sm_mhz": 1950}
+    write_health(tmp_path, 4, 40, lambda r, s: warm if r == 2 else HEALTHY)
+    finding, _ = slow_cause(tmp_path)
+    assert finding.cause.kind == "persistent"
+    assert (
+        "(rank 2's SM clock 1950 MHz against a median of 1980; a thermal or power throttle "
+        "reason set at 100% of its samples)" in finding.cause.text
+    )
