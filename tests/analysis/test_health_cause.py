@@ -4,11 +4,14 @@ and the health files read as untrusted input (analysis/read/_health.py)."""
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
 from rankscope.analysis._analyse import analyse_stragglers
@@ -165,14 +168,15 @@ def test_bad_health_lines_are_skipped_counted_and_said(tmp_path: Path) -> None:
         fh.write(health_line(2, -1, HOT))
         fh.write(health_line(2, 43, {**HOT, "temp_c": float("inf")}).replace("Infinity", "1e999"))
         fh.write(health_line(2, 44, {**HOT, "throttle": "thermal"}))
+        fh.write(health_line(2, 45, {**HOT, "sm_mhz": 10**400}))
         fh.write("x" * 10_000 + "\n")
         fh.write('{"v":1,"rank":2,"step":45,"sm_mhz":1')  # torn: the rank died mid-write
     health = read_health(tmp_path)
-    assert health.skipped == [f"{path}: 7 lines skipped (line 81: not JSON)"]
+    assert health.skipped == [f"{path}: 8 lines skipped (line 81: not JSON)"]
     assert health.of(2).steps.tolist() == list(range(40))
     finding, found = slow_cause(tmp_path)
     assert finding.cause.kind == "machine"
-    assert f"{path}: 7 lines skipped (line 81: not JSON)" in found.notes
+    assert f"{path}: 8 lines skipped (line 81: not JSON)" in found.notes
 
 
 def test_a_health_file_that_is_no_file_is_named(tmp_path: Path) -> None:
@@ -219,3 +223,36 @@ def test_a_reason_set_with_the_clock_near_the_others_is_said_not_judged(tmp_path
         "(rank 2's SM clock 1950 MHz against a median of 1980; a thermal or power throttle "
         "reason set at 100% of its samples)" in finding.cause.text
     )
+
+
+_LINES = st.one_of(
+    st.binary(max_size=200),
+    st.builds(
+        lambda fields: json.dumps({"v": 1, "rank": 0, "step": 3, **fields}).encode(),
+        st.dictionaries(
+            st.sampled_from(["step", "rank", "v", "sm_mhz", "throttle", "temp_c", "attempt"]),
+            st.one_of(
+                st.none(),
+                st.booleans(),
+                st.integers(-(2**70), 2**70),
+                st.floats(allow_nan=True),
+                st.text(max_size=8),
+                st.lists(st.text(max_size=70), max_size=20),
+            ),
+        ),
+    ),
+)
+
+
+@settings(max_examples=150, derandomize=True, database=None, deadline=None)
+@given(lines=st.lists(_LINES, max_size=8))
+def test_any_health_line_is_read_or_skipped_never_raised(lines: list[bytes]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "health"
+        folder.mkdir()
+        (folder / "rank-00000.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+        health = read_health(tmp)
+        rows = health.of(0)
+        assert len(rows.steps) == len(set(rows.steps.tolist())) <= len(lines)
+        assert not np.isinf(rows.figures).any() and (np.nan_to_num(rows.figures) >= 0).all()
+        assert len(health.skipped) <= 1

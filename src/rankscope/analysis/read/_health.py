@@ -187,7 +187,10 @@ def _sample(line: Any, rank: int) -> tuple[int, tuple[list[float], int]] | str: 
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"{name} {value!r} is not a number"
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past any float
+            return f"{name} is a number past any float"
         if not math.isfinite(number) or number < 0:
             return f"{name} {value!r} is not a finite number >= 0"
         figures[i] = number
