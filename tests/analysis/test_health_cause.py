@@ -235,6 +235,7 @@ _LINES = st.one_of(
                 st.none(),
                 st.booleans(),
                 st.integers(-(2**70), 2**70),
+                st.just(10**400),
                 st.floats(allow_nan=True),
                 st.text(max_size=8),
                 st.lists(st.text(max_size=70), max_size=20),
