@@ -32,6 +32,6 @@ THROTTLE_REASONS = (
     (0x80, "hw_power_brake"),
     (0x100, "display_clocks"),
 )
-"""NVML's clock-throttle reason bits (nvml.h; pynvml's nvmlClocksThrottleReason*, renamed
+"""NVML's clock-throttle reason bits (pynvml's nvmlClocksThrottleReason* constants, renamed
 nvmlClocksEventReason* in newer releases with the same values) -> the word a line's
 `throttle` list writes for each."""
