@@ -513,6 +513,7 @@ def test_to_dict_shape(run_dir: Path) -> None:
             "every_n_steps": 10,
             "flush_every_n_steps": 10,
             "max_pending_events": 4096,
+            "health": True,
         },
         "memory": {
             "enable": False,

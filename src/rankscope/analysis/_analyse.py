@@ -22,6 +22,7 @@ from ._matrix import PhaseMatrices, matrices_of, shared_steps
 from ._options import StragglerOptions
 from ._stragglers import find_stragglers
 from .read._engine import RunRecords, read_run_records
+from .read._health import read_health, tokens_of
 from .read._run import RunMeta, read_run_meta
 from .read._values import read_phase_values
 
@@ -118,7 +119,10 @@ def stragglers_in(
     judged = run.matrices if m is None else m
 
     def read_values(phases: set[str]) -> Any:
-        return read_phase_values(run.root, judged.ranks, judged.steps, phases & run.records.valued)
+        known = read_phase_values(run.root, judged.ranks, judged.steps, phases & run.records.valued)
+        known.health = read_health(run.root, tokens_of(run.records.attempts))
+        known.notes += known.health.skipped
+        return known
 
     report = find_stragglers(
         judged,

@@ -1,5 +1,8 @@
 """Why a rank is slow, in words, with its evidence: a cause class for every slow finding.
 
+- **machine**: the rank's GPU said so itself (its health samples, read/_health.py): its
+  SM clock below the other ranks' since the onset, held there by a thermal or power
+  throttle reason. Tried first: the clock is the GPU's own word on why it runs slower.
 - **data-driven**: the rank is slow where the work it was given is larger. It needs a
   per-step value recorded with the phase (`prof.phase("forward", tokens=n)`): per unit
   of that value the rank runs as fast as the others (within the threshold), while at
@@ -14,7 +17,10 @@
 
 Where the evidence cannot tell causes apart, `could_be` names them and the text says
 what would: data-driven slowness looks persistent or intermittent until a per-step
-value is recorded.
+value is recorded. Where the rank's GPU was sampled healthy (its clock the others',
+nothing throttling it), a persistent or intermittent rank is **unclear** instead, and
+the text says what was ruled out and what is left. ECC errors that grew on the rank's
+GPU since the onset are said whatever the class.
 """
 
 from __future__ import annotations
@@ -26,12 +32,17 @@ import numpy.typing as npt
 
 from .._text import format_ranks
 from ._findings import Cause, StragglerFinding, ratio_text
+from ._gpu_health import GpuHealth, gpu_health
 from ._matrix import PhaseMatrices, nanmedian, quiet
 from .read._values import PhaseValues
 
 __all__ = ["PERSISTENT_SHARE", "causes_of"]
 
 Matrix = npt.NDArray[np.float64]
+
+_HOST_WORK = ("data", "io")
+"""Kinds of phase whose work is the host's (a loader, a file): the GPU's clock says
+nothing of why they are slow, so its health is not weighed there."""
 
 PERSISTENT_SHARE = 0.9
 """A rank above at this share of its steps since the onset, or more, is persistent."""
@@ -52,7 +63,9 @@ def causes_of(
     groups: Mapping[int, Mapping[str, object]] | None = None,
 ) -> list[Cause | None]:
     """A cause for each slow finding (None for the ranks that wait). `steady`: the slow
-    (rank, phase) pairs slow at their fastest steps too (find_stragglers knows)."""
+    (rank, phase) pairs slow at their fastest steps too (find_stragglers knows). The
+    ranks' GPU health comes with the values (`values.health`), where it was read."""
+    health = values.health if values is not None else None
     slow_in: dict[str, set[int]] = {}
     for f in findings:
         if f.role == "slow":
@@ -62,28 +75,88 @@ def causes_of(
         if f.role != "slow":
             out.append(None)
             continue
+        gpu = None
+        if health is not None and m.steps and f.kind not in _HOST_WORK:
+            gpu = gpu_health(health, f.rank, m.ranks, f.since_step, m.steps[-1])
+        if gpu is not None and gpu.slows(threshold):
+            out.append(_with_ecc(Cause("machine", gpu.machine()), gpu))
+            continue
         data = _data_driven(m, f, threshold, values)
         if isinstance(data, Cause):
-            out.append(data)
+            out.append(_with_ecc(data, gpu))
             continue
         group = _partition(m, f, slow_in[f.phase], hosts, groups)
         if group is not None:
-            out.append(group)
+            out.append(_with_ecc(group, gpu))
             continue
-        out.append(_machine(f, (f.rank, f.phase) in steady, data))
+        steady_f = (f.rank, f.phase) in steady
+        if gpu is not None and gpu.healthy(threshold):
+            out.append(_with_ecc(_unclear(f, steady_f, data, gpu), gpu))
+            continue
+        out.append(_with_ecc(_machine(f, steady_f, data, gpu), gpu))
     return out
 
 
-def _machine(f: StragglerFinding, steady: bool, evidence: tuple[str, bool] | None) -> Cause:
-    """Persistent or intermittent; with what the recorded values said (`evidence`: the
-    words, whether they rule the data out; None where none was recorded)."""
+def _with_ecc(cause: Cause, gpu: GpuHealth | None) -> Cause:
+    """`cause`, saying the ECC errors that grew on the rank's GPU since the onset."""
+    if gpu is None or gpu.ecc is None:
+        return cause
+    return Cause(cause.kind, f"{cause.text}; {gpu.ecc}", cause.could_be)
+
+
+def _unclear(
+    f: StragglerFinding, steady: bool, evidence: tuple[str, bool] | None, gpu: GpuHealth
+) -> Cause:
+    """A rank whose GPU was sampled healthy: what the health and the values ruled out,
+    and what is left."""
     since = f" since step {f.since_step}" if f.since_step else ""
-    if evidence is None:
-        evidence = (
-            "no per-step value is recorded with this phase, so uneven work (longer "
-            f'sequences) is not ruled out: record one, e.g. prof.phase("{f.phase}", tokens=n)',
-            False,
+    kind = "persistent" if f.share_above >= PERSISTENT_SHARE and steady else "intermittent"
+    data, data_out = evidence if evidence is not None else (_NOT_RECORDED.format(f.phase), False)
+    ruled = [gpu.ruled_out()] + ([data] if data_out else [])
+    host = gpu.host()
+    left = [
+        *(() if data_out else (f"uneven work ({data})",)),
+        f"the host{f' ({host})' if host else ''}",
+        "the network",
+        "the rank's own process (its threads, its data loading)",
+    ]
+    text = (
+        f"unclear: slow at {f.share_above:.0%} of sampled steps{since}"
+        f"{', its fastest steps included' if steady else ''}, and not for its GPU; ruled "
+        f"out: {'; '.join(ruled)}; left: {', '.join(left)}"
+    )
+    return Cause("unclear", text, (kind,) if data_out else (kind, "data-driven"))
+
+
+_NOT_RECORDED = (
+    'no per-step value is recorded with this phase: record one, e.g. prof.phase("{}", tokens=n)'
+)
+_NO_VALUE = (
+    "no per-step value is recorded with this phase, so uneven work (longer "
+    'sequences) is not ruled out: record one, e.g. prof.phase("{}", tokens=n)'
+)
+
+
+def _machine(
+    f: StragglerFinding,
+    steady: bool,
+    evidence: tuple[str, bool] | None,
+    gpu: GpuHealth | None = None,
+) -> Cause:
+    """Persistent or intermittent; with what the recorded values said (`evidence`: the
+    words, whether they rule the data out; None where none was recorded) and the GPU's
+    clock and throttle reasons where they neither show throttling nor rule it out (`gpu`)."""
+    since = f" since step {f.since_step}" if f.since_step else ""
+    if gpu is not None and gpu.clock is not None and gpu.others_clock is not None:
+        # Neither throttled nor healthy: a low clock no reason explains (clocks an
+        # application set, another GPU model), or a reason set with the clock near the
+        # others', is said, not judged.
+        since += (
+            f" ({gpu.clock_words(since=False)}; a thermal or power throttle reason set at "
+            f"{gpu.throttled_share:.0%} of its samples)"
         )
+    if evidence is None:
+        evidence = (_NO_VALUE.format(f.phase), False)
     data, ruled_out = evidence
     unsure: tuple[str, ...] = () if ruled_out else ("data-driven",)
     if f.share_above >= PERSISTENT_SHARE and steady:

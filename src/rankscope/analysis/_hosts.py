@@ -28,13 +28,13 @@ import numpy as np
 
 from .._errors import ConfigError, TraceError
 from .._text import format_ranks, number_ranges
-from ..rundir._layout import meta_path, timing_path
 from ._analyse import TimedRun, read_timed_run, stragglers_in
 from ._findings import StragglerFinding
+from ._host_health import ThrottledGpu, throttle_sentences, throttled_gpus
+from ._host_places import Places
 from ._matrix import PhaseMatrices
 from ._options import HostOptions
-from .read._attempts import AttemptMark, host_problem
-from .read._run import RunMeta, read_run_meta
+from .read._run import read_run_meta
 
 __all__ = [
     "FEWEST_PER_WINDOW",
@@ -49,7 +49,6 @@ FEWEST_PER_WINDOW = 10
 """Sampled steps a window needs: an attempt with fewer than that per window gets fewer."""
 _LISTED = 6
 """Items a sentence lists before "and N more"."""
-_SAME_HOSTS = "--same-hosts takes that host for every attempt"
 _NO_DEVICE_TIMES = "no device times (gpu_ms) in the timings"
 _HOST_TIME = "--time host compares host times"
 
@@ -115,6 +114,8 @@ class RunSummary:
     notes: list[str] = field(default_factory=list)
     no_device_times: list[int] = field(default_factory=list)
     """The attempts left out for having no device times (with `time="device"` only)."""
+    throttled: list[ThrottledGpu] = field(default_factory=list)
+    """Its GPUs that throttled, per attempt (its health samples, analysis/_host_health.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +125,7 @@ class RunSummary:
             "ranks": number_ranges(self.ranks),
             "hosts": self.hosts,
             "no_device_times": self.no_device_times,
+            "throttled_gpus": [g.to_dict() for g in self.throttled],
             "notes": self.notes,
         }
 
@@ -284,6 +286,8 @@ def find_recurring_hosts(
         raise TraceError(f"nothing to compare: {_NO_DEVICE_TIMES} of {runs} ({_HOST_TIME})")
     report.hosts = _tally(report.units)
     report.summary = _sentences(report)
+    throttled = [g for run in report.runs for g in run.throttled]
+    report.summary += throttle_sentences(throttled, {r.label: r.attempts for r in report.runs})
     return report
 
 
@@ -327,13 +331,17 @@ def _analyse_run(
     count = first.records.attempts.count
     attempts = [first] + [attempt(n) for n in range(2, count + 1)]
     everyone = sorted(set().union(*(run.records.ranks for run in attempts)))
-    places = _Places(meta, first.records.attempts.marks, settings.options.same_hosts)
+    places = Places(meta, first.records.attempts.marks, settings.options.same_hosts)
     read = [line for run in attempts for line in run.records.skipped]
     skipped = _distinct([*meta.skipped, *read, *meta.say_missing(everyone), *places.ignored()])
     run = RunSummary(run=str(root), label=label, attempts=count, ranks=everyone, hosts=[])
     units: list[Unit] = []
     for n, timed in enumerate(attempts, start=1):
         units.extend(_analyse_attempt(run, n, timed, places, settings))
+        hosts, _ = places.hosts(n, sorted(timed.records.ranks))
+        gpus, bad = throttled_gpus(root, label, n, timed.records.attempts, hosts)
+        run.throttled += gpus
+        skipped += [line for line in bad if line not in skipped]
     run.hosts = sorted({h for u in units for h in u.hosts})
     if count > 1:
         run.notes.insert(0, f"{count} attempts, each analysed on its own")
@@ -341,7 +349,7 @@ def _analyse_run(
 
 
 def _analyse_attempt(
-    run: RunSummary, n: int, timed: TimedRun, places: _Places, settings: _Settings
+    run: RunSummary, n: int, timed: TimedRun, places: Places, settings: _Settings
 ) -> list[Unit]:
     where = _where(run.label, n, run.attempts)
     hosts, unknown = places.hosts(n, sorted(timed.records.ranks))
@@ -427,75 +435,6 @@ def _window(m: PhaseMatrices, cols: slice) -> PhaseMatrices:
         end_ns=[d[present][:, cols] for d in m.end_ns],
         origin_ns=m.origin_ns,
     )
-
-
-class _Places:
-    """Each rank's host in each attempt of a run: from its attempt line, else from its meta
-    file where that file is of the attempt (or `same_hosts`), else why it is not known."""
-
-    def __init__(
-        self, meta: RunMeta, marks: list[dict[int, AttemptMark]], same_hosts: bool
-    ) -> None:
-        self._meta = meta
-        self._marks = marks  # per attempt, each rank's attempt line (read/_attempts.py)
-        self._same = same_hosts or len(marks) <= 1
-
-    def hosts(self, attempt: int, ranks: list[int]) -> tuple[dict[int, str], dict[int, str]]:
-        """(rank -> host, rank -> why its host is not known) for `ranks` in `attempt`."""
-        known: dict[int, str] = {}
-        unknown: dict[int, str] = {}
-        marks = self._marks[attempt - 1] if attempt <= len(self._marks) else {}
-        for rank in ranks:
-            mark = marks.get(rank, AttemptMark())
-            host, why = (mark.host, "") if mark.host else self._from_meta(attempt, rank)
-            if host is not None:
-                known[rank] = host
-            elif mark.host_problem is None:
-                unknown[rank] = why
-            else:
-                unknown[rank] = f"its attempt line's host is {mark.host_problem}; {why}"
-        return known, unknown
-
-    def ignored(self) -> list[str]:
-        """The attempt lines whose host was ignored, each said with its file."""
-        return [
-            f"{timing_path(self._meta.root, rank)}: the line that opens attempt {n} names no "
-            f"usable host ({mark.host_problem}); ignored"
-            for n, marks in enumerate(self._marks, start=1)
-            for rank, mark in sorted(marks.items())
-            if mark.host_problem is not None
-        ]
-
-    def _from_meta(self, attempt: int, rank: int) -> tuple[str | None, str]:
-        """(the host the rank's meta file names, where it is of `attempt`; else why not)."""
-        data = self._meta.meta.get(rank)
-        path = meta_path(self._meta.root, rank)
-        if data is None:
-            return None, f"no usable meta file ({path})"
-        host = data.get("host")
-        if host_problem(host) is not None:
-            return None, f"its meta file names no host ({path})"
-        if self._same:
-            return host, ""
-        wrote = self._attempt_of(rank, data.get("attempt"))
-        if wrote == attempt:
-            return host, ""
-        said = f"of attempt {wrote}" if wrote else "of no attempt its timings hold"
-        return None, (
-            f"its meta file is {said} (a rank's meta file holds its latest start; {_SAME_HOSTS})"
-        )
-
-    def _attempt_of(self, rank: int, said: object) -> int | None:
-        """The attempt (1-based) whose start of `rank` wrote its meta file: the one whose
-        attempt line has the meta's token (both come from one start); None where none has."""
-        token = said.get("attempt") if isinstance(said, dict) else None
-        if not isinstance(token, str):
-            return None
-        for n, marks in enumerate(self._marks, start=1):
-            mark = marks.get(rank)
-            if mark is not None and mark.token == token:
-                return n
-        return None
 
 
 # -- counting and saying ----------------------------------------------------------------

@@ -327,9 +327,14 @@ class TimerConfig:
     max_pending_events: int = 4096
     """Device events waiting for the GPU to reach them, at most. Past it the oldest phase is
     written without its device time and the loss is counted in the next record."""
+    health: bool = True
+    """On CUDA ranks with nvidia-ml-py installed, also read the GPU's health (NVML clocks,
+    throttle reasons, temperature, power, ECC errors) and the host's load and free memory
+    at each sampled step, off the training thread, into RUN_DIR/health/rank-NNNNN.jsonl."""
 
     def __post_init__(self) -> None:
         _check_bool("timer.enable", self.enable)
+        _check_bool("timer.health", self.health)
         object.__setattr__(self, "ranks", self.rank_set.spec())
         _check_int("timer.start_step", self.start_step, 0)
         end = self.end_step

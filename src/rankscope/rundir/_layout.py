@@ -9,6 +9,7 @@ spells a name of the run directory.
 
     RUN_DIR/meta/rank-00003.json
     RUN_DIR/timings/rank-00003.jsonl
+    RUN_DIR/health/rank-00003.jsonl
     RUN_DIR/traces/<window>/rank-00003.pt.trace.json.gz   (.pt.trace.json without gzip)
     RUN_DIR/traces/<window>/rank-00003.summary.json
     RUN_DIR/triggers/<id>.json, RUN_DIR/triggers/<id>/rank-00003.json
@@ -39,6 +40,7 @@ __all__ = [
     "AUTO",
     "GZIP_SUFFIX",
     "HANGS",
+    "HEALTH",
     "LIVE",
     "MEMORY",
     "MERGED",
@@ -62,6 +64,8 @@ __all__ = [
     "auto_path",
     "flight_recorder_path",
     "hang_path",
+    "health_files",
+    "health_path",
     "is_run_dir",
     "is_temp",
     "is_trace_name",
@@ -102,6 +106,8 @@ LIVE = "live"
 """RUN_DIR/live/rank-NNNNN.json: a rank's heartbeat (step, open phases), rewritten while it runs."""
 HANGS = "hangs"
 """RUN_DIR/hangs/<stall>/rank-NNNNN.json: what a rank's watchdog saw when its steps stopped."""
+HEALTH = "health"
+"""RUN_DIR/health/rank-NNNNN.jsonl: the GPU's and the host's health at a rank's sampled steps."""
 AUTO = "auto"
 """RUN_DIR/auto/rank-NNNNN.jsonl: one line per anomaly window a rank asked for, with its figures."""
 NSYS = "nsys"
@@ -116,6 +122,7 @@ TRACE_SUFFIX = ".pt.trace.json"
 GZIP_SUFFIX = ".gz"
 _SUMMARY_SUFFIX = ".summary.json"
 _AUTO_SUFFIX = ".jsonl"
+_HEALTH_SUFFIX = ".jsonl"
 TRIGGER_SUFFIX = ".json"
 _ACK_SUFFIX = ".json"
 _NSYS_SUFFIX = ".json"
@@ -233,6 +240,10 @@ def meta_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
 
 def timing_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / TIMINGS / f"{rank_name(rank)}{TIMINGS_SUFFIX}"
+
+
+def health_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / HEALTH / f"{rank_name(rank)}{_HEALTH_SUFFIX}"
 
 
 def trace_path(run_dir: str | os.PathLike[str], window: str, rank: int, gzip: bool) -> Path:
@@ -472,6 +483,11 @@ class RunDir:
             if folder.is_dir():
                 out.extend(self._ranked(folder, suffix, folder.name))
         return out
+
+
+def health_files(run: RunDir) -> list[RankFile]:
+    """health/rank-NNNNN.jsonl (a function, not a method: RunDir is at its 25)."""
+    return run._ranked(run.root / HEALTH, _HEALTH_SUFFIX)
 
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:

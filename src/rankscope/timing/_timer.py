@@ -20,6 +20,7 @@ from ..rundir._layout import timing_path
 from ._clock import CudaEventClock, DeviceClock
 from ._device_writer import FLUSH_RECORDS as _FLUSH_RECORDS
 from ._device_writer import DeviceTimeWriter, Ready
+from ._health import GpuSource, HealthSampler, gpu_source
 from ._record import STEP_PHASE, Span, format_attempt, format_record, meta_json, safe_str
 from ._sampling import is_sampled
 
@@ -31,6 +32,7 @@ AUTO: Any = object()
 """`clock=AUTO`: CUDA events where CUDA is available, else no device clock."""
 
 _STOP_TIMEOUT_S = 30.0  # how long stop() waits for the background writer (a stuck disk)
+_HEALTH_STOP_S = 5.0  # and for the health sampler: a stuck NVML call holds no record back
 
 
 class PhaseTimer:
@@ -52,7 +54,10 @@ class PhaseTimer:
         run_dir: str,
         rank_info: RankInfo,
         clock: DeviceClock | None = AUTO,
+        gpu: GpuSource | None = AUTO,
     ) -> None:
+        """`gpu`: whose health to sample at sampled steps (timing/_health.py); AUTO: this
+        rank's CUDA device through pynvml, where both are at hand; None: none."""
         torch: ModuleType = import_torch("the phase timer")
         self._config = config
         self._rank = rank_info.rank
@@ -64,6 +69,12 @@ class PhaseTimer:
         if clock is AUTO:
             clock = CudaEventClock(torch) if cuda else None
         self._clock: DeviceClock | None = clock
+        # Which GPU is this rank's is asked at start(): a job may pick its device after
+        # making its Profiler (torch.cuda.set_device(local_rank)), and until then every
+        # rank's current device is 0.
+        self._gpu: Any = gpu if config.health else None
+        self._torch = torch
+        self._health: HealthSampler | None = None  # between start() and stop()
         # NVTX ranges of the same names, for Nsight Systems; free when no tool listens.
         self._nvtx: Any = torch.cuda.nvtx if cuda else None
         self._profiler_enabled = torch.autograd._profiler_enabled
@@ -114,6 +125,18 @@ class PhaseTimer:
                 self._clock, self._config.max_pending_events, self._write_ready, self.fault
             )
         self.enabled = True
+        try:
+            gpu = self._gpu
+            if gpu is AUTO:
+                gpu = self._gpu = gpu_source(self._torch)
+            if gpu is not None and not isinstance(gpu, str):
+                self._health = HealthSampler(gpu, self._run_dir, self._rank, self._host)
+                self._health.start()
+        except Exception as exc:  # health is extra: the timer goes on without it
+            gpu, self._health = f"it cannot start ({type(exc).__name__}: {exc})", None
+        if isinstance(gpu, str):
+            logger.info("rankscope: no GPU health on rank %d: %s", self._rank, gpu)
+            self._gpu = None  # said once
         return self._begin_step(first_step)
 
     def step(self) -> bool:
@@ -149,6 +172,7 @@ class PhaseTimer:
             if writer is not None and clock is not None and self.pending:
                 clock.synchronize()
             self._flush()
+            self._stop_health()
             if writer is not None and not writer.close(_STOP_TIMEOUT_S):
                 self.fault(f"the background writer did not finish within {_STOP_TIMEOUT_S:.0f} s")
                 return
@@ -251,7 +275,23 @@ class PhaseTimer:
             self._pending.clear()
         if self._writer is not None:
             self._writer.abandon()
+        self._stop_health(wait=False)
         self._close()
+
+    # -- GPU health (timing/_health.py) --------------------------------------------
+
+    def _stop_health(self, wait: bool = True) -> None:
+        health, self._health = self._health, None
+        if health is None:
+            return
+        if not wait:
+            health.abandon()
+        elif not health.close(_HEALTH_STOP_S):
+            logger.warning(
+                "rankscope: the GPU health sampler did not end within %.0f s (NVML stuck?); "
+                "left behind",
+                _HEALTH_STOP_S,
+            )
 
     # -- inside --------------------------------------------------------------------
 
@@ -261,6 +301,8 @@ class PhaseTimer:
             self._sampled = None
             return False
         self._sampled = step
+        if self._health is not None:
+            self._health.wake(step)
         span = Span(step, STEP_PHASE, STEP_PHASE, None, 0, None)
         if self._clock is not None:
             span.dev_start = self._clock.mark()
@@ -367,6 +409,7 @@ class PhaseTimer:
         self._ready = []
         self._pending = []
         self._writer = None  # its thread was not forked: only the parent has it
+        self._health = None  # nor was the health sampler's
         self._step_span = None
         self._close()
 
@@ -383,7 +426,9 @@ class PhaseTimer:
         return len(self._pending) + (writer.waiting if writer is not None else 0)
 
     def wait_written(self, timeout: float = 10.0) -> bool:
-        """Wait until the background writer has handled every span handed to it so far
-        (tests and benchmarks; stop() does it itself). False if `timeout` passed first."""
-        writer = self._writer
-        return writer is None or writer.wait(timeout)
+        """Wait until the background writer has handled every span handed to it so far,
+        and the health sampler the last step woken for (tests and benchmarks; stop() does
+        it itself). False if `timeout` passed first."""
+        writer, health = self._writer, self._health
+        written = writer is None or writer.wait(timeout)
+        return (health is None or health.wait(timeout)) and written

@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from ...rundir._layout import RunDir
 from ._duck import COLUMNS, connect, lines_sql, name_of
+from ._health import RunHealth
 from ._run import run_root
 
 __all__ = ["PhaseValues", "read_phase_values"]
@@ -49,6 +50,9 @@ class PhaseValues:
 
     values: dict[str, dict[str, Matrix]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    health: RunHealth | None = None
+    """The ranks' GPU and host health at their sampled steps (read/_health.py), where the
+    caller read it: per-step figures the causes weigh beside these."""
 
     def of(self, phase: str) -> dict[str, Matrix]:
         return self.values.get(phase, {})
