@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from rankscope.analysis import phase_matrices, read_timings
+from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
 from rankscope.analysis._imbalance import Imbalance, find_imbalance
 from rankscope.analysis._stragglers import find_stragglers
 from rankscope.analysis.read._values import read_phase_values
@@ -77,3 +78,45 @@ def test_one_slow_rank_is_a_straggler_not_imbalance(tmp_path: Path) -> None:
 def test_two_ranks_have_no_median_rank_to_judge_by(tmp_path: Path) -> None:
     found, _ = _imbalance(tmp_path, ranks=2, steps=40, uneven=Uneven(spread=0.6))
     assert found == []
+
+
+def _step_ms(run: Path) -> float:
+    m = phase_matrices(read_timings(run))
+    return float(np.nanmean(np.nanmedian(m.ms[m.index("step")], axis=0)))
+
+
+def test_balancing_is_priced_at_what_the_uneven_data_costs_the_step(tmp_path: Path) -> None:
+    uneven = Uneven(spread=0.6)
+    write_timings(tmp_path / "uneven", ranks=16, steps=60, uneven=uneven)
+    write_timings(tmp_path / "even", ranks=16, steps=60)  # the same seed: the same noise
+    report = analyse_stragglers(tmp_path / "uneven").report
+    (imbalance,) = report.imbalance
+    assert imbalance.cost is not None
+    truth = _step_ms(tmp_path / "uneven") - _step_ms(tmp_path / "even")
+    assert imbalance.cost.step_ms_saved == pytest.approx(truth, rel=0.15)
+    assert report.cost is not None and report.cost.step_ms_saved >= imbalance.cost.step_ms_saved
+    said = report.to_dict()["summary"]
+    assert said[0].startswith("ranks are unevenly loaded in forward")
+    assert said[1].startswith("balancing forward across ranks saves")
+    assert said[2].startswith("why forward is uneven: likely the data")
+    assert report.to_dict()["imbalance"][0]["cost"]["step_ms_saved"] == imbalance.cost.step_ms_saved
+
+
+def test_fixing_everything_saves_no_less_than_balancing_or_the_slow_rank(tmp_path: Path) -> None:
+    # A slow rank in optimizer and uneven data in forward, in one run.
+    write_timings(
+        tmp_path,
+        ranks=16,
+        steps=60,
+        uneven=Uneven(spread=0.6),
+        slowdowns=[Slowdown(5, "optimizer", 3.0)],
+    )
+    report = analyse_stragglers(tmp_path).report
+    (imbalance,) = report.imbalance
+    slow = [f for f in report.findings if f.role == "slow"]
+    assert [(f.rank, f.phase) for f in slow] == [(5, "optimizer")]
+    parts = [imbalance.cost, *(f.cost for f in slow)]
+    assert report.cost is not None and all(c is not None for c in parts)
+    every = report.cost.step_ms_saved
+    assert every >= max(c.step_ms_saved for c in parts if c is not None)
+    assert every >= 0.9 * sum(c.step_ms_saved for c in parts if c is not None)

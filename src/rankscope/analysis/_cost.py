@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._findings import Cost, HostCost, StragglerFinding, StragglerReport
+from ._imbalance import balanced, imbalance_cells
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 
 __all__ = ["Costs", "estimate_costs", "without_waiting"]
@@ -56,6 +57,8 @@ class Costs:
     hosts: list[HostCost]
     model_step_ms: float
     notes: list[str]
+    imbalance: list[Cost | None]
+    """One per `report.imbalance`: every rank of the phase made like the others."""
 
 
 def estimate_costs(
@@ -95,12 +98,15 @@ def estimate_costs(
         }
     )
     fixes = [fix if isinstance(fix, set) else set() for fix in found]
+    uneven = [imbalance_cells(m, i) for i in report.imbalance]
+    for uneven_phase in report.imbalance:
+        model.targets[m.index(uneven_phase.phase)] = balanced(m, uneven_phase)
     costed = [
         f.since_step
         for f, fix in zip(report.findings, found, strict=True)
         if isinstance(fix, set) and fix
-    ]
-    since = [f.since_step for f in report.findings]
+    ] + [i.since_step for i in report.imbalance]
+    since = [f.since_step for f in report.findings] + [i.since_step for i in report.imbalance]
     first = min(costed, default=min(since))
     basis = max(costed, default=first)
     price = _Pricing(model, basis, gpus)
@@ -114,7 +120,7 @@ def estimate_costs(
         if key not in said:
             said[key] = price.cost(fix, f.since_step)
         each.append(said[key])
-    every = {cell for fix in fixes for cell in fix}
+    every = {cell for fix in [*fixes, *uneven] for cell in fix}
     host_costs = []
     if hosts:
         held: dict[str, list[int]] = {}
@@ -135,7 +141,16 @@ def estimate_costs(
         hosts=host_costs,
         model_step_ms=round(model.modelled_step_ms(basis), 3),
         notes=notes,
+        imbalance=[
+            price.cost(cells, i.since_step) if _in_model(model, cells) else None
+            for i, cells in zip(report.imbalance, uneven, strict=True)
+        ],
     )
+
+
+def _in_model(model: _StepModel, cells: set[Cell]) -> bool:
+    """The model can price a fix of these cells: their phases are top-level work."""
+    return all(p in model.segment_of or p in model.parent for _, p, _ in cells)
 
 
 @dataclass(frozen=True)
@@ -192,6 +207,10 @@ class _StepModel:
         self.now = self._modelled(self.work)
         self.known: dict[frozenset[Cell], Vector] = {}
         self.rank_index = {rank: i for i, rank in enumerate(m.ranks)}
+        self.targets: dict[int, Matrix] = {}
+        """Per phase found uneven (analysis/_imbalance.py), what a fix makes each rank's
+        times: the phase balanced, each rank keeping the noise of its own; elsewhere a
+        fix makes a rank the median of the others."""
 
     def _parents(self, top: list[int]) -> dict[int, int]:
         """Each nested phase's top-level work phase: the one whose entry and exit hold the
@@ -307,8 +326,12 @@ class _StepModel:
             work = self.work.copy() if cells else self.work
             for r, p, since in sorted(cells):
                 d = self.m.ms[p]
-                with quiet():
-                    others = nanmedian(np.delete(d, r, 0), axis=0)
+                target = self.targets.get(p)
+                if target is not None:
+                    others = target[r]
+                else:
+                    with quiet():
+                        others = nanmedian(np.delete(d, r, 0), axis=0)
                 fixed = np.fmin(d[r], others)  # never slower than it was; NaN: as it was
                 fixed = np.where(np.asarray(self.m.steps) >= since, fixed, d[r])
                 # A nested phase's time is its parent's: the fix shortens the parent.

@@ -7,7 +7,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -16,6 +16,9 @@ from .._text import format_ranks
 from ._chance import FEWEST_STEPS
 from ._clocks import clock_words
 from .render._format import SENTENCE, finite, hours_text
+
+if TYPE_CHECKING:
+    from ._imbalance import Imbalance
 
 __all__ = [
     "Cause",
@@ -197,6 +200,8 @@ class StragglerReport:
     model_step_ms: float | None = None
     """The step time the cost model gives for the run as it is (against `cost.step_ms`,
     measured): how far to trust the costs."""
+    imbalance: list[Imbalance] = field(default_factory=list)
+    """Phases whose slowest rank changes from step to step (analysis/_imbalance.py)."""
 
     @property
     def clock(self) -> str:
@@ -225,6 +230,7 @@ class StragglerReport:
             "host_costs": [h.to_dict() for h in self.host_costs],
             "model_step_ms": self.model_step_ms,
             "notes": self.notes,
+            "imbalance": [i.to_dict() for i in self.imbalance],
         }
         if table:
             # Strict JSON: a ratio with no step to compare (a phase one rank alone has) is null.
@@ -309,6 +315,12 @@ def sentences(report: StragglerReport) -> list[str]:
     for (phase, last), rows in left.items():
         who = _verb([u.rank for u in rows], "seems", "seem")
         out.append(f"{who} to wait in {phase} for rank {last}, {_too_few(rows)}")
+    for uneven in report.imbalance:
+        out.append(uneven.sentence())
+        if uneven.cost is not None:
+            what = f"balancing {uneven.phase} across ranks"
+            out.append(cost_text(uneven.cost.to_dict(), what))
+        out.append(f"why {uneven.phase} is uneven: {uneven.cause.text}")
     return out
 
 

@@ -35,7 +35,7 @@ from ._findings import Cause, Cost
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from .read._values import PhaseValues
 
-__all__ = ["Imbalance", "find_imbalance", "imbalance_cells"]
+__all__ = ["Imbalance", "balanced", "find_imbalance", "imbalance_cells", "with_costs"]
 
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
@@ -75,6 +75,10 @@ class Imbalance:
     evidence: str
     """Why the spread is the data's (the value that follows it, or the phase it is wider than)."""
     cause: Cause
+    reference: str | None = None
+    """The work phase whose ranks spread least: how far ranks spread from noise alone.
+    Balancing keeps that spread (analysis/_cost.py); without one, every rank is priced
+    at the step's median, which the note of the cost says is an upper bound."""
     cost: Cost | None = None
 
     def sentence(self) -> str:
@@ -157,6 +161,20 @@ def imbalance_cells(m: PhaseMatrices, found: Imbalance) -> set[tuple[int, int, i
     return {(r, p, found.since_step) for r in range(len(m.ranks))}
 
 
+def balanced(m: PhaseMatrices, found: Imbalance) -> Matrix:
+    """The phase's times with its load made even: at each step, the median rank's time,
+    spread across ranks as the reference phase's ranks spread at that step (their noise
+    alone). Without a reference, the median rank's time for every rank."""
+    d = m.ms[m.index(found.phase)]
+    with quiet():
+        out: Matrix = np.broadcast_to(nanmedian(d, axis=0)[None, :], d.shape).copy()
+        if found.reference is not None:
+            q = m.ms[m.index(found.reference)]
+            noise = q / nanmedian(q, axis=0)[None, :]
+            out = np.where(np.isfinite(noise), out * noise, out)
+    return out
+
+
 def with_costs(found: list[Imbalance], costs: list[Cost | None]) -> list[Imbalance]:
     return [replace(i, cost=c) for i, c in zip(found, costs, strict=True)]
 
@@ -236,7 +254,8 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from the run's rules
     phase = m.phases[p]
     values = recorded.of(phase) if recorded is not None else {}
     follows = _values_follow(slowest, {k: v[:, onset:][:, at] for k, v in values.items()})
-    wider = _wider_than(m, p, spreads)
+    quietest = _quietest(m, p, spreads)
+    wider = quietest if quietest is not None and quietest[1] >= _WIDER else None
     if follows is None and wider is None:
         return None
     judged = np.isfinite(hits)
@@ -255,6 +274,7 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from the run's rules
         steps=int(judged.sum()),
         evidence=evidence,
         cause=cause,
+        reference=None if quietest is None else quietest[0],
     )
 
 
@@ -279,17 +299,14 @@ def _values_follow(
     return None
 
 
-def _wider_than(m: PhaseMatrices, p: int, spreads: dict[int, float]) -> tuple[str, float] | None:
-    """The work phase whose ranks spread least, where `p`'s spread `_WIDER` times as much
-    or more: (its name, how many times)."""
+def _quietest(m: PhaseMatrices, p: int, spreads: dict[int, float]) -> tuple[str, float] | None:
+    """The other work phase whose ranks spread least, and how many times as much `p`'s
+    ranks spread; None where no other phase can tell."""
     others = [(s, q) for q, s in spreads.items() if q != p and np.isfinite(s)]
     if not others or not np.isfinite(spreads[p]):
         return None
     least, q = min(others)
-    if least <= 0:
-        least = 1e-9
-    times = spreads[p] / least
-    return (m.phases[q], times) if times >= _WIDER else None
+    return m.phases[q], spreads[p] / max(least, 1e-9)
 
 
 def _evidence_and_cause(

@@ -43,6 +43,7 @@ from ._findings import (
     rounded,
     sentences,
 )
+from ._imbalance import find_imbalance, with_costs
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ._options import StragglerOptions
 from ._rows import Row, rows_of
@@ -233,9 +234,17 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     report.findings = _waiting_since_the_cause(report.findings, waiting, m.steps)
     # The cause before its consequence: a slow rank's waiters often lose more time than it.
     report.findings.sort(key=lambda f: (f.role != "slow", -f.lost_ms, f.rank, f.phase))
-    report.summary = sentences(report)
-    if report.findings:
+    report.imbalance = find_imbalance(
+        m,
+        set(report.sync_phases),
+        threshold=threshold,
+        min_persistence=min_persistence,
+        floor=floor,
+        values=values,
+    )
+    if report.findings or report.imbalance:
         costs = estimate_costs(timeline, report, hosts, gpus)
+        report.imbalance = with_costs(report.imbalance, costs.imbalance)
         slow = {f.phase for f in report.findings if f.role == "slow"}
         known = values(slow) if values is not None and slow else None
         causes = causes_of(
@@ -254,6 +263,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         report.notes = costs.notes + (known.notes if known is not None else [])
         report.cost, report.host_costs = costs.all, costs.hosts
         report.model_step_ms = costs.model_step_ms
+    report.summary = sentences(report)
     return report
 
 
