@@ -15,6 +15,7 @@ import rankscope
 from rankscope import AutoTrigger
 
 from .._gloo import GlooRanks
+from .._helpers import run_cli
 
 WORLD = 4
 SLOW_RANK = 2
@@ -88,6 +89,43 @@ def test_only_the_slow_rank_fires_and_its_peer_records_the_same_steps(pair_run: 
     summary = json.loads((pair_run / "traces" / window / "rank-00000.summary.json").read_text())
     because = summary["captured_because"]
     assert because["by"] == "peer" and because["asked_by"] == SLOW_RANK
+
+
+@pytest.mark.serial
+def test_the_slow_finding_carries_the_matrix_product_that_grew_against_its_peer(
+    pair_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run_cli(["stragglers", str(pair_run), "--json"], capsys)
+    assert code == 0
+    (finding,) = [f for f in json.loads(out)["findings"] if f["role"] == "slow"]
+    assert (finding["rank"], finding["phase"]) == (SLOW_RANK, "forward")
+    evidence = finding["evidence"]
+    (line,) = _auto_lines(pair_run)[SLOW_RANK]
+    assert evidence["window"] == line["window"] and evidence["peer_rank"] == 0
+    assert evidence["steps"] == [line["first"], line["last"]]
+    assert evidence["kind"] == "cpu_ops" and evidence["scope"] == "phase forward"
+    assert evidence["asked"]["rank"] == 0 and evidence["asked"]["answer"] == "accepted"
+    top = evidence["ops"][0]
+    assert top["name"] == "aten::mm" and top["peer_rank"] == 0
+    # REPS products a step against one: the delta is most of the slow rank's time in them
+    assert top["delta_ms"] == pytest.approx(top["slow_ms"] - top["peer_ms"], abs=1e-3)
+    assert top["slow_ms"] > 5 * top["peer_ms"] > 0
+    deltas = [op["delta_ms"] for op in evidence["ops"]]
+    assert deltas == sorted(deltas, reverse=True)
+
+    first, last = line["first"], line["last"]
+    said = f"rank {SLOW_RANK} is slow in forward: aten::mm +{top['delta_ms']:.1f} ms a step"
+    code, out, _ = run_cli(["stragglers", str(pair_run)], capsys)
+    assert code == 0
+    flat = " ".join(out.split())  # the terminal wraps between words
+    assert said in flat and f"against rank 0 at steps {first}-{last}" in flat
+
+    html = pair_run / "report.html"
+    code, out, _ = run_cli(["report", str(pair_run), "-o", str(html)], capsys)
+    assert code == 0
+    assert said in " ".join(out.split())
+    page = html.read_text()
+    assert said in page and f"against rank 0 at steps {first}-{last}" in page
 
 
 # -- choosing the peer, from the run directory's files ---------------------------------------
