@@ -348,7 +348,8 @@ def evidence_line(finding: Mapping[str, Any]) -> str | None:
     ops = [op for op in evidence.get("ops") or [] if isinstance(op, Mapping)]
     grew = [op for op in ops if _number(op.get("delta_ms")) >= _SAID_MS][:_SHOWN]
     steps = evidence.get("steps")
-    if evidence.get("window") and isinstance(steps, list) and len(steps) == 2:
+    missing = evidence.get("missing")
+    if not missing and isinstance(steps, list) and len(steps) == 2:
         span = f"step {steps[0]}" if steps[0] == steps[1] else f"steps {steps[0]}-{steps[1]}"
         where = "" if evidence.get("scope") != "whole steps" else " (whole steps: no range of it)"
         said = ", ".join(
@@ -358,7 +359,7 @@ def evidence_line(finding: Mapping[str, Any]) -> str | None:
         if not grew:
             said = "no op grew by 0.1 ms a step or more"
         return f"{head}: {said} against rank {evidence.get('peer_rank')} at {span}{where}"
-    missing = evidence.get("missing") or "no op to compare"
+    missing = missing or "no op to compare"
     command = evidence.get("command")
     capture = f"; `{command}` captures it with a healthy peer" if command else ""
     return f"{head}: no trace evidence ({printable(str(missing))}){capture}"
