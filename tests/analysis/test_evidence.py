@@ -153,3 +153,23 @@ def test_a_bad_trace_in_the_pair_is_named_never_a_traceback(
     code, out, err = run_cli(["stragglers", str(root)], capsys)
     assert code == 0 and "Traceback" not in out + err
     assert "no trace evidence (a trace of the window cannot be read" in " ".join(out.split())
+
+
+def test_traces_are_read_for_the_slow_findings_that_lose_the_most_time_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rankscope.analysis import _evidence
+
+    monkeypatch.setattr(_evidence, "READ_FINDINGS", 1)
+    write_timings(
+        tmp_path,
+        ranks=8,
+        steps=STEPS,
+        slowdowns=[Slowdown(2, "forward", 1.0, 10), Slowdown(5, "optimizer", 0.5, 10)],
+    )
+    found = [f for f in analyse_stragglers(tmp_path).to_dict()["findings"] if f["role"] == "slow"]
+    assert [(f["rank"], f["phase"]) for f in found] == [(2, "forward"), (5, "optimizer")]
+    assert found[0]["evidence"]["missing"] == "no trace window holds rank 2"
+    assert found[1]["evidence"]["missing"] == (
+        "not read: traces are compared for the 1 slow findings that lose the most time"
+    )

@@ -28,16 +28,21 @@ from ..traces._kineto import summarize_trace
 if TYPE_CHECKING:
     from ._findings import StragglerFinding
 
-__all__ = ["TOP_OPS", "Evidence", "OpDelta", "evidence_for", "evidence_line"]
+__all__ = ["READ_FINDINGS", "TOP_OPS", "Evidence", "OpDelta", "evidence_for", "evidence_line"]
 
 TOP_OPS = 10
 """Ops kept per finding (biggest delta first); the terminal and the report show three."""
+READ_FINDINGS = 8
+"""Slow findings whose traces are read: each reads two traces twice, and a finding past
+these loses less time than they do."""
 _SHOWN = 3
 _SAID_MS = 0.05  # what rounds to +0.1 ms: smaller growth is not worth a place in the line
 _PAIR_STEPS = 2  # the steps the suggested trigger records (trace.auto.window_steps' default)
 _RANGES = ("user_annotation", "gpu_user_annotation")  # record_function ranges, host and device
 _DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
 _AUTO_BYTES = 1 << 20
+_Ops = tuple[str, bool, dict[str, float]]
+"""What a trace shows of one phase: (kind, inside the phase's ranges?, op -> total us)."""
 
 
 @dataclass(frozen=True)
@@ -102,19 +107,51 @@ def evidence_for(
     root: Path, findings: Sequence[StragglerFinding], ranks: Sequence[int]
 ) -> dict[tuple[int, str], Evidence]:
     """The evidence of each slow finding, by (rank, phase). `ranks`: the run's ranks (a
-    healthy one is named in the command that would capture a pair)."""
+    healthy one is named in the command that would capture a pair). Traces are read for
+    the first READ_FINDINGS slow findings (those that lose the most time), each trace and
+    phase once."""
     slow = [f for f in findings if f.role == "slow"]
     if not slow:
         return {}
-    layout = RunDir(root)
     windows: dict[str, dict[int, Path]] = {}
-    for trace in layout.traces():
+    for trace in RunDir(root).traces():
         _add(windows, trace)
-    slow_ranks = {f.rank for f in slow}
+    run = _Run(root, windows, {f.rank for f in slow}, ranks)
     out = {}
-    for f in slow:
-        out[f.rank, f.phase] = _one(root, f, windows, slow_ranks, ranks)
+    for i, f in enumerate(slow):
+        if i < READ_FINDINGS:
+            out[f.rank, f.phase] = _one(run, f)
+        else:
+            out[f.rank, f.phase] = Evidence(
+                None,
+                None,
+                missing=f"not read: traces are compared for the {READ_FINDINGS} slow findings "
+                "that lose the most time",
+            )
     return out
+
+
+@dataclass
+class _Run:
+    """What every finding's evidence reads: the run's step windows and their traces by
+    rank, its slow ranks, its ranks, and the traces summarised so far."""
+
+    root: Path
+    windows: dict[str, dict[int, Path]]
+    slow_ranks: set[int]
+    ranks: Sequence[int]
+    read: dict[tuple[Path, str], _Ops | str] = field(default_factory=dict)
+
+    def ops(self, path: Path, phase: str, problems: list[str]) -> _Ops | None:
+        """`_phase_ops` of a trace, read once however many findings compare it."""
+        key = (path, phase)
+        if key not in self.read:
+            self.read[key] = _phase_ops(path, phase)
+        found = self.read[key]
+        if isinstance(found, str):
+            problems.append(found)
+            return None
+        return found
 
 
 def _add(windows: dict[str, dict[int, Path]], trace: TraceFile) -> None:
@@ -122,18 +159,13 @@ def _add(windows: dict[str, dict[int, Path]], trace: TraceFile) -> None:
         windows.setdefault(trace.window, {}).setdefault(trace.rank, trace.path)
 
 
-def _one(
-    root: Path,
-    f: StragglerFinding,
-    windows: Mapping[str, Mapping[int, Path]],
-    slow_ranks: set[int],
-    ranks: Sequence[int],
-) -> Evidence:
-    holding = {name: held for name, held in windows.items() if f.rank in held}
+def _one(run: _Run, f: StragglerFinding) -> Evidence:
+    root, slow_ranks = run.root, run.slow_ranks
+    holding = {name: held for name, held in run.windows.items() if f.rank in held}
     pairs = [(name, held) for name, held in holding.items() if any(r != f.rank for r in held)]
     after = [(n, h) for n, h in pairs if _steps(n)[1] >= f.since_step]
     if not after:
-        return _no_pair(root, f, holding, pairs, slow_ranks=slow_ranks, ranks=ranks)
+        return _no_pair(root, f, holding, pairs, slow_ranks=slow_ranks, ranks=run.ranks)
 
     def preference(item: tuple[str, Mapping[int, Path]]) -> tuple[bool, int]:
         name, _ = item
@@ -146,8 +178,8 @@ def _one(
     first, last = _steps(name)
     asked = _asked(root, f.rank, name)
     problems: list[str] = []
-    slow_ops = _phase_ops(held[f.rank], f.phase, problems)
-    peer_ops = _phase_ops(held[peer], f.phase, problems)
+    slow_ops = run.ops(held[f.rank], f.phase, problems)
+    peer_ops = run.ops(held[peer], f.phase, problems)
     base = Evidence(name, peer, steps=(first, last), asked=asked, problems=problems)
     if slow_ops is None or peer_ops is None:
         return _replace(
@@ -274,11 +306,9 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _phase_ops(
-    path: Path, phase: str, problems: list[str]
-) -> tuple[str, bool, dict[str, float]] | None:
-    """(kind, inside the phase's ranges?, op -> total us) of one trace; None, with the
-    problem named, where it cannot be read."""
+def _phase_ops(path: Path, phase: str) -> _Ops | str:
+    """(kind, inside the phase's ranges?, op -> total us) of one trace; the problem, named,
+    where it cannot be read."""
     host: list[tuple[float, float]] = []
     device: list[tuple[float, float]] = []
 
@@ -303,8 +333,7 @@ def _phase_ops(
 
         summary = summarize_trace(path, keep=inside if host else None)
     except TraceError as exc:
-        problems.append(str(exc))
-        return None
+        return str(exc)
     items = summary.get("items", [])
     totals = {str(item["name"]): float(item["total_us"]) for item in items}
     return str(summary.get("kind")), bool(host), totals
