@@ -238,3 +238,57 @@ def test_a_peer_busy_with_its_own_window_or_asked_too_late_declines_and_says_why
     late = _answer(tmp_path, "auto-rank1-1-cccccc")
     assert late["status"] == "declined"
     assert late["reason"] == "seen at step 12, too late for its start step 8"
+
+
+# -- what the slow rank asks ------------------------------------------------------------------
+
+
+def _slow_side(tmp_path: Path, phase: str, step: int = 40) -> tuple[Any, dict[str, Any]]:
+    from rankscope.capture._auto import SlowSteps
+    from rankscope.capture._ondemand import OnDemand
+
+    requests, _ = _peer_side(tmp_path)
+    asking = OnDemand(str(tmp_path), 2, requests, 0)
+    slow = SlowSteps(
+        step=step - 1, seconds=(0.5,) * 3, steps=(37, 38, 39), median=0.1, ratio=2.0, capture=1
+    )
+    asking.on_slow(slow, step, phase, 2)
+    (line,) = _auto_lines(tmp_path)[2]
+    return requests, line
+
+
+def test_the_slow_rank_s_window_begins_late_enough_for_its_peer_and_names_the_peer_s_folder(
+    tmp_path: Path,
+) -> None:
+    from rankscope.capture._trigger import read_trigger
+
+    for rank in range(3):
+        _meta(tmp_path, rank, "a")
+    _, line = _slow_side(tmp_path, "attn/fwd")
+    # the peer checks every 5 steps; 3 more for its check's step, its warm-up and a margin
+    assert line["status"] == "accepted" and (line["first"], line["last"]) == (48, 49)
+    assert line["window"] == "step-000048-000049-slow-attn_fwd"
+    assert line["peer"]["rank"] == 1
+    trigger = read_trigger(tmp_path / "triggers" / f"{line['peer']['trigger']}.json")
+    assert (trigger.ranks, trigger.asked_by, trigger.start, trigger.steps) == ("1", 2, 48, 2)
+    assert trigger.window == line["window"]  # the peer's trace lands in the same folder
+
+
+def test_a_slow_rank_whose_own_window_is_declined_asks_no_peer(tmp_path: Path) -> None:
+    from rankscope.capture._requests import Asked
+
+    for rank in range(3):
+        _meta(tmp_path, rank, "a")
+    requests, _ = _peer_side(tmp_path)
+    requests.ask(Asked("trigger x", "trigger-x"), 48, 2, 1)  # the steps are taken
+    from rankscope.capture._auto import SlowSteps
+    from rankscope.capture._ondemand import OnDemand
+
+    slow = SlowSteps(
+        step=39, seconds=(0.5,) * 3, steps=(37, 38, 39), median=0.1, ratio=2.0, capture=1
+    )
+    OnDemand(str(tmp_path), 2, requests, 0).on_slow(slow, 40, "forward", 2)
+    (line,) = _auto_lines(tmp_path)[2]
+    assert line["status"] == "declined"
+    assert line["peer"]["trigger"] is None and line["peer"]["not_asked"] == "no window"
+    assert not (tmp_path / "triggers").exists() or not list((tmp_path / "triggers").glob("*.json"))

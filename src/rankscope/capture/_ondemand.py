@@ -23,6 +23,7 @@ from ..rundir._layout import (
     auto_path,
     slow_phase_tag,
     trigger_tag,
+    window_key,
 )
 from ._auto import SlowSteps
 from ._pair import Peer, ask_peer, choose_peer, peer_trigger_id
@@ -279,6 +280,8 @@ class OnDemand:
                 window,
             )
             record.update(status="declined", reason=window)
+            if peer.rank is not None:
+                record["peer"] = {**peer.to_dict(), "trigger": None, "not_asked": "no window"}
         else:
             name = self._requests.name(window)
             logger.info(
@@ -296,8 +299,16 @@ class OnDemand:
             )
             record.update(status="accepted", window=name, first=window.first, last=window.last)
             if peer.rank is not None and trigger_id is not None:
+                # The tag as the window's name spells it (a phase name may hold characters
+                # a file name should not), so the peer's trace lands in the same folder.
+                named = window_key(name)
                 self._ask_peer(
-                    record, trigger_id, peer=peer.rank, tag=tag, first=window.first, steps=steps
+                    record,
+                    trigger_id,
+                    peer=peer.rank,
+                    tag=tag if named is None else named[1],
+                    first=window.first,
+                    steps=steps,
                 )
         self._write_auto(record)
 
