@@ -182,12 +182,10 @@ def _one(run: _Run, f: StragglerFinding) -> Evidence:
     peer_ops = run.ops(held[peer], f.phase, problems)
     base = Evidence(name, peer, steps=(first, last), asked=asked, problems=problems)
     if slow_ops is None or peer_ops is None:
-        return _replace(
-            base, missing="a trace of the window cannot be read: " + "; ".join(problems)
-        )
+        return replace(base, missing="a trace of the window cannot be read: " + "; ".join(problems))
     (slow_kind, slow_scoped, slow_us), (peer_kind, peer_scoped, peer_us) = slow_ops, peer_ops
     if slow_kind != peer_kind:
-        return _replace(
+        return replace(
             base,
             missing=f"rank {f.rank}'s trace holds {_words(slow_kind)}, rank {peer}'s "
             f"{_words(peer_kind)}: not comparable",
@@ -205,11 +203,7 @@ def _one(run: _Run, f: StragglerFinding) -> Evidence:
     ]
     deltas.sort(key=lambda d: (-d.delta_ms, d.name))
     scope = f"phase {f.phase}" if slow_scoped and peer_scoped else "whole steps"
-    return _replace(base, ops=tuple(deltas[:TOP_OPS]), kind=slow_kind, scope=scope)
-
-
-def _replace(base: Evidence, **changes: Any) -> Evidence:
-    return replace(base, **changes)
+    return replace(base, ops=tuple(deltas[:TOP_OPS]), kind=slow_kind, scope=scope)
 
 
 def _steps(name: str) -> tuple[int, int]:
