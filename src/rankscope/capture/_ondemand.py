@@ -52,6 +52,9 @@ class OnDemand:
         self.check_every = check_every
         self._watcher = TriggerWatcher(run_dir, rank) if check_every else None
         self.signal: SignalHook | None = None
+        self.slow_itself: Callable[[], str | None] | None = None
+        """Why this rank is slow itself by its anomaly watch, or None (see AnomalyWatch):
+        set by the capture where the rank watches itself; a peer that is slow declines."""
         self._auto_failed = False  # writing RUN_DIR/auto failed once: said, not again
 
     # -- trigger files --------------------------------------------------------------
@@ -102,6 +105,15 @@ class OnDemand:
             # A slow rank's peer (see _pair): its window is the slow rank's, and it counts
             # against that rank's trace.auto.max_captures, not this rank's on-demand bound.
             figures.update(by="peer", asked_by=trigger.asked_by)
+            slow = None if self.slow_itself is None else self.slow_itself()
+            if slow is not None:
+                reason = f"this rank is slow itself ({slow}): not a healthy peer"
+                logger.info(
+                    "rankscope: rank %d declined trigger %s: %s", self._rank, trigger.id, reason
+                )
+                declined = {"status": "declined", "reason": reason, "seen_at_step": step}
+                write_ack(self._run_dir, trigger, self._rank, declined)
+                return
             who = f"rank {trigger.asked_by}'s slow window"
             asked = Asked(who, trigger.tag, figures, trigger)
         else:
