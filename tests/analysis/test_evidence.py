@@ -173,3 +173,26 @@ def test_traces_are_read_for_the_slow_findings_that_lose_the_most_time_alone(
     assert found[1]["evidence"]["missing"] == (
         "not read: traces are compared for the 1 slow findings that lose the most time"
     )
+
+
+def test_an_anomaly_window_its_peer_declined_says_who_was_asked_and_what_it_answered(
+    tmp_path: Path,
+) -> None:
+    root = _run(tmp_path)
+    window = "step-000024-000025-slow-forward"
+    _trace(root, window, SLOW, _steps(800.0))
+    (root / "auto").mkdir()
+    peer = {"rank": 0, "why": "same host vm, not slow", "trigger": "auto-rank2-1-abcdef"}
+    line = {"rank": SLOW, "capture": 1, "peer": peer, "status": "accepted", "window": window}
+    (root / "auto" / "rank-00002.jsonl").write_text(json.dumps(line) + "\n")
+    answers = root / "triggers" / "auto-rank2-1-abcdef"
+    answers.mkdir(parents=True)
+    reason = "step 24 already belongs to an earlier trigger's window"
+    (answers / "rank-00000.json").write_text(json.dumps({"status": "declined", "reason": reason}))
+    finding = _evidence(root)
+    assert finding["evidence"]["missing"] == (
+        f"window {window} holds rank 2 alone (rank 0 was asked and answered declined: {reason})"
+    )
+    assert f"`rankscope trigger {root} --ranks 2,1 --steps 2` captures it" in str(
+        evidence_line(finding)
+    )
