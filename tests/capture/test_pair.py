@@ -317,3 +317,17 @@ def test_a_peer_in_a_slow_stretch_of_its_own_declines_as_not_healthy(tmp_path: P
         "this rank is slow itself (its last 2 step times were slow): not a healthy peer"
     )
     assert requests.plan.added == ()
+
+
+def test_a_trigger_that_names_its_tag_records_into_the_folder_its_answer_names(
+    tmp_path: Path,
+) -> None:
+    from rankscope.capture._trigger import Trigger, write_trigger
+
+    requests, asking = _peer_side(tmp_path)
+    write_trigger(str(tmp_path), Trigger("by-hand", 20, 2, "0", None, "mine"))
+    asking.check_triggers(10)
+    answer = _answer(tmp_path, "by-hand")
+    (window,) = requests.plan.added
+    assert answer["window"] == requests.name(window) == "step-000020-000021-mine"
+    assert requests.on_demand == 1  # not a slow rank's peer: an on-demand window

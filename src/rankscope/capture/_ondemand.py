@@ -22,7 +22,6 @@ from ..rundir._layout import (
     RunDir,
     auto_path,
     slow_phase_tag,
-    trigger_tag,
     window_key,
 )
 from ._auto import SlowSteps
@@ -115,10 +114,10 @@ class OnDemand:
                 write_ack(self._run_dir, trigger, self._rank, declined)
                 return
             who = f"rank {trigger.asked_by}'s slow window"
-            asked = Asked(who, trigger.tag, figures, trigger)
+            asked = Asked(who, trigger.window_tag, figures, trigger)
         else:
             asked = Asked(
-                f"trigger {trigger.id}", trigger_tag(trigger.id), figures, trigger, on_demand=True
+                f"trigger {trigger.id}", trigger.window_tag, figures, trigger, on_demand=True
             )
         window = self._requests.ask(asked, trigger.start, trigger.steps, step)
         answer: dict[str, Any]

@@ -197,8 +197,12 @@ class Trigger:
     @property
     def window(self) -> str:
         """The window directory the selected ranks write: step-AAAAAA-BBBBBB-trigger-<id>."""
-        tag = trigger_tag(self.id) if self.tag is None else self.tag
-        return step_window_name(self.start, self.last, tag)
+        return step_window_name(self.start, self.last, self.window_tag)
+
+    @property
+    def window_tag(self) -> str:
+        """What the window's name ends with: `tag`, else `trigger-<id>`."""
+        return trigger_tag(self.id) if self.tag is None else self.tag
 
     @property
     def rank_set(self) -> RankSet:
@@ -213,8 +217,10 @@ class Trigger:
             "ranks": self.ranks,
             "created": self.created,
         }
+        if self.tag is not None:
+            out["tag"] = self.tag
         if self.asked_by is not None:
-            out.update(tag=self.tag, asked_by=self.asked_by)
+            out["asked_by"] = self.asked_by
         return out
 
 
