@@ -196,3 +196,28 @@ def test_an_anomaly_window_its_peer_declined_says_who_was_asked_and_what_it_answ
     assert f"`rankscope trigger {root} --ranks 2,1 --steps 2` captures it" in str(
         evidence_line(finding)
     )
+
+
+def test_kineto_shaped_traces_are_compared_over_whole_steps_where_no_phase_is_marked(
+    tmp_path: Path,
+) -> None:
+    from rankscope.testing._synthetic import write_run_traces
+
+    root = _run(tmp_path)
+    window = "step-000020-000021"
+    slow, peer = write_run_traces(root, window, [SLOW, 0], world_size=4, seed=3)
+    evidence = _evidence(root)["evidence"]
+    assert evidence["window"] == window and evidence["kind"] == "gpu_kernels"
+    assert evidence["scope"] == "whole steps" and evidence["problems"] == []
+    # each kernel's time a step (the window's two) on each rank, as the traces were written
+    truth = {
+        name: (
+            slow.kernels.get(name, [0, 0.0])[1] / 2000,
+            peer.kernels.get(name, [0, 0.0])[1] / 2000,
+        )
+        for name in slow.kernels.keys() | peer.kernels.keys()
+    }
+    expected = sorted(truth, key=lambda n: (-(truth[n][0] - truth[n][1]), n))[:10]
+    assert [op["name"] for op in evidence["ops"]] == expected
+    for op in evidence["ops"]:
+        assert (op["slow_ms"], op["peer_ms"]) == pytest.approx(truth[op["name"]], abs=1e-4)
