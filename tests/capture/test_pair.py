@@ -331,3 +331,16 @@ def test_a_trigger_that_names_its_tag_records_into_the_folder_its_answer_names(
     (window,) = requests.plan.added
     assert answer["window"] == requests.name(window) == "step-000020-000021-mine"
     assert requests.on_demand == 1  # not a slow rank's peer: an on-demand window
+
+
+def test_only_the_ranks_nearest_in_number_are_read_to_choose_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rankscope.capture import _pair
+
+    for rank in range(6):
+        _meta(tmp_path, rank, "a", stage=0 if rank in (0, 5) else 1)
+    assert _pair.choose_peer(str(tmp_path), 0, 40).rank == 5  # it shares rank 0's stage
+    monkeypatch.setattr(_pair, "CANDIDATES", 2)
+    peer = _pair.choose_peer(str(tmp_path), 0, 40)
+    assert peer.rank == 1 and peer.why.startswith("same host a"), peer
