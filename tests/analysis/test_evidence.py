@@ -221,3 +221,21 @@ def test_kineto_shaped_traces_are_compared_over_whole_steps_where_no_phase_is_ma
     assert [op["name"] for op in evidence["ops"]] == expected
     for op in evidence["ops"]:
         assert (op["slow_ms"], op["peer_ms"]) == pytest.approx(truth[op["name"]], abs=1e-4)
+
+
+def test_an_auto_record_with_foreign_values_passes_none_of_them_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _run(tmp_path)
+    window = "step-000024-000025-slow-forward"
+    _trace(root, window, SLOW, _steps(800.0))
+    (root / "auto").mkdir()
+    line = '{"window": "' + window + '", "peer": {"rank": true, "why": NaN, "trigger": 7}}\n'
+    (root / "auto" / "rank-00002.jsonl").write_text(line)
+    code, out, err = run_cli(["stragglers", str(root), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in strict JSON"))
+    (finding,) = [f for f in data["findings"] if f["role"] == "slow"]
+    assert finding["evidence"]["missing"] == (
+        f"window {window} holds rank 2 alone (no peer was asked)"
+    )

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import TraceError
 from .._text import printable
+from ..rundir._files import read_regular
 from ..rundir._layout import RunDir, TraceFile, ack_path, window_key, window_steps
 from ..traces._kineto import summarize_trace
 
@@ -253,16 +254,22 @@ def _asked(root: Path, rank: int, window: str) -> dict[str, Any] | None:
         peer = line.get("peer")
         if line.get("window") != window or not isinstance(peer, dict):
             continue
-        asked: dict[str, Any] = {"by": rank, "rank": peer.get("rank"), "why": peer.get("why")}
-        trigger, who = peer.get("trigger"), peer.get("rank")
-        if isinstance(trigger, str) and isinstance(who, int) and not isinstance(who, bool):
+        # The file is untrusted: only what has the type the capture writes is passed on.
+        trigger, who, why = peer.get("trigger"), peer.get("rank"), peer.get("why")
+        who = who if isinstance(who, int) and not isinstance(who, bool) else None
+        asked: dict[str, Any] = {
+            "by": rank,
+            "rank": who,
+            "why": why if isinstance(why, str) else None,
+        }
+        if isinstance(trigger, str) and who is not None:
             answer = _read_json(ack_path(root, trigger, who))
             if answer is None:
                 asked["answer"] = "no answer (it never looked, or the run stopped first)"
             elif answer.get("status") == "accepted":
                 asked["answer"] = "accepted"
             else:
-                asked["answer"] = f"declined: {answer.get('reason')}"
+                asked["answer"] = f"declined: {printable(str(answer.get('reason')))}"
         return asked
     return None
 
@@ -270,7 +277,8 @@ def _asked(root: Path, rank: int, window: str) -> dict[str, Any] | None:
 def _asked_words(asked: Mapping[str, Any]) -> str:
     who = asked.get("rank")
     if who is None:
-        return f"no peer was asked: {asked.get('why')}"
+        why = asked.get("why")
+        return "no peer was asked" if why is None else f"no peer was asked: {printable(str(why))}"
     return f"rank {who} was asked and answered {asked.get('answer', 'nothing')}"
 
 
@@ -294,7 +302,8 @@ def _auto_lines(root: Path, rank: int) -> Iterable[dict[str, Any]]:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_bytes()[:_AUTO_BYTES])
+        raw = read_regular(path, _AUTO_BYTES)
+        data = json.loads(raw) if len(raw) <= _AUTO_BYTES else None
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
