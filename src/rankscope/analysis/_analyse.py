@@ -17,6 +17,7 @@ from typing import Any
 
 from .._errors import TraceError
 from .._text import format_ranks
+from ._evidence import evidence_for
 from ._findings import StragglerReport
 from ._matrix import PhaseMatrices, matrices_of, shared_steps
 from ._options import StragglerOptions
@@ -111,11 +112,16 @@ def stragglers_in(
     m: PhaseMatrices | None = None,
     hosts: Mapping[int, str] | None = None,
     values: bool = True,
+    evidence: bool = True,
 ) -> StragglerReport:
     """The findings over the run, or over `m` (a window of its matrices), with the hosts
     and parallel groups its meta names (or `hosts`, where a caller knows them better) and
     the phases' recorded values for the causes (not read where `values` is False: a
-    caller that says no cause, `hosts`, need not read the timings again per window)."""
+    caller that says no cause, `hosts`, need not read the timings again per window).
+
+    Over the whole run (no `m`), and unless `evidence` is False, each slow finding carries
+    the ops that grew against a healthy peer in a trace window holding both
+    (analysis/_evidence.py)."""
     judged = run.matrices if m is None else m
 
     def read_values(phases: set[str]) -> Any:
@@ -133,6 +139,12 @@ def stragglers_in(
         gpus=run.meta.gpus,
     )
     report.notes[:0] = run.notes
+    if m is None and evidence and report.findings:
+        found = evidence_for(run.root, report.findings, judged.ranks)
+        report.findings = [
+            replace(f, evidence=found[f.rank, f.phase]) if (f.rank, f.phase) in found else f
+            for f in report.findings
+        ]
     return report
 
 
@@ -181,7 +193,8 @@ def concurrent_notes(
             continue
         other = replace(options, attempt=n)
         try:
-            found = stragglers_in(read_timed_run(run.meta, other, workers=workers), other)
+            other_run = read_timed_run(run.meta, other, workers=workers)
+            found = stragglers_in(other_run, other, evidence=False)  # its headline alone
         except TraceError as exc:
             notes.append(f"attempt {n}, which ran at the same time, cannot be analysed: {exc}")
             continue

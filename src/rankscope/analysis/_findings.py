@@ -18,6 +18,7 @@ from ._clocks import clock_words
 from .render._format import SENTENCE, finite, hours_text
 
 if TYPE_CHECKING:
+    from ._evidence import Evidence
     from ._imbalance import Imbalance
 
 __all__ = [
@@ -123,6 +124,9 @@ class StragglerFinding:
     """For "waits": the (rank, phase) of the slow finding whose cost its waiting is."""
     cause: Cause | None = None
     """Why it is slow (analysis/_cause.py); None for "waits"."""
+    evidence: Evidence | None = None
+    """For "slow" over a whole run: the ops that grew against a healthy peer in a trace
+    window holding both, or why there are none (analysis/_evidence.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         # Field by field: asdict deep-copies every ratio, seconds for thousands of ranks.
@@ -134,6 +138,7 @@ class StragglerFinding:
             None if self.cost_of is None else {"rank": self.cost_of[0], "phase": self.cost_of[1]}
         )
         out["cause"] = None if self.cause is None else self.cause.to_dict()
+        out["evidence"] = None if self.evidence is None else self.evidence.to_dict()
         return out
 
 

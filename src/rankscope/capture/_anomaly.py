@@ -53,6 +53,18 @@ class AnomalyWatch:
         phase = self._auto.phase
         return "step" if phase is None else f"phase {phase}"
 
+    def slow_itself(self) -> str | None:
+        """Why this rank is slow itself by its own watch (a slow stretch under way, or a
+        window it asked for): a peer asked by another slow rank declines then (see _pair)."""
+        for detector in (self.steps, self._phase):
+            if detector is None:
+                continue
+            if detector.fired:
+                return f"its own {self.measured} time fired the anomaly watch this run"
+            if detector.slow_now:
+                return f"its last {detector.slow_now} {self.measured} times were slow"
+        return None
+
     def attach_timer(self, timer: PhaseTimer | None) -> None:
         """The phase timer of this rank, whose records of auto.phase feed the watch."""
         if self._phase is None:

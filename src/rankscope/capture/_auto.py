@@ -64,6 +64,11 @@ class SlowdownDetector:
         """Captures asked for so far."""
 
     @property
+    def slow_now(self) -> int:
+        """The slow measurements in a row that ended the latest one (0: it was not slow)."""
+        return len(self._streak)
+
+    @property
     def exhausted(self) -> bool:
         """True once max_captures were asked for: the caller may stop measuring."""
         return self._left == 0

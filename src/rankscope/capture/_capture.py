@@ -90,6 +90,8 @@ class TraceCapture(OneFault):
             and rank in auto.rank_set(config.ranks)
         )
         self._anomaly: AnomalyWatch | None = AnomalyWatch(auto, rank) if watched else None
+        if self._anomaly is not None:
+            self._asking.slow_itself = self._anomaly.slow_itself  # a slow peer declines
         self.on_window_closed: Callable[[str], None] | None = None
         """Called with a window's name on the training thread when it closes (memory snapshots)."""
         self._prof: Any = None

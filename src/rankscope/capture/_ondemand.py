@@ -22,9 +22,10 @@ from ..rundir._layout import (
     RunDir,
     auto_path,
     slow_phase_tag,
-    trigger_tag,
+    window_key,
 )
 from ._auto import SlowSteps
+from ._pair import Peer, ask_peer, choose_peer, peer_trigger_id
 from ._requests import Asked, WindowRequests
 from ._schedule import AddedWindow
 from ._trigger import SignalHook, Trigger, TriggerWatcher, install_signal_hook, write_ack
@@ -50,6 +51,9 @@ class OnDemand:
         self.check_every = check_every
         self._watcher = TriggerWatcher(run_dir, rank) if check_every else None
         self.signal: SignalHook | None = None
+        self.slow_itself: Callable[[], str | None] | None = None
+        """Why this rank is slow itself by its anomaly watch, or None (see AnomalyWatch):
+        set by the capture where the rank watches itself; a peer that is slow declines."""
         self._auto_failed = False  # writing RUN_DIR/auto failed once: said, not again
 
     # -- trigger files --------------------------------------------------------------
@@ -96,9 +100,25 @@ class OnDemand:
         figures: dict[str, Any] = {"by": "trigger", "trigger": trigger.id, "seen_at_step": step}
         if trigger.created is not None:
             figures["created"] = trigger.created
-        asked = Asked(
-            f"trigger {trigger.id}", trigger_tag(trigger.id), figures, trigger, on_demand=True
-        )
+        if trigger.asked_by is not None and trigger.tag is not None:
+            # A slow rank's peer (see _pair): its window is the slow rank's, and it counts
+            # against that rank's trace.auto.max_captures, not this rank's on-demand bound.
+            figures.update(by="peer", asked_by=trigger.asked_by)
+            slow = None if self.slow_itself is None else self.slow_itself()
+            if slow is not None:
+                reason = f"this rank is slow itself ({slow}): not a healthy peer"
+                logger.info(
+                    "rankscope: rank %d declined trigger %s: %s", self._rank, trigger.id, reason
+                )
+                declined = {"status": "declined", "reason": reason, "seen_at_step": step}
+                write_ack(self._run_dir, trigger, self._rank, declined)
+                return
+            who = f"rank {trigger.asked_by}'s slow window"
+            asked = Asked(who, trigger.window_tag, figures, trigger)
+        else:
+            asked = Asked(
+                f"trigger {trigger.id}", trigger.window_tag, figures, trigger, on_demand=True
+            )
         window = self._requests.ask(asked, trigger.start, trigger.steps, step)
         answer: dict[str, Any]
         if window == self._requests.bound_reason:
@@ -229,8 +249,12 @@ class OnDemand:
     # -- slow steps (trace.auto) ----------------------------------------------------
 
     def on_slow(self, slow: SlowSteps, step: int, phase: str | None, steps: int) -> None:
-        """Ask for `slow`'s window (`steps` steps) on the next steps, as SIGUSR2 would;
-        record why, or why not, in RUN_DIR/auto."""
+        """Ask for `slow`'s window (`steps` steps), and one healthy peer for the same steps
+        (see _pair); record why, or why not, in RUN_DIR/auto.
+
+        With a peer the window begins far enough ahead for it to read its trigger in time;
+        without one, on the next steps, as SIGUSR2 would.
+        """
         measured = "step" if phase is None else f"phase {phase}"
         slow_steps = list(slow.steps)
         record: dict[str, Any] = {
@@ -246,8 +270,15 @@ class OnDemand:
         what = "steps" if phase is None else f"phase {phase!r} on steps"
         tag = SLOW_STEPS_TAG if phase is None else slow_phase_tag(phase)
         who = "slow steps" if phase is None else f"slow phase {phase!r}"
+        peer = self._peer(step)
+        trigger_id = None if peer.rank is None else peer_trigger_id(self._rank, slow.capture)
+        record["peer"] = {**peer.to_dict(), "trigger": trigger_id}
         figures = {k: v for k, v in record.items() if k not in ("rank", "capture")}
-        window = self._requests.ask_next(Asked(who, tag, {"by": "auto", **figures}), steps, step)
+        asked = Asked(who, tag, {"by": "auto", **figures})
+        if peer.rank is None:
+            window = self._requests.ask_next(asked, steps, step)
+        else:
+            window = self._requests.ask(asked, step + peer.lead, steps, step)
         if isinstance(window, str):
             logger.warning(
                 "rankscope: %s %s were slow on rank %d (%.4g s and more, median %.4g s); "
@@ -260,6 +291,8 @@ class OnDemand:
                 window,
             )
             record.update(status="declined", reason=window)
+            if peer.rank is not None:
+                record["peer"] = {**peer.to_dict(), "trigger": None, "not_asked": "no window"}
         else:
             name = self._requests.name(window)
             logger.info(
@@ -276,7 +309,70 @@ class OnDemand:
                 name,
             )
             record.update(status="accepted", window=name, first=window.first, last=window.last)
+            if peer.rank is not None and trigger_id is not None:
+                # The tag as the window's name spells it (a phase name may hold characters
+                # a file name should not), so the peer's trace lands in the same folder.
+                named = window_key(name)
+                self._ask_peer(
+                    record,
+                    trigger_id,
+                    peer=peer.rank,
+                    tag=tag if named is None else named[1],
+                    first=window.first,
+                    steps=steps,
+                )
         self._write_auto(record)
+
+    def _peer(self, step: int) -> Peer:
+        try:
+            return choose_peer(self._run_dir, self._rank, step)
+        except Exception as exc:
+            # The pair is a second trace beside the slow rank's own: a fault while choosing
+            # costs the peer, never the slow rank's window or the watch.
+            return Peer(None, f"choosing one failed ({type(exc).__name__}: {exc})")
+
+    def _ask_peer(
+        self,
+        record: dict[str, Any],
+        trigger_id: str,
+        *,
+        peer: int,
+        tag: str,
+        first: int,
+        steps: int,
+    ) -> None:
+        """Write the peer's trigger; its answer goes to RUN_DIR/triggers/<id>/rank-NNNNN.json."""
+        try:
+            ask_peer(
+                self._run_dir,
+                trigger_id,
+                rank=self._rank,
+                peer=peer,
+                tag=tag,
+                first=first,
+                steps=steps,
+            )
+        except (OSError, ValueError) as exc:
+            record["peer"].update(trigger=None, error=f"writing its trigger failed ({exc})")
+            logger.warning(
+                "rankscope: rank %d could not ask rank %d to record steps %d-%d too (%s); "
+                "its own window is kept",
+                self._rank,
+                peer,
+                first,
+                first + steps - 1,
+                exc,
+            )
+            return
+        logger.info(
+            "rankscope: rank %d asked rank %d (%s) to record steps %d-%d too (trigger %s)",
+            self._rank,
+            peer,
+            record["peer"]["why"],
+            first,
+            first + steps - 1,
+            trigger_id,
+        )
 
     def _write_auto(self, record: dict[str, Any]) -> None:
         """Append one line to this rank's auto records (at most max_captures per run).

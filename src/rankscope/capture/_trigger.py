@@ -175,11 +175,20 @@ class Trigger:
     """A rank spec in canonical form ("all", "0-3,8")."""
     created: str | None = None
     """When it was written (UTC, ISO 8601); None in a hand-written file that omits it."""
+    tag: str | None = None
+    """What the window's name ends with, where not `trigger-<id>`: a peer asked by a slow
+    rank (`capture/_pair.py`) records into that rank's window, `slow-<phase>`."""
+    asked_by: int | None = None
+    """The rank whose anomaly watch wrote this trigger for a peer; None for `rankscope trigger`."""
 
     def __post_init__(self) -> None:
         problem = check_trigger_id(self.id)
         if problem is not None:
             raise ConfigError("trigger id", self.id, ID_ACCEPTED, problem)
+        # A tag ends a folder name, so it is held to the id's rules.
+        problem = None if self.tag is None else check_trigger_id(self.tag)
+        if problem is not None:
+            raise ConfigError("trigger tag", self.tag, ID_ACCEPTED, problem)
 
     @property
     def last(self) -> int:
@@ -188,14 +197,19 @@ class Trigger:
     @property
     def window(self) -> str:
         """The window directory the selected ranks write: step-AAAAAA-BBBBBB-trigger-<id>."""
-        return step_window_name(self.start, self.last, trigger_tag(self.id))
+        return step_window_name(self.start, self.last, self.window_tag)
+
+    @property
+    def window_tag(self) -> str:
+        """What the window's name ends with: `tag`, else `trigger-<id>`."""
+        return trigger_tag(self.id) if self.tag is None else self.tag
 
     @property
     def rank_set(self) -> RankSet:
         return parse_ranks(self.ranks, "ranks")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "v": TRIGGER_VERSION,
             "id": self.id,
             "start": self.start,
@@ -203,6 +217,11 @@ class Trigger:
             "ranks": self.ranks,
             "created": self.created,
         }
+        if self.tag is not None:
+            out["tag"] = self.tag
+        if self.asked_by is not None:
+            out["asked_by"] = self.asked_by
+        return out
 
 
 def new_trigger_id() -> str:
@@ -240,7 +259,22 @@ def parse_trigger(data: object, file_id: str | None = None) -> Trigger:
     except ConfigError as exc:
         raise ValueError(f'"ranks": {exc}') from None
     created = fields.get("created")
-    return Trigger(trigger_id, start, steps, ranks, created if isinstance(created, str) else None)
+    tag = fields.get("tag")
+    problem = None if tag is None else check_trigger_id(tag)
+    if problem is not None:
+        raise ValueError(f'"tag" is {tag!r}, which {problem}; expected {ID_ACCEPTED}')
+    asked_by = fields.get("asked_by")
+    if asked_by is not None:
+        asked_by = need_int("asked_by", 0)
+    return Trigger(
+        trigger_id,
+        start,
+        steps,
+        ranks,
+        created if isinstance(created, str) else None,
+        tag,
+        asked_by,
+    )
 
 
 def read_trigger(path: Path) -> Trigger:

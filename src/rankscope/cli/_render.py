@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._text import format_ranks
+from ..analysis._evidence import evidence_line
 from ..analysis._findings import cost_lines
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport
@@ -165,6 +166,13 @@ def _causes(findings: list[dict[str, Any]], notes: list[str]) -> None:
 _CAUSES = 5
 
 
+def _evidence(findings: list[dict[str, Any]]) -> None:
+    """What the traces show of each slow rank (the first few): the ops that grew against a peer."""
+    lines = [line for f in findings if f.get("role") == "slow" and (line := evidence_line(f))]
+    for line in lines[:_CAUSES]:
+        _sentence(line)
+
+
 def _costs(strag: dict[str, Any]) -> None:
     """What fixing the findings would save: each slow finding, all of them, each host."""
     if not strag.get("cost"):
@@ -228,6 +236,7 @@ def report(data: dict[str, Any], html: Path | None) -> None:
         _sentences(strag["summary"], strag["threshold"], strag["min_persistence"])
         _costs(strag)  # in the order `rankscope stragglers` says them
         _causes(strag["findings"], strag.get("notes", []))
+        _evidence(strag["findings"])
         if strag["findings"]:
             _console.print(_findings_table(strag["findings"], strag["reference"], 10))
     else:
@@ -304,6 +313,7 @@ def stragglers(
             }
         )
         _causes(rows, found.notes)
+        _evidence(rows)
         _console.print(_findings_table(rows, found.reference, limit))
         if limit is not None and len(rows) > limit:
             _console.print(f"  ... {len(rows) - limit} more findings (--all, or --json)")

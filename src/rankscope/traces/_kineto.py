@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -59,15 +59,22 @@ def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def summarize_trace(
-    path: str | os.PathLike[str], *, use_msgspec: bool = True, **labels: Any
+    path: str | os.PathLike[str],
+    *,
+    use_msgspec: bool = True,
+    keep: Callable[[list[Any]], list[Any]] | None = None,
+    **labels: Any,
 ) -> dict[str, Any]:
     """Summary of one trace file, read in one streaming pass; `labels` (window) are stored alongside.
 
     `use_msgspec=False` decodes with the stdlib's json even where msgspec is installed
-    (the capture side's choice); the summary is the same either way.
+    (the capture side's choice); the summary is the same either way. `keep` picks from
+    each batch of events (with the fields ph, cat, name, dur, ts, pid, tid) the ones
+    summarised: analysis/_evidence.py summarises one phase's ranges alone.
     """
     table = _SummaryTable()
-    meta = scan_batches(path, table.add_batch, _decoder(use_msgspec))
+    add = table.add_batch if keep is None else lambda events: table.add_batch(keep(events))
+    meta = scan_batches(path, add, _decoder(use_msgspec))
     info = meta.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, Mapping) else None
     return {

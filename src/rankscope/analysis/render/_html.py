@@ -33,6 +33,7 @@ from .._findings import cost_lines
 from ._breakdown import breakdown_section
 from ._charts import charts_section
 from ._collectives import collectives_section
+from ._evidence import evidence_list
 from ._format import HTML
 from ._hangs import hangs_section
 from ._values import (
@@ -276,7 +277,7 @@ def _stragglers(
     reference = as_text(stragglers.get("reference")) or "median"
     out = head + f'<p class="rule">Rule: {_rule(stragglers)}.</p>\n'
     out += _costs(stragglers)  # in the order `rankscope stragglers` says them
-    out += _causes(findings)
+    out += _causes(findings) + evidence_list(findings)
     if findings:
         out += _findings_table(findings, hosts, reference)
     return out
