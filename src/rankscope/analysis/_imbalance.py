@@ -45,6 +45,11 @@ _MOST = 0.5
 _WIDER = 2.0
 """Without a value: the phase's ranks spread at least this many times as much as another
 work phase's, step by step (the spread: the interquartile range of log times)."""
+_COMPARABLE = 0.2
+"""A phase tells how far the machines spread ranks only when at least this share as long:
+a machine's hiccups (a preempted process, a page fault) land on a long phase more often
+than on a short one, so a 0.5 ms phase beside a 3 ms one on four ranks sharing two cores
+looked 3x quieter with no data in play (the demo's clean run)."""
 _FOLLOWS = 0.5
 """A value follows the spread when the slowest rank holds one of the top quarter of the
 values at this share of the uneven steps, or more."""
@@ -300,9 +305,16 @@ def _values_follow(
 
 
 def _quietest(m: PhaseMatrices, p: int, spreads: dict[int, float]) -> tuple[str, float] | None:
-    """The other work phase whose ranks spread least, and how many times as much `p`'s
-    ranks spread; None where no other phase can tell."""
-    others = [(s, q) for q, s in spreads.items() if q != p and np.isfinite(s)]
+    """The other work phase whose ranks spread least, among those at least `_COMPARABLE`
+    as long as `p`, and how many times as much `p`'s ranks spread; None where no other
+    phase can tell."""
+    with quiet():
+        typical = {q: float(np.nanmedian(m.ms[q])) for q in spreads}
+    others = [
+        (s, q)
+        for q, s in spreads.items()
+        if q != p and np.isfinite(s) and typical[q] >= _COMPARABLE * typical[p]
+    ]
     if not others or not np.isfinite(spreads[p]):
         return None
     least, q = min(others)
