@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,43 @@ def test_a_run_directory_removed_under_the_job_turns_the_figures_off_with_one_wa
     said = [r.getMessage() for r in caplog.records if OFF in r.getMessage()]
     assert len(said) == 1, said
     assert "timings is gone" in said[0]
+
+
+def test_a_rank_in_a_stall_is_counted_as_hung(tmp_path: Path) -> None:
+    """Two ranks in one process: rank 1, on a thread of its own, stalls in a phase; its
+    watchdog says so in its heartbeat, and rank 0's figures count it."""
+    config = rankscope.ProfileConfig(
+        output_dir=tmp_path / "run",
+        timer=rankscope.TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1),
+        hang=rankscope.HangConfig(after_s=0.5, heartbeat_s=0.1),
+    )
+    stalled, release = threading.Event(), threading.Event()
+
+    def rank_1() -> None:
+        with rankscope.Profiler(config, rank=1, world_size=2) as prof:
+            _steps(prof, 2)
+            with prof.phase("data_loading", kind="data"):
+                stalled.set()
+                release.wait(60)
+            prof.step()
+
+    thread = threading.Thread(target=rank_1)
+    thread.start()
+    got: dict[str, float] = {}
+    try:
+        with rankscope.Profiler(config, rank=0, world_size=2) as prof:
+            prof.metrics()
+            assert stalled.wait(30)
+            deadline = time.monotonic() + 30  # the watchdog's threshold, then its heartbeat
+            while got.get("rankscope/ranks/hung") != 1 and time.monotonic() < deadline:
+                _fresh(prof)
+                got = prof.metrics()
+    finally:
+        release.set()
+        thread.join(30)
+    assert got["rankscope/ranks/hung"] == 1
+    assert got["rankscope/ranks/heartbeats"] == 2
+    assert got["rankscope/ranks/stale"] == 0
 
 
 # -- the tail of a timings file: untrusted, written while it is read ---------------------
