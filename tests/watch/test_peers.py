@@ -135,6 +135,29 @@ def test_a_rank_in_a_stall_is_counted_as_hung(tmp_path: Path) -> None:
     assert got["rankscope/ranks/stale"] == 0
 
 
+def test_a_torn_line_in_another_ranks_timings_is_said_once_and_passed_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    with rankscope.Profiler(_config(run), rank=1, world_size=2) as other:
+        _steps(other, 3)
+    with timing_path(run, 1).open("ab") as file:  # a crash mid-write, then a restart's "\n"
+        file.write(b'{"v":1,"rank":1,"step":3,"phase":"forw\n')
+    with (
+        caplog.at_level(logging.WARNING, "rankscope"),
+        rankscope.Profiler(_config(run), rank=0, world_size=2) as prof,
+    ):
+        prof.metrics()
+        _steps(prof, 3)
+        for _ in range(2):
+            _fresh(prof)
+        got = prof.metrics()
+    said = [r.getMessage() for r in caplog.records if "not whole timing records" in r.getMessage()]
+    assert len(said) == 1, said
+    assert str(timing_path(run, 1)) in said[0]
+    assert got["rankscope/ranks/compared"] == 2  # the rank's whole records still count
+
+
 # -- the tail of a timings file: untrusted, written while it is read ---------------------
 
 

@@ -8,7 +8,8 @@ as they were, which is what the figures then say.
 
 A fault (the run directory removed under the job, anything that raises while reading)
 logs one warning and turns the view off: `metrics()` returns {} from then on; training
-goes on.
+goes on. Lines of a timings file that are not whole records are passed over, and the
+first file that holds one is named in one warning.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class PeerView:
         self._since_ns = current_attempt().started_ns  # earlier starts' records are not read
         self._tails: dict[int, TimingTail] = {}
         self._saw_timings = False
+        self._said_torn = False
         # (across-rank figures, this rank's figures, the latest step those cover): replaced
         # whole by the thread, so the training thread reads one consistent triple.
         self._latest: tuple[Figures, Figures, int] = ({}, {}, -1)
@@ -138,6 +140,15 @@ class PeerView:
                 tail = self._tails[file.rank] = TimingTail(self._since_ns)
             if not tail.read(file.path):
                 del self._tails[file.rank]  # gone since it was listed
+            elif tail.skipped and not self._said_torn:
+                self._said_torn = True
+                logger.warning(
+                    "rankscope: %s holds %d line(s) that are not whole timing records (torn "
+                    "by a crash, or written by something else); rankscope's figures pass them "
+                    "over (said once, for the first such file)",
+                    file.path,
+                    tail.skipped,
+                )
         beats = (read_heartbeat(f.path) for f in self._run_dir.heartbeats() if f.rank < self._world)
         across = across_figures({rank: tail.steps for rank, tail in self._tails.items()})
         across.update(
