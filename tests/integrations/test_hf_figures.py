@@ -97,3 +97,20 @@ def test_without_a_logger_the_log_history_still_holds_the_figures(tmp_path: Path
     assert len(trained) == STEPS // LOG_EVERY
     assert all(h["rankscope/ranks/compared"] == 1 for h in trained)
     assert callback.profiler is not None and callback.profiler._peers is None  # stopped
+
+
+def test_mlflow_gets_the_figures_in_its_local_file_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mlflow = pytest.importorskip("mlflow")  # not in the dev extra: runs where it is installed
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "rankscope")
+    _train(tmp_path, ["mlflow"])
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("rankscope")
+    (run,) = client.search_runs([experiment.experiment_id])
+    logged = list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
+    for name in ("loss", "rankscope/step_ms", "rankscope/phase_ms/forward_backward"):
+        history = client.get_metric_history(run.info.run_id, name)
+        assert sorted(m.step for m in history) == logged, name
