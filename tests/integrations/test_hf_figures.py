@@ -96,6 +96,9 @@ def test_without_a_logger_the_log_history_still_holds_the_figures(tmp_path: Path
     trained = [h for h in trainer.state.log_history if "loss" in h]
     assert len(trained) == STEPS // LOG_EVERY
     assert all(h["rankscope/ranks/compared"] == 1 for h in trained)
+    summary = trainer.state.log_history[-1]  # the end of training's: across ranks alone
+    assert "train_runtime" in summary and summary["rankscope/ranks/compared"] == 1
+    assert "rankscope/step_ms" not in summary
     assert callback.profiler is not None and callback.profiler._peers is None  # stopped
 
 
