@@ -314,11 +314,9 @@ class Profiler:
         return out
 
     def metrics(self) -> dict[str, float]:
-        """rankscope's figures (`rankscope/...`, docs/timer.md) for any logger: this rank's
-        medians since the last call, and the view across ranks, which a background reader
-        of the run directory keeps fresh: a call copies a dict. The first call starts the
-        reader (its figures come from the next); {} before start(), after stop(), and
-        where the timer is off."""
+        """rankscope's figures for any logger (`rankscope/...`, docs/timer.md); a call copies
+        a dict that a background reader of the run directory keeps fresh, started by the
+        first call. {} before start(), after stop(), and where the timer is off."""
         peers = self._peers
         if peers is None:
             if self._state != "started" or not self.config.timer.enable:
