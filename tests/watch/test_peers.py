@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import rankscope
 from rankscope.rundir._layout import timing_path
-from rankscope.watch._tails import TAIL_BYTES, TimingTail
+from rankscope.watch._tails import PHASES_KEPT, TAIL_BYTES, TimingTail
 
 from .._gloo import GlooRanks
 
@@ -207,6 +207,20 @@ def test_a_tail_reads_a_bounded_end_and_forgets_a_file_that_vanished_or_was_repl
     assert not tail.read(path)
     path.mkdir()
     assert not tail.read(path)
+
+
+def test_a_file_that_makes_up_phase_names_cannot_grow_a_step_without_bound(
+    tmp_path: Path,
+) -> None:
+    path = _written(tmp_path, 1)
+    tail = TimingTail(since_ns=0)
+    line = '{{"v":1,"rank":0,"step":0,"phase":"p{}","kind":"compute","start_ns":1,"cpu_ms":1.0,"gpu_ms":null,"depth":0,"error":false}}\n'
+    for batch in range(3):  # over several reads, as a rank would append them
+        with path.open("a") as file:
+            file.write("".join(line.format(batch * 1000 + i) for i in range(1000)))
+        assert tail.read(path)
+    assert len(tail.steps[0].phases) == PHASES_KEPT
+    assert "forward" in tail.steps[0].phases  # the rank's own, read first, stay
 
 
 def test_records_from_before_this_process_started_and_an_earlier_attempt_are_not_read(

@@ -21,6 +21,7 @@ from ..timing._record import STEP_PHASE
 
 __all__ = [
     "KEPT_STEPS",
+    "PHASES_KEPT",
     "TAIL_BYTES",
     "StepTimes",
     "TimingTail",
@@ -32,6 +33,8 @@ TAIL_BYTES = 256 * 1024
 A rank writes about 150 bytes a phase and a step, so this holds hundreds of steps."""
 KEPT_STEPS = 32
 """Sampled steps kept per rank: the figures are about the latest few."""
+PHASES_KEPT = 256
+"""Phase names kept per step: a file that makes up new ones cannot grow the view."""
 _FOREVER_MS = 1e12  # 30 years: a longer phase is no measurement
 HEARTBEAT_BYTES = 256 * 1024
 """A heartbeat is a few hundred bytes (its open phases); a bigger file is not one."""
@@ -129,7 +132,7 @@ class TimingTail:
                 times.step_ms = ms
             elif phase in times.phases:
                 times.phases[phase] = (kind, times.phases[phase][1] + ms)
-            else:
+            elif len(times.phases) < PHASES_KEPT:
                 times.phases[phase] = (kind, ms)
         self.skipped += text.count("\n") - taken
 
