@@ -141,7 +141,10 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
             self._fault("on_train_begin", exc)
             return
         if state.is_world_process_zero:
-            self._log_first()
+            try:
+                self._log_first()
+            except Exception as exc:
+                self._figures_fault("placing the callback ahead of the Trainer's loggers", exc)
             self._figures()  # starts the reader: the figures are fresh by the first log
 
     def on_log(
@@ -215,8 +218,8 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
         one of them gets the figures on_log adds.
 
         A callback's events are not given the Trainer's CallbackHandler: it is found up
-        the stack, as the `self` of the frame that calls this event (call_event in
-        transformers/trainer_callback.py), whose `callbacks` list holds this callback.
+        the stack, as the `self` of the frame that calls this event (transformers'
+        `CallbackHandler.call_event`), whose `callbacks` list holds this callback.
         """
         frame: FrameType | None = sys._getframe(1)
         for _ in range(_FRAMES_UP):
