@@ -243,8 +243,11 @@ SLOW_RANK = 2
 
 def slow_rank_job(rank: int, world_size: int, run_dir: str, out: str) -> None:
     """Every rank computes 5 ms and all-reduces; rank SLOW_RANK computes 60 ms, so the
-    others wait for it in the all-reduce. Rank 0 writes what metrics() said to `out`."""
+    others wait for it in the all-reduce. Rank 0 writes what metrics() said to `out`.
+    The ranks start apart, as the ranks of a launch may: rank 3 has begun its first step
+    before rank 0 begins its attempt, and ranks 1 and 2 begin theirs after."""
     x = torch.ones(4)
+    time.sleep({0: 0.5, 1: 0.8, 2: 0.8, 3: 0.0}[rank])
     with rankscope.Profiler(_config(run_dir)) as prof:
         if rank == 0:
             prof.metrics()

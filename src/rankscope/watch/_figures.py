@@ -28,7 +28,7 @@ __all__ = [
 
 PREFIX = "rankscope/"
 COMPARED_STEPS = 8
-"""Ranks are compared on the latest this many sampled steps they all have."""
+"""Ranks are compared on the latest this many sampled steps that most of them have."""
 FINDING_SHARE = 0.05
 """A straggler finding costs at least this share of the median step; less is noise."""
 MAX_PHASES = 64
@@ -135,7 +135,7 @@ def _straggler(phases: Mapping[int, Mapping[str, list[float]]], median_step: flo
 def health_figures(beats: Iterable[Mapping[str, Any]], now_ns: int, since_ns: int) -> Figures:
     """How many ranks are in a stall (their watchdog's hang), and how many went stale.
 
-    A heartbeat last written before `since_ns` (this process's start) is an earlier
+    A heartbeat last written before `since_ns` (about this launch's start) is an earlier
     start's, left in the directory: it is not counted.
     """
     hung = stale = seen = 0

@@ -34,6 +34,12 @@ PACE = 40
 """Between two reads the thread waits at least this many times as long as the last read
 took, so it takes at most 1/PACE of a core: a read of 1024 ranks' files takes about
 0.1 s with the timer's defaults, 0.35 s timing every step (bench/live_figures.py)."""
+LAUNCH_SKEW_NS = 600 * 10**9
+"""How long before this process another rank of the same launch may have started (and
+timed its first phases: another rank's first step can begin before this one asked for
+its attempt). Records and heartbeats older than this process's start less this are an
+earlier start's. An earlier start's records newer than that are read until the rank's
+first write of this start, whose attempt line sets them aside (watch/_tails.py)."""
 _STOP_TIMEOUT_S = 5.0
 
 
@@ -45,7 +51,8 @@ class PeerView:
         self._rank = rank_info.rank
         self._world = rank_info.world_size
         self._refresh_s = refresh_s
-        self._since_ns = current_attempt().started_ns  # earlier starts' records are not read
+        # What began before is an earlier start's, left in the files, and is not read.
+        self._since_ns = current_attempt().started_ns - LAUNCH_SKEW_NS
         self._tails: dict[int, TimingTail] = {}
         self._saw_timings = False
         self._said_torn = False

@@ -54,8 +54,8 @@ class StepTimes:
 class TimingTail:
     """Follows one rank's timings file: each `read()` takes in what was appended since.
 
-    Records count from `since_ns` (epoch ns, this process's start): those that began
-    earlier are an earlier start's, still in the file. A new attempt line (the rank's
+    Records count from `since_ns` (epoch ns, about this launch's start): those that
+    began earlier are an earlier start's, still in the file. A new attempt line (the rank's
     process started again) forgets the rank's earlier steps.
     """
 
