@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .timing import PhaseTimer
     from .timing._record import Span
     from .watch import Pulse, Watchdog
+    from .watch._peers import PeerView
 
 __all__ = ["Profiler", "annotate", "current"]
 
@@ -62,6 +63,8 @@ class Profiler:
     can be holds a capture, idle until asked. A rank that neither times, nor traces, nor
     can be asked holds no torch object; its step() and phase() cost an attribute check.
     """
+
+    _peers: PeerView | None = None  # metrics()'s reader, from its first call to stop()
 
     def __init__(
         self,
@@ -230,6 +233,9 @@ class Profiler:
         _STARTED.discard(self)
         memory = self._recorder
         watchdog = self._watchdog
+        peers, self._peers = self._peers, None
+        if peers is not None:
+            peers.stop()
         capture, timer = self._detach()
         if timer is not None:
             timer.stop()
@@ -267,6 +273,7 @@ class Profiler:
         nothing, and its exit does not stop the parent's profiler.
         """
         watchdog = self._watchdog
+        self._peers = None  # its thread is the parent's
         _, timer = self._detach()
         if timer is not None:
             timer.forget_after_fork()
@@ -305,6 +312,20 @@ class Profiler:
             if reason is not None:
                 out.append(f"{part}: {reason}")
         return out
+
+    def metrics(self) -> dict[str, float]:
+        """rankscope's figures for any logger (`rankscope/...`, docs/timer.md); a call copies
+        a dict that a background reader of the run directory keeps fresh, started by the
+        first call. {} before start(), after stop(), and where the timer is off."""
+        peers = self._peers
+        if peers is None:
+            if self._state != "started" or not self.config.timer.enable:
+                return {}
+            from .watch._peers import PeerView
+
+            peers = self._peers = PeerView(str(self.config.output_dir), self.rank_info)
+            peers.start()
+        return peers.metrics()
 
     def last_summary(self) -> dict[str, Any] | None:
         """The kernel (or CPU op) summary of the latest finished window, as plain JSON data."""

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
         ("timer_overhead.py", ["--quick"], "timer every 10 steps:"),
         ("trigger_check.py", ["--quick"], "trigger check (default interval) vs unsampled timer"),
         ("analysis.py", ["--quick", "--no-hta"], "rankscope stragglers --json, end to end:"),
+        ("live_figures.py", ["--quick", "--ranks", "64"], "metrics() vs a dict copy:"),
     ],
 )
 def test_benchmark_runs(script: str, args: list[str], expect: str) -> None:

@@ -91,6 +91,7 @@ class CallbackRun:
         self._environ = environ
         self._phase: AbstractContextManager[Any] | None = None  # the phase a hook opened
         self._at_exit: Callable[[], None] | None = None
+        self._figures_off = False  # a fault turned rankscope's figures in the logs off
 
     def _open(self, name: str, kind: str = "compute") -> None:
         """Close the phase that is open (if any) and enter `name`."""
@@ -122,6 +123,33 @@ class CallbackRun:
         finally:
             if profiler is not None:
                 profiler.stop()
+
+    def _figures(self) -> dict[str, float]:
+        """The run's figures for the trainer's logs (`Profiler.metrics()`); {} once a
+        fault turned them off. The first call starts the reader of the run directory."""
+        run = self._run
+        if run is None or self._figures_off:
+            return {}
+        try:
+            return run.metrics()
+        except Exception as exc:
+            self._figures_fault("reading rankscope's figures", exc)
+            return {}
+
+    def _figures_fault(self, doing: str, exc: BaseException) -> None:
+        """Warn once and leave the figures out of the logs from now on; profiling and
+        training go on."""
+        if self._figures_off:
+            return
+        self._figures_off = True
+        logger.warning(
+            "rankscope: %s failed on rank %s (%s: %s); rankscope's figures are left out of "
+            "the trainer's logs for the rest of this run, profiling and training go on",
+            doing,
+            self.profiler.rank if self.profiler is not None else "?",
+            type(exc).__name__,
+            exc,
+        )
 
     def _fault(self, where: str, exc: BaseException) -> None:
         """Log once and turn the integration off for the rest of this run; training goes on."""

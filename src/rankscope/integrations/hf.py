@@ -22,6 +22,13 @@ events of transformers' Trainer (>= 4.45; checked against 5.23):
   backward), then gradient clipping and the gradient norm.
 - ``optimizer``: ``on_pre_optimizer_step`` to ``on_optimizer_step``: ``optimizer.step()``.
 
+rankscope's figures (``rankscope/...``, docs/timer.md) join the logs the Trainer sends at
+its logging steps, on its process 0 (the one whose logs its integrations send): every
+``report_to`` integration gets them, and ``trainer.state.log_history`` holds them.
+``on_log`` adds them to the logs dict that the Trainer then hands each callback in turn,
+so the callback places itself, when training begins, ahead of the callbacks that handle
+logs (the ``report_to`` integrations come first in the Trainer's list otherwise).
+
 TrainerCallback has no event for an exception. A run that ends with one is finished by
 the next ``train()`` of the same callback, by `RankscopeCallback.close()`, or at
 interpreter exit, whichever comes first: the interrupted phase is recorded with
@@ -33,7 +40,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import Any
 
 try:
@@ -63,6 +72,8 @@ logger = logging.getLogger(__name__)
 _BETWEEN_STEPS = "between_steps"
 _FORWARD_BACKWARD = "forward_backward"
 _OPTIMIZER = "optimizer"
+_FRAMES_UP = 4  # _log_first is called two frames below call_event
+_NO_LOG = TrainerCallback.on_log
 
 
 # TrainerCallback is Any to mypy (transformers is not followed); subclassing it is the point.
@@ -128,6 +139,34 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
             self._open(_BETWEEN_STEPS, "data")
         except Exception as exc:
             self._fault("on_train_begin", exc)
+            return
+        if state.is_world_process_zero:
+            try:
+                self._log_first()
+            except Exception as exc:
+                self._figures_fault("placing the callback ahead of the Trainer's loggers", exc)
+            self._figures()  # starts the reader: the figures are fresh by the first log
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        """Add rankscope's figures to a training log on the Trainer's process 0."""
+        if self._run is None or logs is None or not state.is_world_process_zero:
+            return
+        if any(key.startswith(("eval_", "test_")) for key in logs):
+            return  # an evaluation's log: the figures belong to training's
+        figures = self._figures()
+        if not figures:
+            return
+        try:
+            # The Trainer appended a copy of the logs to log_history before this event.
+            history = state.log_history
+            entry = history[-1] if history and set(logs) <= set(history[-1]) else None
+            logs.update(figures)
+            if entry is not None:
+                entry.update(figures)
+        except Exception as exc:
+            self._figures_fault("adding rankscope's figures to the Trainer's logs", exc)
 
     @guarded
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -173,6 +212,36 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
         self.close()
 
     # -- inside ------------------------------------------------------------------------
+
+    def _log_first(self) -> None:
+        """Move this callback ahead of the first callback that handles logs, so that every
+        one of them gets the figures on_log adds.
+
+        A callback's events are not given the Trainer's CallbackHandler: it is found up
+        the stack, as the `self` of the frame that calls this event (transformers'
+        `CallbackHandler.call_event`), whose `callbacks` list holds this callback.
+        """
+        frame: FrameType | None = sys._getframe(1)
+        for _ in range(_FRAMES_UP):
+            if frame is None:
+                break
+            callbacks = getattr(frame.f_locals.get("self"), "callbacks", None)
+            if isinstance(callbacks, list) and any(c is self for c in callbacks):
+                mine = next(i for i, c in enumerate(callbacks) if c is self)
+                first = next(
+                    (i for i, c in enumerate(callbacks) if type(c).on_log is not _NO_LOG), mine
+                )
+                if first < mine:
+                    # call_event iterates this list now: moving back an element it passed
+                    # makes it neither skip a callback nor call one twice.
+                    callbacks.insert(first, callbacks.pop(mine))
+                return
+            frame = frame.f_back
+        logger.warning(
+            "rankscope: the Trainer's callback list was not found, so rankscope's figures "
+            "reach only the callbacks after RankscopeCallback in it (add it with "
+            "Trainer(callbacks=[...]) or trainer.add_callback())"
+        )
 
     def _close_at_exit(self, pid: int) -> Callable[[], None]:
         def close() -> None:

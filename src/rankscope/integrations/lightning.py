@@ -30,6 +30,11 @@ A hook opens its phase after closing any phase still open, so a phase whose clos
 never fires (manual optimization, ``on_train_batch_start`` returning -1) ends at the next
 phase's hook, at ``on_train_epoch_end``, or when the run ends; phases never nest.
 
+rankscope's figures (``rankscope/...``, docs/timer.md) go to the Trainer's loggers every
+``log_every_n_steps`` optimizer steps, from global rank 0 (where Lightning's loggers
+write), at the step ``trainer.global_step``. A logger that raises on them is warned about
+once, and the figures are left out from then on; training goes on.
+
 Under ``ddp_spawn`` Lightning calls ``on_exception`` in the launching process only; a
 worker that raises finishes its run at interpreter exit instead (the interrupted phase is
 recorded with ``"error": true``, an open trace window is saved).
@@ -135,6 +140,9 @@ class RankscopeCallback(Callback, CallbackRun):  # type: ignore[misc]
             atexit.register(self._at_exit)  # registered after the Profiler's own: runs first
         except Exception as exc:
             self._fault("on_train_start", exc)
+            return
+        if trainer.is_global_zero:
+            self._figures()  # starts the reader: the figures are fresh by the first log
 
     @guarded
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -200,6 +208,8 @@ class RankscopeCallback(Callback, CallbackRun):  # type: ignore[misc]
         if global_step != self._global_step and self._run is not None:
             self._global_step = global_step
             self._run.step()
+            if trainer.is_global_zero and global_step % trainer.log_every_n_steps == 0:
+                self._log_figures(trainer, global_step)
 
     @guarded
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -215,6 +225,17 @@ class RankscopeCallback(Callback, CallbackRun):  # type: ignore[misc]
         self._close()
 
     # -- inside ------------------------------------------------------------------------
+
+    def _log_figures(self, trainer: Trainer, step: int) -> None:
+        figures = self._figures()
+        if not figures:
+            return
+        for each in trainer.loggers:
+            try:
+                each.log_metrics(figures, step=step)
+            except Exception as exc:  # the user's logger: its fault must not end training
+                self._figures_fault(f"logging rankscope's figures to {type(each).__name__}", exc)
+                return
 
     def _close_at_exit(self, pid: int) -> Callable[[], None]:
         def close() -> None:
