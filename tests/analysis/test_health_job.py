@@ -47,7 +47,9 @@ def throttled_job(rank: int, world: int, run_dir: str) -> None:
             hotter = StandInGpu.throttling()
             gpu.sm_mhz, gpu.throttle, gpu.temp_c = hotter.sm_mhz, hotter.throttle, hotter.temp_c
         span = timer.enter("forward", "compute", None, False)
-        time.sleep(0.012 if hot else 0.006)
+        # 30 ms, not 6: on a loaded 2-core machine, scheduler jitter made 6 ms steps before
+        # the throttle look slow and moved the onset 3 steps early
+        time.sleep(0.06 if hot else 0.03)
         assert span is not None
         timer.exit(span, False)
         span = timer.enter("allreduce", "comm", None, False)

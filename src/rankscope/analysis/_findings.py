@@ -75,7 +75,8 @@ class Cause:
     """Why a rank is slow (analysis/_cause.py): its class and the evidence, in words."""
 
     kind: str
-    """"data-driven", "partitioning", "persistent", "intermittent" or "unclear"."""
+    """"data-driven", "partitioning", "machine" (the GPU's own health: a throttled clock),
+    "persistent", "intermittent" or "unclear"."""
     text: str
     could_be: tuple[str, ...] = ()
     """Where the evidence does not tell them apart: the classes that fit."""
