@@ -244,7 +244,7 @@ def _partition(
             value, ranks = member
             return Cause(
                 "partitioning",
-                f"partitioning: ranks {format_ranks(sorted(ranks & slow))} are slow together "
+                f"partitioning: {format_ranks(sorted(ranks & slow))} are slow together "
                 f"in {f.phase}, the ranks with {name}={value}: the work that group is given "
                 "(e.g. the last pipeline stage), not one machine",
             )
@@ -254,7 +254,7 @@ def _partition(
     host, ranks = member
     return Cause(
         "unclear",
-        f"ranks {format_ranks(sorted(ranks & slow))} are slow together in {f.phase}, every "
+        f"{format_ranks(sorted(ranks & slow))} are slow together in {f.phase}, every "
         f"rank of host {host}: the machine, or how the work is split across hosts; the "
         "timings do not tell them apart (name the ranks' parallel groups, "
         "Profiler(groups=...), to check the split)",

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._findings import Cost, HostCost, StragglerFinding, StragglerReport
+from ._groups import SlowGroup
 from ._imbalance import balanced, imbalance_cells
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 
@@ -59,6 +60,8 @@ class Costs:
     notes: list[str]
     imbalance: list[Cost | None]
     """One per `report.imbalance`: every rank of the phase made like the others."""
+    groups: list[Cost | None]
+    """One per `report.groups`: every slow finding of the group's ranks in its phase."""
 
 
 def estimate_costs(
@@ -145,7 +148,20 @@ def estimate_costs(
             price.cost(cells, i.since_step) if _in_model(model, cells) else None
             for i, cells in zip(report.imbalance, uneven, strict=True)
         ],
+        groups=[_group_cost(price, report, fixes, g) for g in report.groups],
     )
+
+
+def _group_cost(
+    price: _Pricing, report: StragglerReport, fixes: list[set[Cell]], group: SlowGroup
+) -> Cost | None:
+    cells = {
+        cell
+        for f, fix in zip(report.findings, fixes, strict=True)
+        if f.role == "slow" and f.phase == group.phase and f.rank in group.slow
+        for cell in fix
+    }
+    return price.cost(cells, group.since_step) if cells else None
 
 
 def _in_model(model: _StepModel, cells: set[Cell]) -> bool:

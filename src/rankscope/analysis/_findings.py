@@ -19,6 +19,7 @@ from .render._format import SENTENCE, finite, hours_text
 
 if TYPE_CHECKING:
     from ._evidence import Evidence
+    from ._groups import SlowGroup
     from ._imbalance import Imbalance
 
 __all__ = [
@@ -208,6 +209,8 @@ class StragglerReport:
     measured): how far to trust the costs."""
     imbalance: list[Imbalance] = field(default_factory=list)
     """Phases whose slowest rank changes from step to step (analysis/_imbalance.py)."""
+    groups: list[SlowGroup] = field(default_factory=list)
+    """Parallel groups slow together in a phase (analysis/_groups.py)."""
 
     @property
     def clock(self) -> str:
@@ -237,6 +240,7 @@ class StragglerReport:
             "model_step_ms": self.model_step_ms,
             "notes": self.notes,
             "imbalance": [i.to_dict() for i in self.imbalance],
+            "groups": [g.to_dict() for g in self.groups],
         }
         if table:
             # Strict JSON: a ratio with no step to compare (a phase one rank alone has) is null.
@@ -276,6 +280,11 @@ def sentences(report: StragglerReport) -> list[str]:
             f"{n} sampled step{'' if n == 1 else 's'} are too few to find a straggler: "
             f"it takes {FEWEST_STEPS} or more"
         )
+    for group in report.groups:
+        out.append(group.sentence(report.steps[0]))
+        if group.cost is not None:
+            what = f"fixing {group.name} in {group.phase}"
+            out.append(cost_text(group.cost.to_dict(), what))
     for f in report.findings:
         if f.role != "slow":
             continue

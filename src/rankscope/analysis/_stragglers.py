@@ -43,6 +43,8 @@ from ._findings import (
     rounded,
     sentences,
 )
+from ._groups import slow_groups
+from ._groups import with_costs as groups_with_costs
 from ._imbalance import find_imbalance, with_costs
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ._options import StragglerOptions
@@ -242,9 +244,11 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         floor=floor,
         values=values,
     )
+    report.groups = slow_groups(report.findings, m.ranks, groups)
     if report.findings or report.imbalance:
         costs = estimate_costs(timeline, report, hosts, gpus)
         report.imbalance = with_costs(report.imbalance, costs.imbalance)
+        report.groups = groups_with_costs(report.groups, costs.groups)
         slow = {f.phase for f in report.findings if f.role == "slow"}
         known = values(slow) if values is not None and slow else None
         causes = causes_of(

@@ -13,7 +13,7 @@ import io
 import json
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,7 @@ def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
     write_meta: bool = True,
     only_ranks: Iterable[int] | None = None,
     uneven: Uneven | None = None,
+    groups: Callable[[int], dict[str, int | str]] | None = None,
 ) -> Path:
     """Simulate `steps` sampled steps of a `ranks`-rank job and write its timings.
 
@@ -131,7 +132,8 @@ def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
     unaffected. `resume_lag_ms` makes ranks leave a collective late by up to that much,
     as processes on an oversubscribed CPU do, woken one after another: in one order
     that holds at every step (`resume_in_order`), or in a new order each time. `uneven`
-    loads the ranks unevenly from step to step (CPU runs only).
+    loads the ranks unevenly from step to step (CPU runs only). `groups(rank)` gives
+    the parallel groups each rank's meta names (`Profiler(groups=...)`).
     """
     root = Path(run_dir)
     rng = random.Random(seed)
@@ -161,7 +163,7 @@ def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
                 fh.close()
         if write_meta:
             for rank in sorted(writing):
-                _write_meta(root, rank, ranks, ranks_per_host, device="cuda:0")
+                _write_meta(root, rank, ranks, ranks_per_host, "cuda:0", groups)
         return root
     try:
         clock = [_EPOCH_NS + rng.randrange(10**6) for _ in range(ranks)]  # ns; ranks start apart
@@ -222,7 +224,7 @@ def write_timings(  # noqa: PLR0915 - one simulation, read top to bottom
             fh.close()
     if write_meta:
         for rank in sorted(writing):
-            _write_meta(root, rank, ranks, ranks_per_host)
+            _write_meta(root, rank, ranks, ranks_per_host, None, groups)
     return root
 
 
@@ -318,8 +320,13 @@ class _GpuJob:
         return lines
 
 
-def _write_meta(
-    root: Path, rank: int, world_size: int, ranks_per_host: int, device: str | None = None
+def _write_meta(  # noqa: PLR0917 - the run's settings, each passed once
+    root: Path,
+    rank: int,
+    world_size: int,
+    ranks_per_host: int,
+    device: str | None = None,
+    groups: Callable[[int], dict[str, int | str]] | None = None,
 ) -> None:
     path = meta_path(root, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -335,6 +342,8 @@ def _write_meta(
     }
     if device is not None:
         data["device"] = device
+    if groups is not None:
+        data["groups"] = groups(rank)
     path.write_text(json.dumps(data), encoding="utf-8")
 
 

@@ -1,0 +1,123 @@
+"""A parallel group slow as one: a pipeline stage, a tensor-parallel group, a host's ranks.
+
+Where ranks name their parallel groups (`Profiler(groups={"pipeline_stage": 3})`, kept in
+the meta files), ranks slow together in one group are one finding: fixing one rank of a
+slow stage leaves its stage-mates the slowest there, so each of them alone saves next to
+nothing, and only the group fixed as a whole says what the stage costs. A group is slow
+in a phase when `GROUP_SHARE` of its ranks or more (two at least) have a slow finding
+there, and it is not every rank of the run. Its price is the step model's for every
+member's slow finding in the phase fixed at once (analysis/_cost.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .._text import format_ranks
+from ._findings import Cost, StragglerFinding, ratio_text
+
+__all__ = ["GROUP_SHARE", "SlowGroup", "slow_groups"]
+
+GROUP_SHARE = 0.75
+"""A group is slow together when this share of its ranks, or more, are slow there."""
+
+
+@dataclass(frozen=True)
+class SlowGroup:
+    """One parallel group whose ranks are slow together in one phase."""
+
+    field: str
+    """The group's name as the ranks gave it ("pipeline_stage")."""
+    value: int | str
+    ranks: tuple[int, ...]
+    """Every rank of the group (the slow ones and any that are not)."""
+    slow: tuple[int, ...]
+    """Its ranks with a slow finding in the phase."""
+    phase: str
+    ratio: float
+    """The median of its slow ranks' median ratios (against the median rank)."""
+    since_step: int
+    cost: Cost | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.field}={self.value}"
+
+    def sentence(self, first_step: int) -> str:
+        since = "" if self.since_step == first_step else f" since step {self.since_step}"
+        which = format_ranks(self.ranks)
+        if self.slow != self.ranks:
+            which += f", {format_ranks(self.slow)} of them slow"
+        return (
+            f"{self.name} ({which}) is slow in {self.phase} as a group "
+            f"({ratio_text(self.ratio)} vs median{since}): its ranks are found one by one "
+            "below, and only fixing the group frees the step"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.name,
+            "field": self.field,
+            "value": self.value,
+            "ranks": list(self.ranks),
+            "slow": list(self.slow),
+            "phase": self.phase,
+            "ratio": self.ratio,
+            "since_step": self.since_step,
+            "cost": None if self.cost is None else self.cost.to_dict(),
+        }
+
+
+def slow_groups(
+    findings: list[StragglerFinding],
+    ranks: list[int],
+    groups: Mapping[int, Mapping[str, object]] | None,
+) -> list[SlowGroup]:
+    """The groups of `groups` (rank -> its named groups) slow together in a phase of
+    `findings`; one group per set of ranks and phase (the first name, sorted, where two
+    names hold the same ranks)."""
+    if not groups:
+        return []
+    slow_in: dict[str, dict[int, StragglerFinding]] = {}
+    for f in findings:
+        if f.role == "slow":
+            slow_in.setdefault(f.phase, {}).setdefault(f.rank, f)
+    present = set(ranks)
+    members: dict[tuple[str, int | str], list[int]] = {}
+    for rank, named in groups.items():
+        if rank not in present:
+            continue
+        for field, value in named.items():
+            if isinstance(value, int | str) and not isinstance(value, bool):
+                members.setdefault((str(field), value), []).append(rank)
+    out: list[SlowGroup] = []
+    said: set[tuple[tuple[int, ...], str]] = set()
+    for (field, value), held in sorted(members.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        group = tuple(sorted(held))
+        if len(group) < 2 or len(group) >= len(present):
+            continue
+        for phase, slow in sorted(slow_in.items()):
+            hit = [slow[r] for r in group if r in slow]
+            if len(hit) < 2 or len(hit) < GROUP_SHARE * len(group) or (group, phase) in said:
+                continue
+            said.add((group, phase))
+            out.append(
+                SlowGroup(
+                    field=field,
+                    value=value,
+                    ranks=group,
+                    slow=tuple(f.rank for f in hit),
+                    phase=phase,
+                    ratio=round(float(np.median([f.median_ratio for f in hit])), 4),
+                    since_step=min(f.since_step for f in hit),
+                )
+            )
+    return out
+
+
+def with_costs(found: list[SlowGroup], costs: list[Cost | None]) -> list[SlowGroup]:
+    return [replace(g, cost=c) for g, c in zip(found, costs, strict=True)]

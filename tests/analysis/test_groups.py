@@ -1,0 +1,64 @@
+"""A parallel group slow as one finding with its own price (analysis/_groups.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
+from rankscope.testing._synthetic import Slowdown, write_timings
+
+
+def _stage(rank: int) -> dict[str, int | str]:
+    return {"pipeline_stage": rank // 2, "dp": rank % 2}
+
+
+def _step_ms(run: Path) -> float:
+    m = phase_matrices(read_timings(run))
+    return float(np.nanmean(np.nanmedian(m.ms[m.index("step")], axis=0)))
+
+
+def test_a_slow_stage_is_one_finding_priced_as_a_whole(tmp_path: Path) -> None:
+    slow = [Slowdown(6, "forward", 1.0), Slowdown(7, "forward", 1.0)]
+    write_timings(tmp_path / "slow", ranks=8, steps=40, slowdowns=slow, groups=_stage)
+    write_timings(tmp_path / "even", ranks=8, steps=40, groups=_stage)  # same seed, same noise
+    report = analyse_stragglers(tmp_path / "slow").report
+    (group,) = report.groups
+    assert (group.name, group.ranks, group.slow, group.phase) == (
+        "pipeline_stage=3",
+        (6, 7),
+        (6, 7),
+        "forward",
+    )
+    assert 1.8 < group.ratio < 2.2
+    assert group.cost is not None
+    truth = _step_ms(tmp_path / "slow") - _step_ms(tmp_path / "even")
+    assert group.cost.step_ms_saved == pytest.approx(truth, rel=0.15)
+    # Each rank alone frees little: its stage-mate stays the slowest there.
+    each = [f.cost.step_ms_saved for f in report.findings if f.role == "slow" and f.cost]
+    assert len(each) == 2 and all(e < 0.2 * group.cost.step_ms_saved for e in each)
+    assert report.cost is not None and report.cost.step_ms_saved >= group.cost.step_ms_saved
+    said = report.to_dict()
+    assert said["summary"][0].startswith("pipeline_stage=3 (ranks 6, 7) is slow in forward")
+    assert said["summary"][1].startswith("fixing pipeline_stage=3 in forward saves")
+    assert said["groups"][0]["cost"]["step_ms_saved"] == group.cost.step_ms_saved
+    why = [f.cause.text for f in report.findings if f.cause is not None]
+    assert why and all(t.startswith("partitioning: ranks 6, 7 are slow") for t in why)
+
+
+def test_one_slow_rank_of_a_group_stays_a_rank_finding(tmp_path: Path) -> None:
+    write_timings(
+        tmp_path, ranks=8, steps=40, slowdowns=[Slowdown(6, "forward", 1.0)], groups=_stage
+    )
+    report = analyse_stragglers(tmp_path).report
+    assert report.groups == []
+    assert [(f.rank, f.phase) for f in report.findings if f.role == "slow"] == [(6, "forward")]
+
+
+def test_without_named_groups_there_is_no_group_finding(tmp_path: Path) -> None:
+    slow = [Slowdown(6, "forward", 1.0), Slowdown(7, "forward", 1.0)]
+    write_timings(tmp_path, ranks=8, steps=40, slowdowns=slow)
+    report = analyse_stragglers(tmp_path).report
+    assert report.groups == [] and len([f for f in report.findings if f.role == "slow"]) == 2
