@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
-from rankscope.testing._synthetic import Slowdown, write_timings
+from rankscope.analysis import analyse_stragglers, build_report, phase_matrices, read_timings
+from rankscope.analysis.render._html import render_html
+from rankscope.testing._synthetic import Slowdown, Uneven, write_timings
 
 
 def _stage(rank: int) -> dict[str, int | str]:
@@ -62,3 +64,17 @@ def test_without_named_groups_there_is_no_group_finding(tmp_path: Path) -> None:
     write_timings(tmp_path, ranks=8, steps=40, slowdowns=slow)
     report = analyse_stragglers(tmp_path).report
     assert report.groups == [] and len([f for f in report.findings if f.role == "slow"]) == 2
+
+
+def test_the_report_page_shows_a_slow_group_and_uneven_data_with_their_prices(
+    tmp_path: Path,
+) -> None:
+    slow = [Slowdown(6, "forward", 1.0), Slowdown(7, "forward", 1.0)]
+    uneven = Uneven(phases=("optimizer",), spread=1.0)
+    write_timings(tmp_path, ranks=8, steps=40, slowdowns=slow, groups=_stage, uneven=uneven)
+    page = render_html(build_report(tmp_path))
+    said = re.findall(r"<li>([^<]*)</li>", page)
+    assert any(s.startswith("pipeline_stage=3 (ranks 6, 7) is slow in forward") for s in said)
+    assert any(s.startswith("fixing pipeline_stage=3 in forward saves") for s in said)
+    assert any(s.startswith("ranks are unevenly loaded in optimizer") for s in said), said
+    assert any(s.startswith("balancing optimizer across ranks saves") for s in said)
