@@ -238,6 +238,7 @@ class StragglerReport:
             "cost": None if self.cost is None else self.cost.to_dict(),
             "host_costs": [h.to_dict() for h in self.host_costs],
             "model_step_ms": self.model_step_ms,
+            "model_fit": model_fit(self),
             "notes": self.notes,
             "imbalance": [i.to_dict() for i in self.imbalance],
             "groups": [g.to_dict() for g in self.groups],
@@ -280,6 +281,7 @@ def sentences(report: StragglerReport) -> list[str]:
             f"{n} sampled step{'' if n == 1 else 's'} are too few to find a straggler: "
             f"it takes {FEWEST_STEPS} or more"
         )
+    fit = model_fit(report)
     for group in report.groups:
         out.append(group.sentence(report.steps[0]))
         if group.cost is not None:
@@ -336,7 +338,24 @@ def sentences(report: StragglerReport) -> list[str]:
             what = f"balancing {uneven.phase} across ranks"
             out.append(cost_text(uneven.cost.to_dict(), what))
         out.append(f"why {uneven.phase} is uneven: {uneven.cause.text}")
+    if fit is not None and abs(fit - 1) > ROUGH_FIT and report.cost is not None:
+        out.append(
+            f"the cost model gives a {SENTENCE.ms_text(report.model_step_ms)} step against "
+            f"{SENTENCE.ms_text(report.cost.step_ms)} measured ({fit:.2f}x): the savings it "
+            "prices are rough here (docs/analysis.md, Cost, says what the model cannot see)"
+        )
     return out
+
+
+ROUGH_FIT = 0.15
+"""The cost model's step further than this share from the measured step: its savings are rough."""
+
+
+def model_fit(report: StragglerReport) -> float | None:
+    """The cost model's step over the measured one, over the same steps (None without costs)."""
+    if report.cost is None or report.model_step_ms is None or report.cost.step_ms <= 0:
+        return None
+    return round(report.model_step_ms / report.cost.step_ms, 4)
 
 
 def _too_few(rows: list[Undecided]) -> str:

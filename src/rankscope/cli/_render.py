@@ -179,14 +179,6 @@ def _costs(strag: dict[str, Any]) -> None:
         return
     for line in cost_lines(strag.get("findings", []), strag["cost"], strag.get("host_costs", [])):
         _sentence(line)
-    model, measured = strag.get("model_step_ms"), strag["cost"].get("step_ms")
-    if model and measured and abs(model - measured) > 0.25 * measured:
-        _sentence(
-            f"note: the cost model gives a {SENTENCE.ms_text(model)} step against "
-            f"{SENTENCE.ms_text(measured)} measured: the estimates are rough here "
-            "(see docs/analysis.md, Cost)",
-            style="yellow",
-        )
 
 
 def _sentences(summary: list[str], threshold: float, persistence: float) -> None:
