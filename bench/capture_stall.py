@@ -63,6 +63,8 @@ class Sizes:
 
 FULL = Sizes(ops=8000, reps=3, baseline_steps=15, idle_steps=10, max_overlap_steps=600)
 QUICK = Sizes(ops=1500, reps=1, baseline_steps=5, idle_steps=3, max_overlap_steps=600)
+SMOKE = Sizes(ops=400, reps=1, baseline_steps=3, idle_steps=2, max_overlap_steps=600)
+"""--quick on a CPU: the tests' smoke run (make test-gpu's --quick on a GPU keeps QUICK)."""
 WARM_STEPS = 3
 
 
@@ -322,7 +324,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small run, to smoke-test")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
-    sizes = QUICK if args.quick else FULL
+    sizes = FULL if not args.quick else QUICK if args.device == "cuda" else SMOKE
     torch.set_num_threads(1)
     if args.device == "cuda":
         _ACTIVITIES.append(torch.profiler.ProfilerActivity.CUDA)

@@ -71,7 +71,8 @@ def _stand_in(device: str) -> CountingClock | None:
 
 
 def micro(run_dir: Path, quick: bool, device: str) -> tuple[dict[str, float], CountingClock | None]:
-    number, repeat = (20_000, 3) if quick else (200_000, 7)
+    # --quick on a CPU is the tests' smoke run; make test-gpu's --quick on a GPU measures.
+    number, repeat = (200_000, 7) if not quick else (20_000, 3) if device == "cuda" else (5_000, 3)
     disabled = _profiler(run_dir / "disabled", None)
     unsampled = _profiler(run_dir / "unsampled", 10**9)
     # flushed apart, below
@@ -174,7 +175,7 @@ def macro(run_dir: Path, quick: bool, device: str) -> dict[str, list[float]]:
             prof.start()
     for _ in range(10):  # warm up allocator and caches
         loop.step(None)
-    rounds = 30 if quick else 1500
+    rounds = 1500 if not quick else 30 if device == "cuda" else 10
     times: dict[str, list[float]] = {name: [] for name in variants}
     rng = random.Random(0)
     names = list(variants)
