@@ -109,6 +109,7 @@ def test_mlflow_gets_the_figures_in_its_local_file_store(
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "rankscope")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.x: the file store is opt-in
     _train(tmp_path, ["mlflow"])
     client = mlflow.tracking.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("rankscope")
@@ -117,3 +118,21 @@ def test_mlflow_gets_the_figures_in_its_local_file_store(
     for name in ("loss", "rankscope/step_ms", "rankscope/phase_ms/forward_backward"):
         history = client.get_metric_history(run.info.run_id, name)
         assert sorted(m.step for m in history) == logged, name
+
+
+def test_wandb_offline_gets_the_figures_in_its_run_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wandb = pytest.importorskip("wandb")  # not in the dev extra: runs where it is installed
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_PROJECT", "rankscope")
+    _train(tmp_path, ["wandb"])
+    # The offline run's summary: the last value the Trainer's W&B integration logged of each.
+    assert wandb.run is not None
+    logged = dict(wandb.run.summary)
+    wandb.finish()
+    for name in ("step_ms", "sampled_steps", "phase_ms/forward_backward"):
+        assert logged[f"train/rankscope/{name}"] > 0, name
+    assert logged["train/global_step"] == STEPS
