@@ -386,7 +386,7 @@ def test_cost_lines_say_each_slow_finding_every_finding_and_each_host_once() -> 
         {"host": "node-1", "ranks": [2], "cost": _cost(10.0)},
         {"host": "node-2", "ranks": [5, 6], "cost": _cost(7.0)},
     ]
-    lines = cost_lines(findings, _cost(17.0), hosts)
+    lines = cost_lines({"findings": findings, "cost": _cost(17.0), "host_costs": hosts})
     # node-1's one slow finding is rank 2's, said above it: not again.
     assert [line.split(" saves")[0] for line in lines] == [
         "fixing rank 2 in forward",
@@ -398,11 +398,13 @@ def test_cost_lines_say_each_slow_finding_every_finding_and_each_host_once() -> 
     assert "(1.11x as fast)" in lines[0] and "GPU-" in lines[0]
     # One slow finding on one host, whose fixes differ in the last digit: said once.
     host = {"host": "node-1", "ranks": [2], "cost": _cost(10.0002)}
-    one = cost_lines([findings[0], findings[2]], _cost(10.0004), [host])
+    one = cost_lines(
+        {"findings": [findings[0], findings[2]], "cost": _cost(10.0004), "host_costs": [host]}
+    )
     assert [line.split(" saves")[0] for line in one] == ["fixing rank 2 in forward"]
     # More slow findings than the limit: the rest are counted.
     many = [{"rank": r, "phase": "forward", "role": "slow", "cost": _cost(1.0)} for r in range(8)]
-    lines = cost_lines(many, _cost(8.0), limit=5)
+    lines = cost_lines({"findings": many, "cost": _cost(8.0)}, limit=5)
     assert lines[5] == "... 3 more slow findings (--json has each one's cost)"
     assert lines[6].startswith("fixing every finding saves 8")
 
@@ -479,7 +481,7 @@ def test_fixing_every_finding_never_saves_less_than_fixing_one(tmp_path: Path) -
     assert found.cost.run_hours_saved >= max(f.cost.run_hours_saved for f in slow if f.cost)
     # The lines say over which steps a saving per step is taken.
     data = found.to_dict()
-    lines = cost_lines(data["findings"], data["cost"])
+    lines = cost_lines(data)
     assert all(" step since step 30 " in line for line in lines), lines
 
 
@@ -488,10 +490,10 @@ def test_findings_that_hide_each_other_are_said_to_save_more_together() -> None:
         {"rank": 3, "phase": "data", "role": "slow", "cost": _cost(15.0)},
         {"rank": 1, "phase": "forward", "role": "slow", "cost": _cost(0.5)},
     ]
-    together = cost_lines(findings, _cost(26.0))[-1]
+    together = cost_lines({"findings": findings, "cost": _cost(26.0)})[-1]
     assert together.startswith("fixing every finding saves 26")
     assert together.endswith("; more than the findings apart: each hides the other")
-    plain = cost_lines(findings, _cost(15.5))[-1]
+    plain = cost_lines({"findings": findings, "cost": _cost(15.5)})[-1]
     assert "more than the findings apart" not in plain
 
 

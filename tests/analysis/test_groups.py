@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rankscope.analysis import analyse_stragglers, build_report, phase_matrices, read_timings
+from rankscope.analysis._findings import cost_lines
 from rankscope.analysis.render._html import render_html
 from rankscope.testing._synthetic import Slowdown, Uneven, write_timings
 
@@ -43,8 +44,23 @@ def test_a_slow_stage_is_one_finding_priced_as_a_whole(tmp_path: Path) -> None:
     assert len(each) == 2 and all(e < 0.2 * group.cost.step_ms_saved for e in each)
     assert report.cost is not None and report.cost.step_ms_saved >= group.cost.step_ms_saved
     said = report.to_dict()
+    # The ranks that wait, wait for the group: its sentence names them, its cost is theirs.
     assert said["summary"][0].startswith("pipeline_stage=3 (ranks 6, 7) is slow in forward")
-    assert said["summary"][1].startswith("fixing pipeline_stage=3 in forward saves")
+    assert said["summary"][0].endswith("; ranks 0-5 wait for it in backward")
+    assert not any("wait" in line for line in said["summary"][1:])
+    waiting = [f for f in report.findings if f.role == "waits"]
+    assert waiting and all(f.cost_of is None and f.cost == group.cost for f in waiting)
+    lines = cost_lines(said)
+    assert lines[0].startswith("fixing pipeline_stage=3 in forward saves")
+    assert lines[0].endswith(
+        "ranks 0-5 in backward lose this time waiting for it: the same cost, not a second cause"
+    )
+    # Every finding and the one host that holds the group are that same fix: not again.
+    assert [line.split(" saves")[0] for line in lines] == [
+        "fixing pipeline_stage=3 in forward",
+        "fixing rank 7 in forward",
+        "fixing rank 6 in forward",
+    ]
     assert said["groups"][0]["cost"]["step_ms_saved"] == group.cost.step_ms_saved
     why = [f.cause.text for f in report.findings if f.cause is not None]
     assert why and all(t.startswith("partitioning: ranks 6, 7 are slow") for t in why)
@@ -75,6 +91,6 @@ def test_the_report_page_shows_a_slow_group_and_uneven_data_with_their_prices(
     page = render_html(build_report(tmp_path))
     said = re.findall(r"<li>([^<]*)</li>", page)
     assert any(s.startswith("pipeline_stage=3 (ranks 6, 7) is slow in forward") for s in said)
-    assert any(s.startswith("fixing pipeline_stage=3 in forward saves") for s in said)
+    assert any(s.startswith("fixing pipeline_stage=3 in forward saves") for s in said), said
     assert any(s.startswith("ranks are unevenly loaded in optimizer") for s in said), said
-    assert any(s.startswith("balancing optimizer across ranks saves") for s in said)
+    assert any(s.startswith("balancing optimizer across ranks saves") for s in said), said

@@ -137,6 +137,13 @@ def estimate_costs(
             ranks = tuple(sorted({report.findings[i].rank for i in indices}))
             host_costs.append(HostCost(host, ranks, price.cost(cells, began)))
         host_costs.sort(key=lambda h: -h.cost.step_ms_saved)
+    group_costs = [_group_cost(price, report, fixes, g) for g in report.groups]
+    # A rank that waits for a rank of a slow group waits for the group: fixing that rank
+    # alone leaves its group-mates the slowest there, so its wait is the group's cost.
+    for i, blamed in enumerate(of):
+        for g, group_cost in zip(report.groups, group_costs, strict=True):
+            if blamed is not None and blamed[0] in g.slow and blamed[1] == g.phase:
+                of[i], each[i] = None, group_cost
     return Costs(
         each=each,
         of=of,
@@ -148,7 +155,7 @@ def estimate_costs(
             price.cost(cells, i.since_step) if _in_model(model, cells) else None
             for i, cells in zip(report.imbalance, uneven, strict=True)
         ],
-        groups=[_group_cost(price, report, fixes, g) for g in report.groups],
+        groups=group_costs,
     )
 
 

@@ -16,6 +16,7 @@ from .._text import format_ranks
 from ._chance import FEWEST_STEPS
 from ._clocks import clock_words
 from .render._format import SENTENCE, finite, hours_text
+from .render._values import as_list, as_map
 
 if TYPE_CHECKING:
     from ._evidence import Evidence
@@ -283,10 +284,15 @@ def sentences(report: StragglerReport) -> list[str]:
         )
     fit = model_fit(report)
     for group in report.groups:
-        out.append(group.sentence(report.steps[0]))
-        if group.cost is not None:
-            what = f"fixing {group.name} in {group.phase}"
-            out.append(cost_text(group.cost.to_dict(), what))
+        text = group.sentence(report.steps[0])
+        for_group: dict[str, list[int]] = {}
+        for i, w in enumerate(waiting):
+            if w.waits_for and w.waits_for[0] in group.slow and i not in told:
+                for_group.setdefault(w.phase, []).append(w.rank)
+                told.add(i)
+        for phase, ranks in for_group.items():
+            text += f"; {_verb(ranks, 'waits', 'wait')} for it in {phase}"
+        out.append(text)
     for f in report.findings:
         if f.role != "slow":
             continue
@@ -334,9 +340,6 @@ def sentences(report: StragglerReport) -> list[str]:
         out.append(f"{who} to wait in {phase} for rank {last}, {_too_few(rows)}")
     for uneven in report.imbalance:
         out.append(uneven.sentence())
-        if uneven.cost is not None:
-            what = f"balancing {uneven.phase} across ranks"
-            out.append(cost_text(uneven.cost.to_dict(), what))
         out.append(f"why {uneven.phase} is uneven: {uneven.cause.text}")
     if fit is not None and abs(fit - 1) > ROUGH_FIT and report.cost is not None:
         out.append(
@@ -368,18 +371,26 @@ def _too_few(rows: list[Undecided]) -> str:
     )
 
 
-def cost_lines(
-    findings: Sequence[Mapping[str, Any]],
-    every: Mapping[str, Any] | None,
-    hosts: Sequence[Mapping[str, Any]] = (),
-    limit: int = 5,
-) -> list[str]:
-    """What fixing the findings would save, in words (from their to_dict()s): each slow
-    finding (the first `limit`; a rank that waits gains what fixing the rank it waits
-    for saves, said there), every finding at once, then each host (the first `limit`). A
-    line that would say what the line before it said is left out: one slow finding is
-    every finding, and one host that holds them all is too."""
+def cost_lines(report: Mapping[str, Any], limit: int = 5) -> list[str]:
+    """What fixing the findings of a straggler report (its to_dict()) would save, in
+    words: each slow group, each slow finding (the first `limit` of each; a rank that
+    waits gains what fixing the rank or group it waits for saves, said there), balancing
+    each uneven phase, every finding at once, then each host (the first `limit`). A line
+    that would say what the line before it said is left out: one slow finding, group or
+    uneven phase is every finding, and one host that holds them all is too."""
+    findings = [f for f in as_list(report.get("findings")) if isinstance(f, Mapping)]
+    every = as_map(report.get("cost"))
+    hosts = [h for h in as_list(report.get("host_costs")) if isinstance(h, Mapping)]
+    groups = [g for g in as_list(report.get("groups")) if isinstance(g, Mapping)]
+    uneven = [u for u in as_list(report.get("imbalance")) if isinstance(u, Mapping)]
     lines: list[tuple[str, Mapping[str, Any]]] = []
+    units: list[Mapping[str, Any]] = []  # the fixes "every finding" is made of
+    grouped = {(r, g.get("phase")) for g in groups for r in as_list(g.get("slow"))}
+    for g in groups[:limit]:
+        if g.get("cost"):
+            what = f"fixing {g.get('group')} in {g.get('phase')}"
+            lines.append((cost_text(g["cost"], what) + _waiting_for_group(findings, g), g["cost"]))
+    units += [g["cost"] for g in groups if g.get("cost")]
     slow = [f for f in findings if f.get("role") == "slow" and f.get("cost")]
     for f in slow[:limit]:
         what = f"fixing rank {f.get('rank')} in {f.get('phase')}"
@@ -387,25 +398,43 @@ def cost_lines(
     if len(slow) > limit:
         more = f"... {len(slow) - limit} more slow findings (--json has each one's cost)"
         lines.append((more, {}))
-    if every and not (len(slow) == 1 and _same_saving(slow[0]["cost"], every)):
-        apart = sum(finite(f["cost"].get("step_ms_saved")) or 0.0 for f in slow)
+    units += [f["cost"] for f in slow if (f.get("rank"), f.get("phase")) not in grouped]
+    for u in uneven:
+        if u.get("cost"):
+            what = f"balancing {u.get('phase')} across ranks"
+            lines.append((cost_text(u["cost"], what), u["cost"]))
+            units.append(u["cost"])
+    if every and not (len(units) == 1 and _same_saving(units[0], every)):
+        apart = sum(finite(u.get("step_ms_saved")) or 0.0 for u in units)
         both = finite(every.get("step_ms_saved")) or 0.0
         # Two slow ranks in one stretch of work hide each other: fixing one leaves the
         # other the slowest there, so together they save more than the two apart.
-        more = "; more than the findings apart: each hides the other" if both > 1.05 * apart else ""
+        hides = len(units) > 1 and both > 1.05 * apart
+        more = "; more than the findings apart: each hides the other" if hides else ""
         lines.append((cost_text(every, "fixing every finding") + more, every))
     said = {f.get("rank") for f in slow[:limit]}
     alone = {r for r, n in Counter(f.get("rank") for f in slow).items() if n == 1}
     for entry in hosts[:limit]:
         cost = entry.get("cost") or {}
         ranks = list(entry.get("ranks") or [])
-        if len(hosts) == 1 and lines and _same_saving(lines[-1][1], cost):
-            continue  # the one host holds every finding
+        if any(_same_saving(said_cost, cost) for _, said_cost in lines if said_cost):
+            continue  # the host's fix is one said above (every finding, or its one group)
         if len(ranks) == 1 and ranks[0] in alone and ranks[0] in said:
             continue  # the host's one slow finding, said above
         what = f"fixing host {entry.get('host')} ({format_ranks(ranks)})"
         lines.append((cost_text(cost, what), cost))
     return [text for text, _ in lines]
+
+
+def _waiting_for_group(findings: Sequence[Mapping[str, Any]], group: Mapping[str, Any]) -> str:
+    """The ranks whose waiting is this group's cost (they wait for one of its ranks)."""
+    slow = set(as_list(group.get("slow")))
+    by_phase: dict[str, list[int]] = {}
+    for f in findings:
+        waits = as_list(f.get("waits_for"))
+        if f.get("role") == "waits" and f.get("cost_of") is None and waits and waits[0] in slow:
+            by_phase.setdefault(str(f.get("phase")), []).append(int(f.get("rank", -1)))
+    return _lose(by_phase)
 
 
 def _waiting(findings: Sequence[Mapping[str, Any]], slow: Mapping[str, Any]) -> str:
@@ -416,6 +445,10 @@ def _waiting(findings: Sequence[Mapping[str, Any]], slow: Mapping[str, Any]) -> 
     for f in findings:
         if f.get("role") == "waits" and f.get("cost_of") == cause:
             by_phase.setdefault(str(f.get("phase")), []).append(int(f.get("rank", -1)))
+    return _lose(by_phase)
+
+
+def _lose(by_phase: Mapping[str, list[int]]) -> str:
     said = [f"{format_ranks(sorted(r))} in {phase}" for phase, r in by_phase.items()]
     if not said:
         return ""

@@ -177,7 +177,7 @@ def _costs(strag: dict[str, Any]) -> None:
     """What fixing the findings would save: each slow finding, all of them, each host."""
     if not strag.get("cost"):
         return
-    for line in cost_lines(strag.get("findings", []), strag["cost"], strag.get("host_costs", [])):
+    for line in cost_lines(strag):
         _sentence(line)
 
 
@@ -294,16 +294,10 @@ def stragglers(
     if not one:
         _console.print(Text(f"clocks: {found.clock}"))
     _sentences(found.summary, found.threshold, found.min_persistence)
+    said = found.to_dict(table=False)
+    _costs(said)  # a report with uneven data alone has costs too
     if found.findings:
-        rows = [f.to_dict() for f in found.findings]
-        _costs(
-            {
-                "cost": None if found.cost is None else found.cost.to_dict(),
-                "host_costs": [h.to_dict() for h in found.host_costs],
-                "model_step_ms": found.model_step_ms,
-                "findings": rows,
-            }
-        )
+        rows = said["findings"]
         _causes(rows, found.notes)
         _evidence(rows)
         _console.print(_findings_table(rows, found.reference, limit))

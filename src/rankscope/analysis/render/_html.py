@@ -305,14 +305,13 @@ def _costs(stragglers: Mapping[str, Any]) -> str:
     cost = as_map(stragglers.get("cost"))
     if not cost:
         return ""
-    findings = [as_map(f) for f in as_list(stragglers.get("findings"))]
-    hosts = [as_map(h) for h in as_list(stragglers.get("host_costs"))]
-    lines = cost_lines(findings, cost, hosts)
+    lines = cost_lines(stragglers)
     items = "".join(f"<li>{esc(line)}</li>" for line in lines)
     return (
         f'<ul class="cost">{items}</ul>\n<p class="note">Estimated from the phase timings: each '
-        "fix puts the rank's phase at the other ranks' median; the ranks that wait gain what "
-        "the rank they wait for saves (docs/analysis.md, Cost).</p>\n"
+        "fix puts the rank's phase at the other ranks' median (balancing an uneven phase keeps "
+        "each rank's own noise); the ranks that wait gain what the rank or group they wait "
+        "for saves (docs/analysis.md, Cost).</p>\n"
     )
 
 
