@@ -29,11 +29,11 @@ def test_a_slow_stage_is_one_finding_priced_as_a_whole(tmp_path: Path) -> None:
     write_timings(tmp_path / "even", ranks=8, steps=40, groups=_stage)  # same seed, same noise
     report = analyse_stragglers(tmp_path / "slow").report
     (group,) = report.groups
-    assert (group.name, group.ranks, group.slow, group.phase) == (
+    assert (group.name, group.ranks, group.slow, group.phases) == (
         "pipeline_stage=3",
         (6, 7),
         (6, 7),
-        "forward",
+        ("forward",),
     )
     assert 1.8 < group.ratio < 2.2
     assert group.cost is not None

@@ -142,7 +142,7 @@ def estimate_costs(
     # alone leaves its group-mates the slowest there, so its wait is the group's cost.
     for i, blamed in enumerate(of):
         for g, group_cost in zip(report.groups, group_costs, strict=True):
-            if blamed is not None and blamed[0] in g.slow and blamed[1] == g.phase:
+            if blamed is not None and blamed[0] in g.slow and blamed[1] in g.phases:
                 of[i], each[i] = None, group_cost
     return Costs(
         each=each,
@@ -165,7 +165,7 @@ def _group_cost(
     cells = {
         cell
         for f, fix in zip(report.findings, fixes, strict=True)
-        if f.role == "slow" and f.phase == group.phase and f.rank in group.slow
+        if f.role == "slow" and f.phase in group.phases and f.rank in group.slow
         for cell in fix
     }
     return price.cost(cells, group.since_step) if cells else None

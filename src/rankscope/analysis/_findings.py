@@ -385,10 +385,15 @@ def cost_lines(report: Mapping[str, Any], limit: int = 5) -> list[str]:
     uneven = [u for u in as_list(report.get("imbalance")) if isinstance(u, Mapping)]
     lines: list[tuple[str, Mapping[str, Any]]] = []
     units: list[Mapping[str, Any]] = []  # the fixes "every finding" is made of
-    grouped = {(r, g.get("phase")) for g in groups for r in as_list(g.get("slow"))}
+    grouped = {
+        (r, phase)
+        for g in groups
+        for r in as_list(g.get("slow"))
+        for phase in as_list(g.get("phases"))
+    }
     for g in groups[:limit]:
         if g.get("cost"):
-            what = f"fixing {g.get('group')} in {g.get('phase')}"
+            what = f"fixing {g.get('group')} in {' and '.join(map(str, as_list(g.get('phases'))))}"
             lines.append((cost_text(g["cost"], what) + _waiting_for_group(findings, g), g["cost"]))
     units += [g["cost"] for g in groups if g.get("cost")]
     slow = [f for f in findings if f.get("role") == "slow" and f.get("cost")]

@@ -5,8 +5,9 @@ the meta files), ranks slow together in one group are one finding: fixing one ra
 slow stage leaves its stage-mates the slowest there, so each of them alone saves next to
 nothing, and only the group fixed as a whole says what the stage costs. A group is slow
 in a phase when `GROUP_SHARE` of its ranks or more (two at least) have a slow finding
-there, and it is not every rank of the run. Its price is the step model's for every
-member's slow finding in the phase fixed at once (analysis/_cost.py).
+there, and it is not every rank of the run; one finding holds every phase it is slow in
+(a slow stage is slow in its forward and its backward). Its price is the step model's for
+every member's slow finding in those phases fixed at once (analysis/_cost.py).
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ class SlowGroup:
     ranks: tuple[int, ...]
     """Every rank of the group (the slow ones and any that are not)."""
     slow: tuple[int, ...]
-    """Its ranks with a slow finding in the phase."""
-    phase: str
+    """Its ranks with a slow finding in one of its phases."""
+    phases: tuple[str, ...]
+    """The phases it is slow in, as a group (a slow stage: its forward and its backward)."""
     ratio: float
-    """The median of its slow ranks' median ratios (against the median rank)."""
+    """The median of its slow ranks' median ratios (against the median rank), over its phases."""
     since_step: int
     cost: Cost | None = None
 
@@ -47,13 +49,17 @@ class SlowGroup:
     def name(self) -> str:
         return f"{self.field}={self.value}"
 
+    @property
+    def phase_words(self) -> str:
+        return " and ".join(self.phases)
+
     def sentence(self, first_step: int) -> str:
         since = "" if self.since_step == first_step else f" since step {self.since_step}"
         which = format_ranks(self.ranks)
         if self.slow != self.ranks:
             which += f", {format_ranks(self.slow)} of them slow"
         return (
-            f"{self.name} ({which}) is slow in {self.phase} as a group "
+            f"{self.name} ({which}) is slow in {self.phase_words} as a group "
             f"({ratio_text(self.ratio)} vs median{since}): its ranks are found one by one "
             "below, and only fixing the group frees the step"
         )
@@ -65,7 +71,7 @@ class SlowGroup:
             "value": self.value,
             "ranks": list(self.ranks),
             "slow": list(self.slow),
-            "phase": self.phase,
+            "phases": list(self.phases),
             "ratio": self.ratio,
             "since_step": self.since_step,
             "cost": None if self.cost is None else self.cost.to_dict(),
@@ -95,27 +101,32 @@ def slow_groups(
             if isinstance(value, int | str) and not isinstance(value, bool):
                 members.setdefault((str(field), value), []).append(rank)
     out: list[SlowGroup] = []
-    said: set[tuple[tuple[int, ...], str]] = set()
+    said: set[tuple[int, ...]] = set()
     for (field, value), held in sorted(members.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         group = tuple(sorted(held))
-        if len(group) < 2 or len(group) >= len(present):
+        if len(group) < 2 or len(group) >= len(present) or group in said:
             continue
+        hits: list[StragglerFinding] = []
+        phases = []
         for phase, slow in sorted(slow_in.items()):
             hit = [slow[r] for r in group if r in slow]
-            if len(hit) < 2 or len(hit) < GROUP_SHARE * len(group) or (group, phase) in said:
-                continue
-            said.add((group, phase))
-            out.append(
-                SlowGroup(
-                    field=field,
-                    value=value,
-                    ranks=group,
-                    slow=tuple(f.rank for f in hit),
-                    phase=phase,
-                    ratio=round(float(np.median([f.median_ratio for f in hit])), 4),
-                    since_step=min(f.since_step for f in hit),
-                )
+            if len(hit) >= 2 and len(hit) >= GROUP_SHARE * len(group):
+                phases.append(phase)
+                hits += hit
+        if not phases:
+            continue
+        said.add(group)
+        out.append(
+            SlowGroup(
+                field=field,
+                value=value,
+                ranks=group,
+                slow=tuple(sorted({f.rank for f in hits})),
+                phases=tuple(phases),
+                ratio=round(float(np.median([f.median_ratio for f in hits])), 4),
+                since_step=min(f.since_step for f in hits),
             )
+        )
     return out
 
 

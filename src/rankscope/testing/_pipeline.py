@@ -1,0 +1,165 @@
+"""Synthetic pipeline-parallel runs: stages that pass activations and gradients with
+send/recv, microbatches, data-parallel replicas (a GPipe schedule), with known answers.
+
+Rank `stage * dp + replica`; each rank's meta names `pipeline_stage` and `dp`. A step:
+every microbatch's forward through the stages in turn (a stage receives the activation
+from the stage before, `pp_recv`, runs `forward`, sends it on, `pp_send`), then every
+microbatch's backward back through them, then each stage's gradient all-reduce across its
+replicas (`dp_allreduce`), the optimizer, and a loss all-reduce across every rank
+(`loss_allreduce`), which ends the step together. A phase that runs once per microbatch
+is written once per run of it, as the timer writes it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..rundir._layout import timing_path
+from ..timing._record import STEP_PHASE, Span, format_record
+from ._synthetic import _EPOCH_NS, _span, _write_meta
+
+__all__ = ["Pipeline", "SlowStage", "write_pipeline"]
+
+_NS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The job's shape and each stage's work, in ms per microbatch."""
+
+    stages: int = 4
+    dp: int = 2
+    microbatches: int = 8
+    forward_ms: float = 4.0
+    backward_ms: float = 8.0
+    send_ms: float = 0.2
+    """A send's own time, and an activation's time on the wire."""
+    allreduce_ms: float = 3.0
+    optimizer_ms: float = 2.0
+
+
+@dataclass(frozen=True)
+class SlowStage:
+    """`stage`'s forward and backward take `factor` more (0.5: +50%), on every replica."""
+
+    stage: int
+    factor: float
+
+
+class _Recorder:
+    """Appends one step's records to each rank's lines."""
+
+    def __init__(self, step: int, lines: dict[int, list[str]]) -> None:
+        self.step, self.lines = step, lines
+
+    def __call__(self, rank: int, phase: str, kind: str, start: int, end: int) -> None:
+        span: Span = _span(self.step, phase, kind, start, end)
+        self.lines[rank].append(format_record(rank, span, None, 0))
+
+
+def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
+    run_dir: str | os.PathLike[str],
+    *,
+    shape: Pipeline = Pipeline(),
+    steps: int = 30,
+    slow: Iterable[SlowStage] = (),
+    noise: float = 0.03,
+    seed: int = 0,
+) -> Path:
+    """Simulate `steps` steps of a pipeline-parallel job and write its timings and meta."""
+    root = Path(run_dir)
+    rng = random.Random(seed)
+    factor = {s.stage: 1.0 + s.factor for s in slow}
+    ranks = shape.stages * shape.dp
+    files = {}
+    for rank in range(ranks):
+        path = timing_path(root, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files[rank] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+
+    def work(stage: int, ms: float) -> int:
+        jitter = rng.lognormvariate(0.0, noise) if noise else 1.0
+        return int(ms * factor.get(stage, 1.0) * jitter * _NS)
+
+    send = int(shape.send_ms * _NS)
+    try:
+        now = _EPOCH_NS
+        for step in range(steps):
+            lines: dict[int, list[str]] = {r: [] for r in range(ranks)}
+            record = _Recorder(step, lines)
+
+            ends = {}
+            for d in range(shape.dp):
+                free = [now] * shape.stages
+                done: list[list[int]] = [[0] * shape.microbatches for _ in range(shape.stages)]
+                # Forward: microbatch by microbatch through the stages.
+                for mb in range(shape.microbatches):
+                    for s in range(shape.stages):
+                        rank = s * shape.dp + d
+                        start = free[s]
+                        if s > 0:  # wait for the activation
+                            arrives = done[s - 1][mb] + send
+                            begin = max(start, arrives)
+                            record(rank, "pp_recv", "comm", start, begin + send // 4)
+                            start = begin + send // 4
+                        end = start + work(s, shape.forward_ms)
+                        record(rank, "forward", "compute", start, end)
+                        if s < shape.stages - 1:
+                            record(rank, "pp_send", "comm", end, end + send)
+                            end += send
+                        done[s][mb] = end
+                        free[s] = end
+                # Backward: back through the stages, once every forward is done.
+                back: list[list[int]] = [[0] * shape.microbatches for _ in range(shape.stages)]
+                for mb in range(shape.microbatches):
+                    for s in reversed(range(shape.stages)):
+                        rank = s * shape.dp + d
+                        start = free[s]
+                        if s < shape.stages - 1:  # wait for the gradient
+                            arrives = back[s + 1][mb] + send
+                            begin = max(start, arrives)
+                            record(rank, "pp_recv", "comm", start, begin + send // 4)
+                            start = begin + send // 4
+                        end = start + work(s, shape.backward_ms)
+                        record(rank, "backward", "compute", start, end)
+                        if s > 0:
+                            record(rank, "pp_send", "comm", end, end + send)
+                            end += send
+                        back[s][mb] = end
+                        free[s] = end
+                for s in range(shape.stages):
+                    ends[s * shape.dp + d] = free[s]
+            # Each stage's gradients across its replicas, then the optimizer.
+            after = {}
+            for s in range(shape.stages):
+                group = [s * shape.dp + d for d in range(shape.dp)]
+                reduced = max(ends[r] for r in group) + int(shape.allreduce_ms * _NS)
+                for r in group:
+                    record(r, "dp_allreduce", "comm", ends[r], reduced)
+                    finish = reduced + work(-1, shape.optimizer_ms)
+                    record(r, "optimizer", "compute", reduced, finish)
+                    after[r] = finish
+            # The loss across every rank ends the step together.
+            last = max(after.values()) + send
+            for r in range(ranks):
+                record(r, "loss_allreduce", "comm", after[r], last)
+                record(r, STEP_PHASE, STEP_PHASE, now, last)
+                files[r].write("".join(lines[r]))
+            now = last + 50_000
+    finally:
+        for fh in files.values():
+            fh.close()
+    for rank in range(ranks):
+        _write_meta(
+            root,
+            rank,
+            ranks,
+            ranks,
+            None,
+            lambda r: {"pipeline_stage": r // shape.dp, "dp": r % shape.dp},
+        )
+    return root
