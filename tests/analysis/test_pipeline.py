@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
+from rankscope.analysis import StragglerOptions, analyse_stragglers, phase_matrices, read_timings
 from rankscope.analysis._findings import cost_lines, model_fit
 from rankscope.testing._pipeline import SlowStage, write_pipeline
 
@@ -37,5 +37,19 @@ def test_a_slow_last_stage_is_one_group_over_forward_and_backward(tmp_path: Path
     assert said["summary"][0].startswith(
         "pipeline_stage=3 (ranks 6, 7) is slow in backward and forward as a group"
     )
+    # The earlier stages wait for it in their recv (a stage that sends more is not waiting).
+    assert said["summary"][0].endswith("; ranks 0-5 wait for it in pp_recv")
+    assert said["groups"][0]["waiting"] == [{"phase": "pp_recv", "ranks": [0, 1, 2, 3, 4, 5]}]
     lines = cost_lines(said)
     assert lines[0].startswith("fixing pipeline_stage=3 in backward and forward saves")
+
+
+@pytest.mark.parametrize("time", ["host", "device"])
+def test_the_ranks_that_wait_in_their_recv_are_named_on_either_clock(
+    tmp_path: Path, time: str
+) -> None:
+    write_pipeline(tmp_path, slow=[SlowStage(3, 1.0)], gpu=True)
+    report = analyse_stragglers(tmp_path, StragglerOptions(time=time)).report
+    (group,) = report.groups
+    assert group.waiting == (("pp_recv", (0, 1, 2, 3, 4, 5)),)
+    assert report.summary[0].endswith("; ranks 0-5 wait for it in pp_recv")

@@ -284,15 +284,7 @@ def sentences(report: StragglerReport) -> list[str]:
         )
     fit = model_fit(report)
     for group in report.groups:
-        text = group.sentence(report.steps[0])
-        for_group: dict[str, list[int]] = {}
-        for i, w in enumerate(waiting):
-            if w.waits_for and w.waits_for[0] in group.slow and i not in told:
-                for_group.setdefault(w.phase, []).append(w.rank)
-                told.add(i)
-        for phase, ranks in for_group.items():
-            text += f"; {_verb(ranks, 'waits', 'wait')} for it in {phase}"
-        out.append(text)
+        out.append(_group_sentence(group, waiting, told, report.steps[0]))
     for f in report.findings:
         if f.role != "slow":
             continue
@@ -359,6 +351,25 @@ def model_fit(report: StragglerReport) -> float | None:
     if report.cost is None or report.model_step_ms is None or report.cost.step_ms <= 0:
         return None
     return round(report.model_step_ms / report.cost.step_ms, 4)
+
+
+def _group_sentence(
+    group: SlowGroup, waiting: list[StragglerFinding], told: set[int], first_step: int
+) -> str:
+    """A slow group's sentence with the ranks that wait for it: those a finding names
+    (marked `told`), and those that wait in a send/recv no finding judges."""
+    text = group.sentence(first_step)
+    for_group: dict[str, list[int]] = {}
+    for i, w in enumerate(waiting):
+        if w.waits_for and w.waits_for[0] in group.slow and i not in told:
+            for_group.setdefault(w.phase, []).append(w.rank)
+            told.add(i)
+    for phase, more in group.waiting:
+        known = set(for_group.get(phase, []))
+        for_group.setdefault(phase, []).extend(r for r in more if r not in known)
+    for phase, ranks in for_group.items():
+        text += f"; {_verb(sorted(ranks), 'waits', 'wait')} for it in {phase}"
+    return text
 
 
 def _too_few(rows: list[Undecided]) -> str:

@@ -20,8 +20,9 @@ import numpy as np
 
 from .._text import format_ranks
 from ._findings import Cost, StragglerFinding, ratio_text
+from ._matrix import PhaseMatrices, nanmedian, quiet
 
-__all__ = ["GROUP_SHARE", "SlowGroup", "slow_groups"]
+__all__ = ["GROUP_SHARE", "SlowGroup", "slow_groups", "waiting_for_groups", "with_costs"]
 
 GROUP_SHARE = 0.75
 """A group is slow together when this share of its ranks, or more, are slow there."""
@@ -44,6 +45,10 @@ class SlowGroup:
     """The median of its slow ranks' median ratios (against the median rank), over its phases."""
     since_step: int
     cost: Cost | None = None
+    waiting: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """(phase, ranks): in a phase that ends in a collective or a send/recv, the ranks of
+    other groups that spend `threshold` times as long there as the group's own ranks, at
+    most steps: they wait for it (a pipeline's earlier stages, in their recv)."""
 
     @property
     def name(self) -> str:
@@ -74,6 +79,7 @@ class SlowGroup:
             "phases": list(self.phases),
             "ratio": self.ratio,
             "since_step": self.since_step,
+            "waiting": [{"phase": phase, "ranks": list(ranks)} for phase, ranks in self.waiting],
             "cost": None if self.cost is None else self.cost.to_dict(),
         }
 
@@ -127,6 +133,46 @@ def slow_groups(
                 since_step=min(f.since_step for f in hits),
             )
         )
+    return out
+
+
+def waiting_for_groups(
+    found: list[SlowGroup],
+    m: PhaseMatrices,
+    sync: set[str],
+    *,
+    threshold: float,
+    min_persistence: float,
+    floor: float,
+) -> list[SlowGroup]:
+    """Each group with the ranks that wait for it (see SlowGroup.waiting): in each phase of
+    `sync`, a rank outside the group whose time there is above `threshold` times the
+    group's ranks' median, and by `floor` ms or more (the straggler floor: a stage that
+    sends twice as often is not waiting), at `min_persistence` of the steps or more, from
+    the group's onset. The ranks that arrive last at a collective spend least in it."""
+    out = []
+    after = np.asarray(m.steps)
+    for g in found:
+        inside = [m.ranks.index(r) for r in g.slow if r in m.ranks]
+        cols = after >= g.since_step
+        waiting = []
+        for p, phase in enumerate(m.phases):
+            if phase not in sync or m.depths[p] != 0 or not inside:
+                continue
+            d = m.ms[p][:, cols]
+            with quiet():
+                theirs = nanmedian(d[inside], axis=0)
+                above = (d > threshold * theirs[None, :]) & (d - theirs[None, :] >= floor)
+                judged = np.isfinite(d) & np.isfinite(theirs)[None, :]
+                share = np.sum(above & judged, axis=1) / np.maximum(np.sum(judged, axis=1), 1)
+            ranks = tuple(
+                m.ranks[i]
+                for i in np.flatnonzero(share >= min_persistence).tolist()
+                if m.ranks[i] not in g.ranks
+            )
+            if ranks:
+                waiting.append((phase, ranks))
+        out.append(replace(g, waiting=tuple(waiting)))
     return out
 
 

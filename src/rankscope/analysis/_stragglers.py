@@ -43,7 +43,7 @@ from ._findings import (
     rounded,
     sentences,
 )
-from ._groups import slow_groups
+from ._groups import slow_groups, waiting_for_groups
 from ._groups import with_costs as groups_with_costs
 from ._imbalance import find_imbalance, with_costs
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
@@ -244,7 +244,14 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         floor=floor,
         values=values,
     )
-    report.groups = slow_groups(report.findings, m.ranks, groups)
+    report.groups = waiting_for_groups(
+        slow_groups(report.findings, m.ranks, groups),
+        timeline,
+        set(report.sync_phases),
+        threshold=threshold,
+        min_persistence=min_persistence,
+        floor=floor,
+    )
     if report.findings or report.imbalance:
         costs = estimate_costs(timeline, report, hosts, gpus)
         report.imbalance = with_costs(report.imbalance, costs.imbalance)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..rundir._layout import timing_path
 from ..timing._record import STEP_PHASE, Span, format_record
-from ._synthetic import _EPOCH_NS, _span, _write_meta
+from ._synthetic import _EPOCH_NS, _gpu_ms, _span, _write_meta
 
 __all__ = ["Pipeline", "SlowStage", "write_pipeline"]
 
@@ -53,12 +53,12 @@ class SlowStage:
 class _Recorder:
     """Appends one step's records to each rank's lines."""
 
-    def __init__(self, step: int, lines: dict[int, list[str]]) -> None:
-        self.step, self.lines = step, lines
+    def __init__(self, step: int, lines: dict[int, list[str]], gpu: bool) -> None:
+        self.step, self.lines, self.gpu = step, lines, gpu
 
     def __call__(self, rank: int, phase: str, kind: str, start: int, end: int) -> None:
         span: Span = _span(self.step, phase, kind, start, end)
-        self.lines[rank].append(format_record(rank, span, None, 0))
+        self.lines[rank].append(format_record(rank, span, _gpu_ms(span, self.gpu), 0))
 
 
 def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
@@ -69,8 +69,11 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
     slow: Iterable[SlowStage] = (),
     noise: float = 0.03,
     seed: int = 0,
+    gpu: bool = False,
 ) -> Path:
-    """Simulate `steps` steps of a pipeline-parallel job and write its timings and meta."""
+    """Simulate `steps` steps of a pipeline-parallel job and write its timings and meta;
+    with `gpu`, every record carries a device time too (the phase's time, as the GPU's
+    timeline would show a stage that waits in its recv)."""
     root = Path(run_dir)
     rng = random.Random(seed)
     factor = {s.stage: 1.0 + s.factor for s in slow}
@@ -90,7 +93,7 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
         now = _EPOCH_NS
         for step in range(steps):
             lines: dict[int, list[str]] = {r: [] for r in range(ranks)}
-            record = _Recorder(step, lines)
+            record = _Recorder(step, lines, gpu)
 
             ends = {}
             for d in range(shape.dp):
