@@ -1,0 +1,85 @@
+"""A real pipeline on spawned gloo ranks: two stages passing activations and gradients
+with send/recv, two data-parallel replicas; the last stage made slow."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import rankscope
+from rankscope.analysis import analyse_stragglers
+from rankscope.analysis._findings import cost_lines
+
+from .._gloo import GlooRanks
+
+STAGES, DP = 2, 2
+MICROBATCHES = 4
+STEPS = 24
+WORK_S = 0.004  # a stage's compute per microbatch (a sleep: four ranks share two cores)
+
+
+def pipeline_job(rank: int, world: int, run_dir: str, slow_stage: int) -> None:
+    """Rank `stage * DP + replica`. Each step: every microbatch's forward through the
+    stages (recv the activation, forward, send it on), every backward back (recv the
+    gradient, backward, send it back), each stage's gradient all-reduce across its
+    replicas, the optimizer, and a loss all-reduce across every rank."""
+    stage, replica = divmod(rank, DP)
+    # Every rank makes every group, in the same order (torch.distributed's rule).
+    stage_groups = [dist.new_group([s * DP + d for d in range(DP)]) for s in range(STAGES)]
+    before, after = rank - DP, rank + DP  # this replica's neighbours
+    work = WORK_S * (2.0 if stage == slow_stage else 1.0)
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir,
+        timer=rankscope.TimerConfig(enable=True, every_n_steps=1),
+    )
+    groups = {"pipeline_stage": stage, "dp": replica}
+    activation, grad = torch.zeros(64), torch.zeros(64)
+    with rankscope.Profiler(config, rank=rank, world_size=world, groups=groups) as prof:
+        for _ in range(STEPS):
+            for _mb in range(MICROBATCHES):
+                if stage > 0:
+                    with prof.phase("pp_recv", kind="comm"):
+                        dist.recv(activation, before)
+                with prof.phase("forward"):
+                    time.sleep(work)
+                if stage < STAGES - 1:
+                    with prof.phase("pp_send", kind="comm"):
+                        dist.send(activation + 1, after)
+            for _mb in range(MICROBATCHES):
+                if stage < STAGES - 1:
+                    with prof.phase("pp_recv", kind="comm"):
+                        dist.recv(grad, after)
+                with prof.phase("backward"):
+                    time.sleep(2 * work)
+                if stage > 0:
+                    with prof.phase("pp_send", kind="comm"):
+                        dist.send(grad + 1, before)
+            with prof.phase("dp_allreduce", kind="comm"):
+                dist.all_reduce(torch.ones(64), group=stage_groups[stage])
+            with prof.phase("optimizer"):
+                time.sleep(0.001)
+            with prof.phase("loss_allreduce", kind="comm"):
+                dist.all_reduce(torch.ones(1))
+            prof.step()
+
+
+@pytest.mark.serial  # four ranks sleeping against the clock: other workers' load bends it
+@pytest.mark.slow
+def test_a_slow_stage_of_a_real_pipeline_is_named_with_the_stage_that_waits_for_it(
+    tmp_path: Path, gloo_ranks: GlooRanks
+) -> None:
+    gloo_ranks.run(pipeline_job, STAGES * DP, tmp_path, 1)
+    report = analyse_stragglers(tmp_path).report
+    (group,) = report.groups
+    assert (group.name, group.ranks) == ("pipeline_stage=1", (2, 3))
+    assert set(group.phases) >= {"forward", "backward"}
+    assert ("pp_recv", (0, 1)) in group.waiting  # stage 0 waits for its gradients
+    said = report.to_dict()
+    assert said["summary"][0].startswith("pipeline_stage=1 (ranks 2, 3) is slow in")
+    assert "ranks 0, 1 wait for it in pp_recv" in said["summary"][0]
+    assert group.cost is not None and group.cost.step_ms_saved > 0
+    assert cost_lines(said)[0].startswith("fixing pipeline_stage=1 in ")
