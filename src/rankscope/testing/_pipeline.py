@@ -1,5 +1,5 @@
 """Synthetic pipeline-parallel runs: stages that pass activations and gradients with
-send/recv, microbatches, data-parallel replicas (a GPipe schedule), with known answers.
+send/recv, microbatches, data-parallel replicas (a GPipe or a 1F1B schedule), with known answers.
 
 Rank `stage * dp + replica`; each rank's meta names `pipeline_stage` and `dp`. A step:
 every microbatch's forward through the stages in turn (a stage receives the activation
@@ -40,6 +40,10 @@ class Pipeline:
     """A send's own time, and an activation's time on the wire."""
     allreduce_ms: float = 3.0
     optimizer_ms: float = 2.0
+    schedule: str = "gpipe"
+    """"gpipe" (every forward, then every backward) or "1f1b" (a stage runs its first
+    `stages - stage - 1` forwards, then one forward and one backward in turn, then the
+    backwards left: Megatron's default)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,20 @@ class SlowStage:
 
     stage: int
     factor: float
+
+
+def _order(shape: Pipeline, stage: int) -> list[tuple[str, int]]:
+    """The (op, microbatch) a stage runs in a step, in order."""
+    m = shape.microbatches
+    forwards = [("F", mb) for mb in range(m)]
+    backwards = [("B", mb) for mb in range(m)]
+    if shape.schedule == "gpipe":
+        return forwards + backwards
+    warm = min(shape.stages - stage - 1, m)
+    out = forwards[:warm]
+    for i in range(m - warm):
+        out += [forwards[warm + i], backwards[i]]
+    return out + backwards[m - warm :]
 
 
 class _Recorder:
@@ -98,41 +116,35 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
             ends = {}
             for d in range(shape.dp):
                 free = [now] * shape.stages
-                done: list[list[int]] = [[0] * shape.microbatches for _ in range(shape.stages)]
-                # Forward: microbatch by microbatch through the stages.
-                for mb in range(shape.microbatches):
+                done: dict[tuple[str, int, int], int] = {}  # (op, stage, microbatch) -> end
+                order = [_order(shape, s) for s in range(shape.stages)]
+                at = [0] * shape.stages
+                while any(at[s] < len(order[s]) for s in range(shape.stages)):
                     for s in range(shape.stages):
+                        if at[s] == len(order[s]):
+                            continue
+                        op, mb = order[s][at[s]]
+                        # A forward needs the activation from the stage before; a backward,
+                        # the gradient from the stage after (the last stage: its forward).
+                        near = s - 1 if op == "F" else s + 1
+                        has_dep = 0 <= near < shape.stages
+                        if has_dep and (op, near, mb) not in done:
+                            continue
+                        at[s] += 1
                         rank = s * shape.dp + d
                         start = free[s]
-                        if s > 0:  # wait for the activation
-                            arrives = done[s - 1][mb] + send
-                            begin = max(start, arrives)
+                        if has_dep:
+                            begin = max(start, done[op, near, mb] + send)
                             record(rank, "pp_recv", "comm", start, begin + send // 4)
                             start = begin + send // 4
-                        end = start + work(s, shape.forward_ms)
-                        record(rank, "forward", "compute", start, end)
-                        if s < shape.stages - 1:
+                        ms = shape.forward_ms if op == "F" else shape.backward_ms
+                        end = start + work(s, ms)
+                        record(rank, "forward" if op == "F" else "backward", "compute", start, end)
+                        onward = s + 1 if op == "F" else s - 1
+                        if 0 <= onward < shape.stages:
                             record(rank, "pp_send", "comm", end, end + send)
                             end += send
-                        done[s][mb] = end
-                        free[s] = end
-                # Backward: back through the stages, once every forward is done.
-                back: list[list[int]] = [[0] * shape.microbatches for _ in range(shape.stages)]
-                for mb in range(shape.microbatches):
-                    for s in reversed(range(shape.stages)):
-                        rank = s * shape.dp + d
-                        start = free[s]
-                        if s < shape.stages - 1:  # wait for the gradient
-                            arrives = back[s + 1][mb] + send
-                            begin = max(start, arrives)
-                            record(rank, "pp_recv", "comm", start, begin + send // 4)
-                            start = begin + send // 4
-                        end = start + work(s, shape.backward_ms)
-                        record(rank, "backward", "compute", start, end)
-                        if s > 0:
-                            record(rank, "pp_send", "comm", end, end + send)
-                            end += send
-                        back[s][mb] = end
+                        done[op, s, mb] = end
                         free[s] = end
                 for s in range(shape.stages):
                     ends[s * shape.dp + d] = free[s]
