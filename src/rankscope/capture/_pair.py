@@ -83,7 +83,8 @@ def choose_peer(run_dir: str, rank: int, step: int) -> Peer:
         peer_step = beat.get("step") if beat is not None else None
         if isinstance(peer_step, int) and not isinstance(peer_step, bool):
             reasons.append(
-                f"not slow (no slow window of its own; its heartbeat at step {peer_step})"
+                f"not slow (no slow window of its own; its last heartbeat, written every "
+                f"hang.heartbeat_s when its step changes, said step {peer_step})"
             )
         else:
             reasons.append("not slow (no slow window of its own)")
