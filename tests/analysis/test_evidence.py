@@ -239,3 +239,21 @@ def test_an_auto_record_with_foreign_values_passes_none_of_them_on(
     assert finding["evidence"]["missing"] == (
         f"window {window} holds rank 2 alone (no peer was asked)"
     )
+
+
+def test_the_line_says_how_much_of_the_phases_growth_the_ops_shown_hold() -> None:
+    # A slowdown no op shows (the demo's sleep): the ops hold little of the phase's growth.
+    ops = [
+        {"name": "aten::addmm", "slow_ms": 5.0, "peer_ms": 0.3, "delta_ms": 4.7, "peer_rank": 0},
+        {"name": "aten::relu", "slow_ms": 0.2, "peer_ms": 0.1, "delta_ms": 0.1, "peer_rank": 0},
+    ]
+    evidence = {"window": "step-000020-000021", "peer_rank": 0, "steps": [20, 21], "ops": ops}
+    finding = {"rank": 2, "phase": "forward", "evidence": {**evidence, "phase_ms": [20.9, 5.4]}}
+    assert evidence_line(finding) == (
+        "rank 2 is slow in forward: aten::addmm +4.7 ms a step, aten::relu +0.1 ms a step "
+        "against rank 0 at steps 20-21 (the phase 20.9 ms a step against 5.4: the ops shown "
+        "hold +4.8 of its +15.5 ms)"
+    )
+    # Without the phase's own times (traces that mark no range of it), nothing more is said.
+    plain = evidence_line({**finding, "evidence": evidence})
+    assert plain is not None and plain.endswith("at steps 20-21")

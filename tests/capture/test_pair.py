@@ -116,6 +116,9 @@ def test_the_slow_finding_carries_the_matrix_product_that_grew_against_its_peer(
     assert top["slow_ms"] > 5 * top["peer_ms"] > 0
     deltas = [op["delta_ms"] for op in evidence["ops"]]
     assert deltas == sorted(deltas, reverse=True)
+    # The phase's own growth in the window, and the products hold most of it.
+    slow_phase, peer_phase = evidence["phase_ms"]
+    assert slow_phase > peer_phase and top["delta_ms"] > 0.5 * (slow_phase - peer_phase)
 
     first, last = line["first"], line["last"]
     said = f"rank {SLOW_RANK} is slow in forward: aten::mm +{top['delta_ms']:.1f} ms a step"

@@ -42,8 +42,10 @@ _PAIR_STEPS = 2  # the steps the suggested trigger records (trace.auto.window_st
 _RANGES = ("user_annotation", "gpu_user_annotation")  # record_function ranges, host and device
 _DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
 _AUTO_BYTES = 1 << 20
-_Ops = tuple[str, bool, dict[str, float]]
-"""What a trace shows of one phase: (kind, inside the phase's ranges?, op -> total us)."""
+_Ops = tuple[str, bool, dict[str, float], float]
+"""What a trace shows of one phase: (kind, inside the phase's ranges?, op -> total us, the
+phase's own ranges in us: on the device where it has ranges there and the ops are
+kernels, else on the host; 0 where the trace marks none)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ class Evidence:
     """Where no window holds the pair: the `rankscope trigger` command that captures one."""
     problems: list[str] = field(default_factory=list)
     """Traces that could not be read, named."""
+    phase_ms: tuple[float, float] | None = None
+    """The phase's own time a step in the window, on the slow rank and on its peer (its
+    ranges in the traces), so the ops can be read against the whole of its growth."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -101,6 +106,7 @@ class Evidence:
             "missing": self.missing,
             "command": self.command,
             "problems": self.problems,
+            "phase_ms": None if self.phase_ms is None else [round(v, 4) for v in self.phase_ms],
         }
 
 
@@ -184,7 +190,10 @@ def _one(run: _Run, f: StragglerFinding) -> Evidence:
     base = Evidence(name, peer, steps=(first, last), asked=asked, problems=problems)
     if slow_ops is None or peer_ops is None:
         return replace(base, missing="a trace of the window cannot be read: " + "; ".join(problems))
-    (slow_kind, slow_scoped, slow_us), (peer_kind, peer_scoped, peer_us) = slow_ops, peer_ops
+    (slow_kind, slow_scoped, slow_us, slow_phase), (peer_kind, peer_scoped, peer_us, peer_phase) = (
+        slow_ops,
+        peer_ops,
+    )
     if slow_kind != peer_kind:
         return replace(
             base,
@@ -204,7 +213,10 @@ def _one(run: _Run, f: StragglerFinding) -> Evidence:
     ]
     deltas.sort(key=lambda d: (-d.delta_ms, d.name))
     scope = f"phase {f.phase}" if slow_scoped and peer_scoped else "whole steps"
-    return replace(base, ops=tuple(deltas[:TOP_OPS]), kind=slow_kind, scope=scope)
+    phase_ms = (slow_phase / per_step, peer_phase / per_step) if slow_phase and peer_phase else None
+    return replace(
+        base, ops=tuple(deltas[:TOP_OPS]), kind=slow_kind, scope=scope, phase_ms=phase_ms
+    )
 
 
 def _steps(name: str) -> tuple[int, int]:
@@ -339,7 +351,9 @@ def _phase_ops(path: Path, phase: str) -> _Ops | str:
         return str(exc)
     items = summary.get("items", [])
     totals = {str(item["name"]): float(item["total_us"]) for item in items}
-    return str(summary.get("kind")), bool(host), totals
+    kind = str(summary.get("kind"))
+    spans = device if kind == "gpu_kernels" and device else host
+    return kind, bool(host), totals, sum(end - start for start, end in spans)
 
 
 def _span(ev: Any) -> tuple[float, float] | None:
@@ -390,11 +404,28 @@ def evidence_line(finding: Mapping[str, Any]) -> str | None:
         )
         if not grew:
             said = "no op grew by 0.1 ms a step or more"
-        return f"{head}: {said} against rank {evidence.get('peer_rank')} at {span}{where}"
+        line = f"{head}: {said} against rank {evidence.get('peer_rank')} at {span}{where}"
+        return line + _share_of_growth(evidence.get("phase_ms"), grew)
     missing = missing or "no op to compare"
     command = evidence.get("command")
     capture = f"; `{command}` captures it with a healthy peer" if command else ""
     return f"{head}: no trace evidence ({printable(str(missing))}){capture}"
+
+
+def _share_of_growth(phase_ms: object, shown: list[Mapping[str, Any]]) -> str:
+    """How much of the phase's own growth the ops shown hold: a slowdown no op shows (a
+    sleep, a wait outside the ops, a slower clock on the host) is then seen as such."""
+    if not isinstance(phase_ms, list) or len(phase_ms) != 2:
+        return ""
+    slow, peer = (_number(v) for v in phase_ms)
+    grew = slow - peer
+    if not grew > 0:
+        return ""
+    held = sum(_number(op.get("delta_ms")) for op in shown)
+    return (
+        f" (the phase {slow:.1f} ms a step against {peer:.1f}: the ops shown hold "
+        f"{held:+.1f} of its {grew:+.1f} ms)"
+    )
 
 
 def _number(value: object) -> float:
