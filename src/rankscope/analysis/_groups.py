@@ -22,7 +22,7 @@ from .._text import format_ranks
 from ._findings import Cost, StragglerFinding, ratio_text
 from ._matrix import PhaseMatrices, nanmedian, quiet
 
-__all__ = ["GROUP_SHARE", "SlowGroup", "slow_groups", "waiting_for_groups", "with_costs"]
+__all__ = ["GROUP_SHARE", "SlowGroup", "slow_groups", "waiting_for_groups"]
 
 GROUP_SHARE = 0.75
 """A group is slow together when this share of its ranks, or more, are slow there."""
@@ -174,7 +174,3 @@ def waiting_for_groups(
                 waiting.append((phase, ranks))
         out.append(replace(g, waiting=tuple(waiting)))
     return out
-
-
-def with_costs(found: list[SlowGroup], costs: list[Cost | None]) -> list[SlowGroup]:
-    return [replace(g, cost=c) for g, c in zip(found, costs, strict=True)]

@@ -25,7 +25,7 @@ the median of the others at each step from the onset, never slower than it was.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ from ._findings import Cause, Cost
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from .read._values import PhaseValues
 
-__all__ = ["Imbalance", "balanced", "find_imbalance", "imbalance_cells", "with_costs"]
+__all__ = ["Imbalance", "balanced", "find_imbalance", "imbalance_cells"]
 
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
@@ -145,15 +145,16 @@ def find_imbalance(
         if phase != STEP and m.depths[p] == 0 and phase not in sync and m.kinds[p] != "comm"
     ]
     spreads = {p: _spread(m.ms[p]) for p in work}
-    candidates = []
+    candidates: dict[int, tuple[Vector, int]] = {}  # phase -> (uneven steps, onset)
     for p in work:
         uneven = _uneven(m.ms[p], threshold, floor)
-        if uneven is not None and _onset(uneven, min_persistence) is not None:
-            candidates.append(p)
+        onset = None if uneven is None else _onset(uneven, min_persistence)
+        if uneven is not None and onset is not None:
+            candidates[p] = (uneven, onset)
     recorded = values({m.phases[p] for p in candidates}) if values and candidates else None
     found = []
-    for p in candidates:
-        got = _judge(m, p, spreads, threshold, min_persistence, floor, recorded)
+    for p, (uneven, onset) in candidates.items():
+        got = _judge(m, p, uneven[onset:], onset, spreads, recorded)
         if got is not None:
             found.append(got)
     found.sort(key=lambda i: -i.lost_ms)
@@ -178,10 +179,6 @@ def balanced(m: PhaseMatrices, found: Imbalance) -> Matrix:
             noise = q / nanmedian(q, axis=0)[None, :]
             out = np.where(np.isfinite(noise), out * noise, out)
     return out
-
-
-def with_costs(found: list[Imbalance], costs: list[Cost | None]) -> list[Imbalance]:
-    return [replace(i, cost=c) for i, c in zip(found, costs, strict=True)]
 
 
 def _uneven(d: Matrix, threshold: float, floor: float) -> npt.NDArray[np.float64] | None:
@@ -229,24 +226,16 @@ def _spread(d: Matrix) -> float:
     return float(np.median(iqr)) if len(iqr) else float("nan")
 
 
-def _judge(  # noqa: PLR0917 - one phase's verdict from the run's rules
+def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance found
     m: PhaseMatrices,
     p: int,
+    hits: Vector,
+    onset: int,
     spreads: dict[int, float],
-    threshold: float,
-    min_persistence: float,
-    floor: float,
     recorded: PhaseValues | None,
 ) -> Imbalance | None:
-    d = m.ms[p]
-    uneven = _uneven(d, threshold, floor)
-    if uneven is None:
-        return None
-    onset = _onset(uneven, min_persistence)
-    if onset is None:
-        return None
-    d = d[:, onset:]
-    hits = uneven[onset:]
+    """Phase `p`'s imbalance, given its uneven steps (`hits`) from the `onset` index on."""
+    d = m.ms[p][:, onset:]
     at = np.flatnonzero(hits == 1)
     with quiet():
         slowest = np.nanargmax(np.where(np.isfinite(d[:, at]), d[:, at], -np.inf), axis=0)

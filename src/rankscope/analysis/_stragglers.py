@@ -44,8 +44,7 @@ from ._findings import (
     sentences,
 )
 from ._groups import slow_groups, waiting_for_groups
-from ._groups import with_costs as groups_with_costs
-from ._imbalance import find_imbalance, with_costs
+from ._imbalance import find_imbalance
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ._options import StragglerOptions
 from ._rows import Row, rows_of
@@ -254,8 +253,12 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     )
     if report.findings or report.imbalance:
         costs = estimate_costs(timeline, report, hosts, gpus)
-        report.imbalance = with_costs(report.imbalance, costs.imbalance)
-        report.groups = groups_with_costs(report.groups, costs.groups)
+        report.imbalance = [
+            replace(u, cost=c) for u, c in zip(report.imbalance, costs.imbalance, strict=True)
+        ]
+        report.groups = [
+            replace(g, cost=c) for g, c in zip(report.groups, costs.groups, strict=True)
+        ]
         slow = {f.phase for f in report.findings if f.role == "slow"}
         known = values(slow) if values is not None and slow else None
         causes = causes_of(
