@@ -257,3 +257,13 @@ def test_any_health_line_is_read_or_skipped_never_raised(lines: list[bytes]) -> 
         assert len(rows.steps) == len(set(rows.steps.tolist())) <= len(lines)
         assert not np.isinf(rows.figures).any() and (np.nan_to_num(rows.figures) >= 0).all()
         assert len(health.skipped) <= 1
+
+
+def test_throttle_reasons_never_read_rule_nothing_out(tmp_path: Path) -> None:
+    """NVML that gave no throttle reasons (`"throttle": null`) is not "no throttling"."""
+    write_timings(tmp_path, ranks=4, steps=40, slowdowns=[Slowdown(2, "forward", 0.5)])
+    unread = {**HEALTHY, "throttle": None}
+    write_health(tmp_path, 4, 40, lambda r, s: unread)
+    finding, _ = slow_cause(tmp_path)
+    assert "no thermal or power throttling" not in finding.cause.text
+    assert "its throttle reasons not read" in finding.cause.text

@@ -151,9 +151,11 @@ def _machine(
         # Neither throttled nor healthy: a low clock no reason explains (clocks an
         # application set, another GPU model), or a reason set with the clock near the
         # others', is said, not judged.
-        since += (
-            f" ({gpu.clock_words(since=False)}; a thermal or power throttle reason set at "
-            f"{gpu.throttled_share:.0%} of its samples)"
+        share = gpu.throttled_share
+        since += f" ({gpu.clock_words(since=False)}; " + (
+            "its throttle reasons not read)"
+            if share is None
+            else f"a thermal or power throttle reason set at {share:.0%} of its samples)"
         )
     if evidence is None:
         evidence = (_NO_VALUE.format(f.phase), False)

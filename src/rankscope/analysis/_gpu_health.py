@@ -39,6 +39,13 @@ def throttled(health: RankHealth) -> Bools:
     return held
 
 
+def throttled_share(health: RankHealth) -> float | None:
+    """The share of the rows whose reasons were read that have one set; None where no row's
+    were (not read is not "not throttled")."""
+    read = health.reasons >= 0
+    return float(throttled(health)[read].mean()) if read.any() else None
+
+
 def holds_of(reasons: npt.NDArray[np.int64]) -> tuple[str, ...]:
     """What held the clock back at rows whose reason bits are `reasons`, in words."""
     union = int(np.bitwise_or.reduce(reasons[reasons >= 0], initial=0))
@@ -55,7 +62,8 @@ class GpuHealth:
     """The rank's samples the figures are taken over."""
     clock: float | None
     others_clock: float | None
-    throttled_share: float
+    throttled_share: float | None
+    """The share of its samples with a throttle reason set, of those whose reasons were read."""
     holds: tuple[str, ...]
     """What holds the clock back, in words ("thermal throttling"), at the samples it does."""
     temp: float | None
@@ -75,6 +83,7 @@ class GpuHealth:
             and self.others_clock is not None
             and self.clock > 0
             and self.others_clock / self.clock > threshold
+            and self.throttled_share is not None
             and self.throttled_share >= THROTTLED_SHARE
         )
 
@@ -84,6 +93,7 @@ class GpuHealth:
             self.clock is not None
             and self.others_clock is not None
             and self.clock * threshold >= self.others_clock
+            and self.throttled_share is not None
             and self.throttled_share < THROTTLED_SHARE
         )
 
@@ -97,7 +107,7 @@ class GpuHealth:
     def machine(self) -> str:
         """The machine cause: the clock, what holds it back, and the figures that show it."""
         holds = " and ".join(self.holds)
-        said = [f"set at {self.throttled_share:.0%} of its {self.samples} samples"]
+        said = [f"set at {self.throttled_share or 0:.0%} of its {self.samples} samples"]
         if "thermal throttling" in self.holds and self.temp is not None:
             temp = f"its GPU at {self.temp:.0f} C"
             if self.others_temp is not None:
@@ -108,10 +118,10 @@ class GpuHealth:
         return f"machine: {self.clock_words()}, {holds} ({'; '.join(said)})"
 
     def ruled_out(self) -> str:
-        """Its GPU's clocks, ruled out, in words."""
+        """Its GPU's clocks, ruled out, in words (where healthy(): its reasons were read)."""
         return (
             f"its GPU's clocks ({self.clock_words()}, no thermal or power throttling at "
-            f"{1 - self.throttled_share:.0%} of its samples)"
+            f"{1 - (self.throttled_share or 0.0):.0%} of its samples)"
         )
 
     def host(self) -> str | None:
@@ -145,7 +155,7 @@ def gpu_health(
         samples=len(mine),
         clock=median(mine.figures, "sm_mhz"),
         others_clock=median(theirs, "sm_mhz"),
-        throttled_share=float(held.mean()),
+        throttled_share=throttled_share(mine),
         holds=holds_of(mine.reasons[held]),
         temp=median(mine.figures, "temp_c"),
         others_temp=median(theirs, "temp_c"),

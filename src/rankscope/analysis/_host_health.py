@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .._text import format_ranks
-from ._gpu_health import THROTTLED_SHARE, holds_of, throttled
+from ._gpu_health import THROTTLED_SHARE, holds_of, throttled, throttled_share
 from .read._attempts import Attempts
 from .read._health import read_health, tokens_of
 
@@ -49,10 +49,9 @@ def throttled_gpus(
     health = read_health(root, tokens_of(attempts))
     out = []
     for rank, samples in sorted(health.ranks.items()):
-        held = throttled(samples)
-        share = float(held.mean())
-        if share >= THROTTLED_SHARE:
-            holds = holds_of(samples.reasons[held])
+        share = throttled_share(samples)
+        if share is not None and share >= THROTTLED_SHARE:
+            holds = holds_of(samples.reasons[throttled(samples)])
             out.append(ThrottledGpu(run, attempt, rank, hosts.get(rank), share, holds))
     return out, health.skipped
 
