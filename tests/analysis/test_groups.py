@@ -94,3 +94,14 @@ def test_the_report_page_shows_a_slow_group_and_uneven_data_with_their_prices(
     assert any(s.startswith("fixing pipeline_stage=3 in forward saves") for s in said), said
     assert any(s.startswith("ranks are unevenly loaded in optimizer") for s in said), said
     assert any(s.startswith("balancing optimizer across ranks saves") for s in said), said
+
+
+def test_ranks_slow_together_are_a_group_not_uneven_data(tmp_path: Path) -> None:
+    # Four slow ranks take the slowest place in turn: no one rank holds it at most steps,
+    # but they are the slow findings' ranks, not data that loads ranks unevenly.
+    slow = [Slowdown(r, "forward", 1.5) for r in range(12, 16)]
+    write_timings(tmp_path, ranks=16, steps=40, slowdowns=slow, groups=lambda r: {"tp": r // 4})
+    report = analyse_stragglers(tmp_path).report
+    assert [g.name for g in report.groups] == ["tp=3"]
+    assert report.imbalance == []
+    assert not any("unevenly" in line for line in report.summary)

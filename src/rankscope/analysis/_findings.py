@@ -331,7 +331,7 @@ def sentences(report: StragglerReport) -> list[str]:
         who = _verb([u.rank for u in rows], "seems", "seem")
         out.append(f"{who} to wait in {phase} for rank {last}, {_too_few(rows)}")
     for uneven in report.imbalance:
-        out.append(uneven.sentence())
+        out.append(uneven.sentence(report.steps[0]))
         out.append(f"why {uneven.phase} is uneven: {uneven.cause.text}")
     if fit is not None and abs(fit - 1) > ROUGH_FIT and report.cost is not None:
         out.append(

@@ -24,7 +24,7 @@ the median of the others at each step from the onset, never slower than it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,22 +86,14 @@ class Imbalance:
     at the step's median, which the note of the cost says is an upper bound."""
     cost: Cost | None = None
 
-    def sentence(self) -> str:
-        since = f" since step {self.since_step}" if self.since_step else ""
+    def sentence(self, first_step: int = 0) -> str:
+        """In words; "since step N" unless it began at `first_step`, the run's first sampled step."""
+        since = "" if self.since_step == first_step else f" since step {self.since_step}"
         return (
             f"ranks are unevenly loaded in {self.phase} from step to step{since}: the "
             f"slowest rank changes at {self.changes:.0%} of the uneven steps ({self.ranks_slowest} "
             f"ranks were the slowest at some step, none at more than {self.top_share:.0%}), "
             f"{self.ratio:.2f}x the median rank at {self.share:.0%} of sampled steps"
-        )
-
-    def cost_sentence(self) -> str | None:
-        if self.cost is None:
-            return None
-        c = self.cost
-        return (
-            f"balancing {self.phase} across ranks saves {c.step_ms_saved:.3g} ms of a "
-            f"{c.step_ms:.3g} ms step ({c.speedup:.2f}x as fast)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,13 +122,16 @@ def find_imbalance(
     threshold: float,
     min_persistence: float,
     floor: float,
+    slow: Collection[tuple[int, str]] = (),
     values: Callable[[set[str]], PhaseValues] | None = None,
 ) -> list[Imbalance]:
     """The phases of `m` whose slowest rank changes from step to step (see the module).
 
     `sync`: the phases that end in a collective (a rank's time there is its wait, not
-    its load); `floor`: the least excess in ms that counts (the straggler floor);
-    `values(phases)`: the per-step values recorded with those phases."""
+    its load); `floor`: the least excess in ms that counts (the straggler floor); `slow`:
+    the (rank, phase) pairs of the slow findings (ranks slow together, a slow group, are
+    the slowest in turn; they are theirs, not imbalance); `values(phases)`: the per-step
+    values recorded with those phases."""
     if len(m.ranks) < _FEWEST_RANKS or len(m.steps) < 3:
         return []
     work = [
@@ -154,7 +149,8 @@ def find_imbalance(
     recorded = values({m.phases[p] for p in candidates}) if values and candidates else None
     found = []
     for p, (uneven, onset) in candidates.items():
-        got = _judge(m, p, uneven[onset:], onset, spreads, recorded)
+        found_slow = [i for i, rank in enumerate(m.ranks) if (rank, m.phases[p]) in slow]
+        got = _judge(m, p, uneven[onset:], onset, spreads, recorded, found_slow)
         if got is not None:
             found.append(got)
     found.sort(key=lambda i: -i.lost_ms)
@@ -233,6 +229,7 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
     onset: int,
     spreads: dict[int, float],
     recorded: PhaseValues | None,
+    found_slow: list[int],
 ) -> Imbalance | None:
     """Phase `p`'s imbalance, given its uneven steps (`hits`) from the `onset` index on."""
     d = m.ms[p][:, onset:]
@@ -243,8 +240,10 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
         top = np.nanmax(d, axis=0)
     counts = np.bincount(slowest, minlength=len(m.ranks))
     top_share = float(counts.max() / len(at))
-    if top_share >= _MOST:
-        return None  # one rank is the slowest at most of them: the straggler rules' case
+    if top_share >= _MOST or counts[found_slow].sum() >= _MOST * len(at):
+        # One rank, or the ranks with slow findings together, are the slowest at most of
+        # them: the straggler rules' case (ranks slow together take the slowest in turn).
+        return None
     phase = m.phases[p]
     values = recorded.of(phase) if recorded is not None else {}
     follows = _values_follow(slowest, {k: v[:, onset:][:, at] for k, v in values.items()})

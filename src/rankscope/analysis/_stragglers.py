@@ -241,6 +241,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         threshold=threshold,
         min_persistence=min_persistence,
         floor=floor,
+        slow={(f.rank, f.phase) for f in report.findings if f.role == "slow"},
         values=values,
     )
     report.groups = waiting_for_groups(
