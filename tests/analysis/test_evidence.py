@@ -257,3 +257,18 @@ def test_the_line_says_how_much_of_the_phases_growth_the_ops_shown_hold() -> Non
     # Without the phase's own times (traces that mark no range of it), nothing more is said.
     plain = evidence_line({**finding, "evidence": evidence})
     assert plain is not None and plain.endswith("at steps 20-21")
+
+
+def test_one_trace_marking_the_phase_and_one_not_are_both_compared_over_whole_steps(
+    tmp_path: Path,
+) -> None:
+    root = _run(tmp_path)
+    window = "step-000020-000021"
+    _trace(root, window, SLOW, _steps(800.0))  # marks forward: copy_ falls outside it
+    _trace(root, window, 0, _steps(100.0, phases=False))
+    evidence = _evidence(root)["evidence"]
+    assert evidence["scope"] == "whole steps"
+    ops = {op["name"]: op for op in evidence["ops"]}
+    # copy_ runs outside the phase on both ranks alike: over whole steps it did not grow.
+    assert ops["aten::copy_"]["slow_ms"] == ops["aten::copy_"]["peer_ms"] == 0.4
+    assert ops["aten::mm"]["delta_ms"] == 0.7

@@ -42,6 +42,7 @@ _PAIR_STEPS = 2  # the steps the suggested trigger records (trace.auto.window_st
 _RANGES = ("user_annotation", "gpu_user_annotation")  # record_function ranges, host and device
 _DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
 _AUTO_BYTES = 1 << 20
+_WHOLE_STEPS = ""  # a phase name no range has: _phase_ops then sums over whole steps
 _Ops = tuple[str, bool, dict[str, float], float]
 """What a trace shows of one phase: (kind, inside the phase's ranges?, op -> total us, the
 phase's own ranges in us: on the device where it has ranges there and the ops are
@@ -187,6 +188,10 @@ def _one(run: _Run, f: StragglerFinding) -> Evidence:
     problems: list[str] = []
     slow_ops = run.ops(held[f.rank], f.phase, problems)
     peer_ops = run.ops(held[peer], f.phase, problems)
+    if slow_ops is not None and peer_ops is not None and slow_ops[1] != peer_ops[1]:
+        # One trace marks the phase, the other does not: both over whole steps, alike.
+        slow_ops = run.ops(held[f.rank], _WHOLE_STEPS, problems)
+        peer_ops = run.ops(held[peer], _WHOLE_STEPS, problems)
     base = Evidence(name, peer, steps=(first, last), asked=asked, problems=problems)
     if slow_ops is None or peer_ops is None:
         return replace(base, missing="a trace of the window cannot be read: " + "; ".join(problems))
