@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import TraceError
 from .._text import printable
-from ..rundir._files import read_regular
+from ..rundir._files import read_json_object
 from ..rundir._layout import RunDir, TraceFile, ack_path, window_key, window_steps
 from ..traces._kineto import summarize_trace
 
@@ -280,7 +280,7 @@ def _asked(root: Path, rank: int, window: str) -> dict[str, Any] | None:
             "why": why if isinstance(why, str) else None,
         }
         if isinstance(trigger, str) and who is not None:
-            answer = _read_json(ack_path(root, trigger, who))
+            answer = read_json_object(ack_path(root, trigger, who), _AUTO_BYTES)
             if answer is None:
                 asked["answer"] = "no answer (it never looked, or the run stopped first)"
             elif answer.get("status") == "accepted":
@@ -315,15 +315,6 @@ def _auto_lines(root: Path, rank: int) -> Iterable[dict[str, Any]]:
                 continue  # a torn or foreign line: the record is evidence, not a figure
             if isinstance(line, dict):
                 yield line
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        raw = read_regular(path, _AUTO_BYTES)
-        data = json.loads(raw) if len(raw) <= _AUTO_BYTES else None
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _phase_ops(path: Path, phase: str) -> _Ops | str:

@@ -10,14 +10,13 @@ collective: a file, as `rankscope trigger` writes one.
 
 from __future__ import annotations
 
-import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._text import format_ranks
-from ..rundir._files import read_regular
+from ..rundir._files import read_json_object, read_regular
 from ..rundir._layout import RunDir, auto_path, live_path, meta_path
 from ._trigger import Trigger, config_in_meta, rank_listens, write_trigger
 
@@ -60,10 +59,10 @@ def choose_peer(run_dir: str, rank: int, step: int) -> Peer:
     layout = RunDir(run_dir)
     near = sorted((f for f in layout.meta() if f.rank != rank), key=lambda f: abs(f.rank - rank))
     near = near[:CANDIDATES]
-    metas = {f.rank: _read_json(f.path) for f in near}
-    beats = {f.rank: _read_json(live_path(run_dir, f.rank)) for f in near}
+    metas = {f.rank: read_json_object(f.path, _MAX_BYTES) for f in near}
+    beats = {f.rank: read_json_object(live_path(run_dir, f.rank), _MAX_BYTES) for f in near}
     fired = {f.rank for f in near if _holds_a_line(auto_path(run_dir, f.rank))}
-    mine = _read_json(meta_path(run_dir, rank)) or {}
+    mine = read_json_object(meta_path(run_dir, rank), _MAX_BYTES) or {}
     host = mine.get("host")
     groups = _groups(mine)
     passed: dict[str, list[int]] = {}
@@ -149,15 +148,6 @@ def ask_peer(
     trigger = Trigger(trigger_id, first, steps, str(peer), None, tag, rank)
     write_trigger(run_dir, trigger)
     return trigger
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        raw = read_regular(path, _MAX_BYTES)
-        data = json.loads(raw) if len(raw) <= _MAX_BYTES else None
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _holds_a_line(path: Path) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import subprocess
@@ -13,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from ..rundir._files import read_regular
+from ..rundir._files import read_json_object
 from ._finalize import FinalizeJob, discard, finalize
 
 __all__ = ["JobThread", "TraceFinalizer"]
@@ -124,7 +123,7 @@ class TraceFinalizer(JobThread[FinalizeJob]):
     def _work(self, job: FinalizeJob) -> None:
         error = self._finalize(job)
         if error is None:
-            self.last_summary = _read_json(job.summary)
+            self.last_summary = read_json_object(job.summary, _SUMMARY_MAX)  # never through a link
         else:
             discard(job)  # a child that died before finalising leaves the raw export behind
             self._on_error(error)
@@ -160,11 +159,3 @@ class TraceFinalizer(JobThread[FinalizeJob]):
 
 
 _SUMMARY_MAX = 64 << 20  # a summary is a few hundred KB at most
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    try:
-        data = json.loads(read_regular(path, _SUMMARY_MAX))  # never through a link
-    except (OSError, ValueError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import re
 import stat
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ._layout import AUTO, MEMORY, META, NSYS, TIMINGS, TRACES, TRIGGERS, rank_name, temp_name
 
@@ -45,6 +46,7 @@ __all__ = [
     "is_plain_name",
     "open_append",
     "open_folder",
+    "read_json_object",
     "read_regular",
     "remove_stale_temps",
     "write_atomic",
@@ -391,6 +393,17 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
         folder.fd = os.open(target.parent, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
     with folder, os.fdopen(folder.read(target.name), "rb") as fh:
         return fh.read(limit + 1)
+
+
+def read_json_object(path: str | os.PathLike[str], limit: int) -> dict[str, Any] | None:
+    """The JSON object in `path` (read as `read_regular` does); None where the file cannot
+    be read, is over `limit` bytes, or holds anything but one JSON object."""
+    try:
+        raw = read_regular(path, limit)
+        data = json.loads(raw) if len(raw) <= limit else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 # -- what an earlier process of a rank left behind ---------------------------------------
