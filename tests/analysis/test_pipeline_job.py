@@ -6,13 +6,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
 import rankscope
-from rankscope.analysis import analyse_stragglers
-from rankscope.analysis._findings import cost_lines
+from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
+from rankscope.analysis._findings import cost_lines, model_fit
 
 from .._gloo import GlooRanks
 
@@ -67,13 +68,20 @@ def pipeline_job(rank: int, world: int, run_dir: str, slow_stage: int) -> None:
             prof.step()
 
 
+def _step_ms(run: Path) -> float:
+    m = phase_matrices(read_timings(run))
+    return float(np.nanmean(np.nanmedian(m.ms[m.index("step")], axis=0)))
+
+
 @pytest.mark.serial  # four ranks sleeping against the clock: other workers' load bends it
 @pytest.mark.slow
 def test_a_slow_stage_of_a_real_pipeline_is_named_with_the_stage_that_waits_for_it(
     tmp_path: Path, gloo_ranks: GlooRanks
 ) -> None:
-    gloo_ranks.run(pipeline_job, STAGES * DP, tmp_path, 1)
-    report = analyse_stragglers(tmp_path).report
+    slow, even = tmp_path / "slow", tmp_path / "even"
+    gloo_ranks.run(pipeline_job, STAGES * DP, slow, 1)
+    gloo_ranks.run(pipeline_job, STAGES * DP, even, -1)
+    report = analyse_stragglers(slow).report
     (group,) = report.groups
     assert (group.name, group.ranks) == ("pipeline_stage=1", (2, 3))
     assert set(group.phases) >= {"forward", "backward"}
@@ -81,5 +89,12 @@ def test_a_slow_stage_of_a_real_pipeline_is_named_with_the_stage_that_waits_for_
     said = report.to_dict()
     assert said["summary"][0].startswith("pipeline_stage=1 (ranks 2, 3) is slow in")
     assert "ranks 0, 1 wait for it in pp_recv" in said["summary"][0]
-    assert group.cost is not None and group.cost.step_ms_saved > 0
+    # Priced by the replay of the pipeline (gloo's sends wait for their recvs): the
+    # same job with no slow stage is as much faster. The segment model priced it 3-8%
+    # high, with its step at 0.92x the measured one.
+    truth = _step_ms(slow) - _step_ms(even)
+    assert group.cost is not None
+    assert group.cost.step_ms_saved == pytest.approx(truth, rel=0.15)
+    fit = model_fit(report)
+    assert fit is not None and abs(fit - 1) <= 0.05
     assert cost_lines(said)[0].startswith("fixing pipeline_stage=1 in ")

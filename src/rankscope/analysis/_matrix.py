@@ -15,6 +15,7 @@ import numpy.typing as npt
 from .._errors import ConfigError
 from .._text import format_ranks, number_ranges
 from ._clocks import choose_clock
+from ._ops import OpsGatherer, StepOps
 from .read._engine import TIME_BASES, RunRecords
 from .read._timings import RunTimings
 
@@ -61,6 +62,9 @@ class PhaseMatrices:
     """Where some phases are read on host time and others on device time: every phase's
     device time, the GPU's timeline, on which the phases follow each other (a host-side
     loader overlaps the GPU's work on the step before). None otherwise."""
+    ops: StepOps | None = None
+    """Each rank's top-level records in the order it ran them, where a phase runs more
+    than once in a step (a pipeline's microbatches): what the pipeline replay reads."""
 
     def on_timeline(self) -> PhaseMatrices:
         """These matrices with every phase on the clock that places it in the step: what
@@ -123,11 +127,13 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     clocks: list[str] = []
     first: list[Matrix] = []
     last: list[Matrix] = []
+    ops = OpsGatherer()
     for name in names:
         phase = records.phases[name]
         rank, step, dur, start_ns, host_ms = phase.take()
         cell = np.searchsorted(rank_index, rank) * n_s + np.searchsorted(steps, step)
         clock = "host" if dur is host_ms else choose_clock(records.time, dur, host_ms)
+        on_device = None if dur is host_ms else dur
         clocks.append(clock)
         if records.time == "auto":  # a CPU run's phases have none: not summed for nothing
             timed = dur is not host_ms and bool(np.isfinite(dur).any())
@@ -141,6 +147,17 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         with np.errstate(over="ignore"):  # a time near a double's limit ends at infinity
             end = start + host_ms * 1e6
         last.append(_extreme(np.maximum, cell, end, n_r, n_s, single=single))
+        if phase.depth == 0 and name != STEP:
+            ops.add(
+                name,
+                rank=rank,
+                step=step,
+                start_ns=start,
+                end_ns=end,
+                ms=dur,
+                device_ms=on_device,
+                single=single,
+            )
     # Steps run their phases in start order; the step record (which spans them all) goes last.
     began = np.fmin.reduce(np.stack(first), axis=0) if first else np.zeros((n_r, n_s))
     typical = [_median(s - began) for s in first]
@@ -160,6 +177,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         start_ns=[first[p] for p in ranked],
         end_ns=[last[p] for p in ranked],
         origin_ns=origin,
+        ops=ops.done(),
     )
 
 

@@ -253,7 +253,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         floor=floor,
     )
     if report.findings or report.imbalance:
-        costs = estimate_costs(timeline, report, hosts, gpus)
+        costs = estimate_costs(timeline, report, hosts, gpus, groups)
         report.imbalance = [
             replace(u, cost=c) for u, c in zip(report.imbalance, costs.imbalance, strict=True)
         ]
