@@ -113,7 +113,9 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     """The per-phase matrices of a run's records (read/_engine.py read_run_records).
 
     The records are used up: each phase's parts are joined, placed and released in turn,
-    so memory holds the records and one phase's copy besides the matrices."""
+    so memory holds the records and one phase's copy besides the matrices. Where a
+    top-level phase runs more than once in a rank's step (a pipeline's microbatches), the
+    top-level records are kept besides, in order (`ops`)."""
     ranks = sorted(records.ranks)
     rank_index = np.asarray(ranks, np.int64)
     every = [part[1] for phase in records.phases.values() for part in phase.parts]
@@ -127,7 +129,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     clocks: list[str] = []
     first: list[Matrix] = []
     last: list[Matrix] = []
-    ops = OpsGatherer()
+    ops = OpsGatherer() if _repeats(records, rank_index, steps) else None
     for name in names:
         phase = records.phases[name]
         rank, step, dur, start_ns, host_ms = phase.take()
@@ -147,7 +149,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         with np.errstate(over="ignore"):  # a time near a double's limit ends at infinity
             end = start + host_ms * 1e6
         last.append(_extreme(np.maximum, cell, end, n_r, n_s, single=single))
-        if phase.depth == 0 and name != STEP:
+        if ops is not None and phase.depth == 0 and name != STEP:
             ops.add(
                 name,
                 rank=rank,
@@ -156,7 +158,6 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
                 end_ns=end,
                 ms=dur,
                 device_ms=on_device,
-                single=single,
             )
     # Steps run their phases in start order; the step record (which spans them all) goes last.
     began = np.fmin.reduce(np.stack(first), axis=0) if first else np.zeros((n_r, n_s))
@@ -177,8 +178,23 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         start_ns=[first[p] for p in ranked],
         end_ns=[last[p] for p in ranked],
         origin_ns=origin,
-        ops=ops.done(),
+        ops=None if ops is None else ops.done(),
     )
+
+
+def _repeats(
+    records: RunRecords, ranks: npt.NDArray[np.int64], steps: npt.NDArray[np.int64]
+) -> bool:
+    """Some top-level phase (the step record aside) runs more than once in a rank's step.
+    A file's records are in one part, so a cell's are too."""
+    for name, phase in records.phases.items():
+        if phase.depth != 0 or name == STEP:
+            continue
+        for part in phase.parts:
+            cell = np.searchsorted(ranks, part[0]) * len(steps) + np.searchsorted(steps, part[1])
+            if len(cell) and np.bincount(cell).max() > 1:
+                return True
+    return False
 
 
 def _timeline(device: list[Matrix | None], n_r: int, n_s: int) -> list[Matrix]:

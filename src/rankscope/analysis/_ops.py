@@ -47,14 +47,13 @@ class _Part:
 
 
 class OpsGatherer:
-    """Collects top-level phases' records as matrices_of reads them; `done` keeps them
-    only where some phase ran more than once in a rank's step (microbatches): a run of
-    once-a-step phases is what the phase matrices already say whole."""
+    """Collects top-level phases' records as matrices_of reads them (it makes one only
+    where some phase runs more than once in a rank's step: a run of once-a-step phases
+    is what the phase matrices say whole)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.parts: list[_Part] = []
-        self.repeated = False
 
     def add(
         self,
@@ -66,9 +65,7 @@ class OpsGatherer:
         end_ns: Floats,
         ms: Floats,
         device_ms: Floats | None,
-        single: bool,
     ) -> None:
-        self.repeated |= not single
         self.parts.append(
             _Part(
                 len(self.names),
@@ -83,7 +80,7 @@ class OpsGatherer:
         self.names.append(name)
 
     def done(self) -> StepOps | None:
-        if not self.repeated or not self.parts:
+        if not self.parts:
             return None
         cat = np.concatenate
         rank = cat([p.rank for p in self.parts])
