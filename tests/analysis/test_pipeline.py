@@ -14,6 +14,7 @@ from rankscope.analysis._replay import build_replay
 from rankscope.analysis._stragglers import ends_in_collective
 from rankscope.rundir._layout import timing_path
 from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
+from rankscope.testing._synthetic import Uneven
 
 
 def _step_ms(run: Path) -> float:
@@ -137,3 +138,48 @@ def test_a_step_a_rank_ran_otherwise_is_left_to_the_segment_model(tmp_path: Path
     assert [s for s, ok in zip(m.steps, replay.ok, strict=True) if not ok] == [5]
     report = analyse_stragglers(tmp_path).report
     assert report.groups and report.groups[0].cost is not None
+
+
+def test_one_slow_rank_of_a_stage_is_priced_by_the_replay(tmp_path: Path) -> None:
+    # Rank 6 (stage 1 of replica 2) alone: its replica's pipeline, and through the loss
+    # all-reduce every replica, waits for it.
+    shape = Pipeline(schedule="1f1b", dp=4)
+    write_pipeline(tmp_path / "slow", shape=shape, slow=[SlowStage(1, 1.0, replica=2)])
+    write_pipeline(tmp_path / "even", shape=shape)
+    report = analyse_stragglers(tmp_path / "slow").report
+    assert not report.groups
+    assert {(f.rank, f.phase) for f in report.findings if f.role == "slow"} == {
+        (6, "forward"),
+        (6, "backward"),
+    }
+    truth = _step_ms(tmp_path / "slow") - _step_ms(tmp_path / "even")
+    assert report.cost is not None
+    assert report.cost.step_ms_saved == pytest.approx(truth, rel=0.02)
+
+
+@pytest.mark.parametrize("tokens", [1000, None])
+def test_uneven_data_across_replicas_is_found_and_priced(
+    tmp_path: Path, tokens: int | None
+) -> None:
+    # Each replica's data loads its every stage alike, a different replica each step:
+    # the forward and the backward both follow the data, so neither is the other's
+    # measure of noise. Priced as the whole of each phase balanced: balancing kept the
+    # other uneven phase's spread as if it were noise, and saved 1.0 ms of a true 25.
+    shape = Pipeline(schedule="1f1b", dp=4)
+    uneven = Uneven(phases=("forward", "backward"), spread=0.6, tokens=tokens)
+    write_pipeline(tmp_path / "uneven", shape=shape, uneven=uneven, steps=40)
+    write_pipeline(tmp_path / "even", shape=shape, steps=40)
+    report = analyse_stragglers(tmp_path / "uneven").report
+    assert not report.findings
+    assert {i.phase for i in report.imbalance} == {"forward", "backward"}
+    truth = _step_ms(tmp_path / "uneven") - _step_ms(tmp_path / "even")
+    assert report.cost is not None
+    assert report.cost.step_ms_saved == pytest.approx(truth, rel=0.1)
+    said = report.imbalance[0].cause.text
+    if tokens:
+        assert said.startswith("data-driven: the slowest rank held one of the largest tokens")
+    else:
+        # Without a value: the ranks of one replica are slow together, a different one
+        # each step; the machines' noise does not fall on a replica's ranks together.
+        assert said.startswith("likely the data: the ranks that share the slowest rank's dp")
+        assert 'record one, e.g. prof.phase("' in said

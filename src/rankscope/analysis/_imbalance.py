@@ -15,8 +15,13 @@ A phase holds imbalance when, since some step:
   the larger values), or, without one, the phase's ranks spread from step to step at
   least `_WIDER` times as much as in another work phase of the same steps, whose work
   does not follow the data (the optimizer's does not). Noise spreads every phase alike,
-  so a clean noisy run is not called uneven; a run with a single work phase and no value
-  cannot be told from noise and is not judged.
+  so a clean noisy run is not called uneven. Or, where every comparable work phase
+  spreads as much (the forward and the backward both follow the data), the ranks that
+  share the slowest rank's data are slow with it: the ranks of one named group (a
+  pipeline's replica: `dp`, the same data through every stage) are all above their
+  typical time at `_TOGETHER` of the uneven steps, a different group from step to step.
+  Machines' noise does not fall on a group's ranks together. A run with neither cannot
+  be told from noise and is not judged.
 
 Its price is the step model's (analysis/_cost.py): every rank's time in the phase set to
 the median of the others at each step from the onset, never slower than it was.
@@ -24,7 +29,7 @@ the median of the others at each step from the onset, never slower than it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +60,10 @@ _FOLLOWS = 0.5
 values at this share of the uneven steps, or more."""
 _FEWEST_RANKS = 3
 """A step's median rank needs three ranks or more."""
+_TOGETHER = 0.75
+"""A group shares the slowest rank's data when all its other ranks are above their own
+typical time at this share of the uneven steps, or more (by chance, at a step: a half for
+each of them; a group needs three ranks or more)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,7 @@ def find_imbalance(
     floor: float,
     slow: Collection[tuple[int, str]] = (),
     values: Callable[[set[str]], PhaseValues] | None = None,
+    groups: Mapping[int, Mapping[str, object]] | None = None,
 ) -> list[Imbalance]:
     """The phases of `m` whose slowest rank changes from step to step (see the module).
 
@@ -131,7 +141,7 @@ def find_imbalance(
     its load); `floor`: the least excess in ms that counts (the straggler floor); `slow`:
     the (rank, phase) pairs of the slow findings (ranks slow together, a slow group, are
     the slowest in turn; they are theirs, not imbalance); `values(phases)`: the per-step
-    values recorded with those phases."""
+    values recorded with those phases; `groups`: rank -> its named parallel groups."""
     if len(m.ranks) < _FEWEST_RANKS or len(m.steps) < 3:
         return []
     work = [
@@ -150,7 +160,7 @@ def find_imbalance(
     found = []
     for p, (uneven, onset) in candidates.items():
         found_slow = [i for i, rank in enumerate(m.ranks) if (rank, m.phases[p]) in slow]
-        got = _judge(m, p, uneven[onset:], onset, spreads, recorded, found_slow)
+        got = _judge(m, p, uneven[onset:], onset, spreads, recorded, found_slow, groups or {})
         if got is not None:
             found.append(got)
     found.sort(key=lambda i: -i.lost_ms)
@@ -230,6 +240,7 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
     spreads: dict[int, float],
     recorded: PhaseValues | None,
     found_slow: list[int],
+    groups: Mapping[int, Mapping[str, object]],
 ) -> Imbalance | None:
     """Phase `p`'s imbalance, given its uneven steps (`hits`) from the `onset` index on."""
     d = m.ms[p][:, onset:]
@@ -249,11 +260,12 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
     follows = _values_follow(slowest, {k: v[:, onset:][:, at] for k, v in values.items()})
     quietest = _quietest(m, p, spreads)
     wider = quietest if quietest is not None and quietest[1] >= _WIDER else None
-    if follows is None and wider is None:
+    shared = None if wider is not None else _shared_data(m, d, at, slowest, groups)
+    if follows is None and wider is None and shared is None:
         return None
     judged = np.isfinite(hits)
     ratio = top[judged] / med[judged]
-    evidence, cause = _evidence_and_cause(phase, follows, wider, values)
+    evidence, cause = _evidence_and_cause(phase, follows, wider, shared, values)
     return Imbalance(
         phase=phase,
         kind=m.kinds[p],
@@ -267,7 +279,7 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
         steps=int(judged.sum()),
         evidence=evidence,
         cause=cause,
-        reference=None if quietest is None else quietest[0],
+        reference=None if wider is None else wider[0],
     )
 
 
@@ -309,10 +321,39 @@ def _quietest(m: PhaseMatrices, p: int, spreads: dict[int, float]) -> tuple[str,
     return m.phases[q], spreads[p] / max(least, 1e-9)
 
 
+def _shared_data(
+    m: PhaseMatrices,
+    d: Matrix,
+    at: npt.NDArray[np.intp],
+    slowest: npt.NDArray[np.intp],
+    groups: Mapping[int, Mapping[str, object]],
+) -> tuple[str, float] | None:
+    """The named group (by field) whose ranks are slow with the slowest rank, all above
+    their own typical time, at `_TOGETHER` of the uneven steps (`at`, columns of `d`, the
+    phase since its onset): (the field, that share). Groups of three ranks or more, fewer
+    than every rank."""
+    with quiet():
+        above = d[:, at] > nanmedian(d, axis=1)[:, None]  # each rank against its own typical
+    for field in sorted({str(f) for named in groups.values() for f in named}):
+        value = [groups.get(rank, {}).get(field) for rank in m.ranks]
+        together = []
+        for col, r in enumerate(slowest.tolist()):
+            mates = [i for i, v in enumerate(value) if v == value[r] and i != r]
+            if value[r] is None or len(mates) < 2 or len(mates) + 1 >= len(m.ranks):
+                break
+            together.append(bool(above[mates, col].all()))
+        else:
+            share = float(np.mean(together)) if together else 0.0
+            if share >= _TOGETHER:
+                return field, share
+    return None
+
+
 def _evidence_and_cause(
     phase: str,
     follows: tuple[str, float, float] | None,
     wider: tuple[str, float] | None,
+    shared: tuple[str, float] | None,
     values: dict[str, Matrix],
 ) -> tuple[str, Cause]:
     if follows is not None:
@@ -326,12 +367,19 @@ def _evidence_and_cause(
             f"(balance the data: pack or bucket by {name})"
         )
         return evidence, Cause("data-driven", text)
-    assert wider is not None
-    reference, times = wider
-    evidence = (
-        f"{phase}'s ranks spread {times:.1f}x as much from step to step as {reference}'s, "
-        "whose work does not follow the data"
-    )
+    if wider is not None:
+        reference, times = wider
+        evidence = (
+            f"{phase}'s ranks spread {times:.1f}x as much from step to step as {reference}'s, "
+            "whose work does not follow the data"
+        )
+    else:
+        assert shared is not None
+        field, share = shared
+        evidence = (
+            f"the ranks that share the slowest rank's {field} are slow with it at {share:.0%} "
+            f"of the uneven steps, a different {field} from step to step: they share its data"
+        )
     if values:
         names = ", ".join(sorted(values))
         text = (

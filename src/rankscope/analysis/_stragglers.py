@@ -243,6 +243,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         floor=floor,
         slow={(f.rank, f.phase) for f in report.findings if f.role == "slow"},
         values=values,
+        groups=groups,
     )
     report.groups = waiting_for_groups(
         slow_groups(report.findings, m.ranks, groups),

@@ -12,6 +12,7 @@ is written once per run of it, as the timer writes it.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections.abc import Iterable
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from ..rundir._layout import timing_path
 from ..timing._record import STEP_PHASE, Span, format_record
-from ._synthetic import _EPOCH_NS, _gpu_ms, _span, _write_meta
+from ._synthetic import _EPOCH_NS, Uneven, _gpu_ms, _span, _write_meta
 
 __all__ = ["Pipeline", "SlowStage", "write_pipeline"]
 
@@ -48,10 +49,12 @@ class Pipeline:
 
 @dataclass(frozen=True)
 class SlowStage:
-    """`stage`'s forward and backward take `factor` more (0.5: +50%), on every replica."""
+    """`stage`'s forward and backward take `factor` more (0.5: +50%), on every replica,
+    or on `replica`'s rank of the stage alone."""
 
     stage: int
     factor: float
+    replica: int | None = None
 
 
 def _order(shape: Pipeline, stage: int) -> list[tuple[str, int]]:
@@ -74,8 +77,11 @@ class _Recorder:
     def __init__(self, step: int, lines: dict[int, list[str]], gpu: bool) -> None:
         self.step, self.lines, self.gpu = step, lines, gpu
 
-    def __call__(self, rank: int, phase: str, kind: str, start: int, end: int) -> None:
+    def __call__(  # noqa: PLR0917 - one record's fields
+        self, rank: int, phase: str, kind: str, start: int, end: int, meta: str | None = None
+    ) -> None:
         span: Span = _span(self.step, phase, kind, start, end)
+        span.meta = meta
         self.lines[rank].append(format_record(rank, span, _gpu_ms(span, self.gpu), 0))
 
 
@@ -85,16 +91,24 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
     shape: Pipeline = Pipeline(),
     steps: int = 30,
     slow: Iterable[SlowStage] = (),
+    uneven: Uneven | None = None,
     noise: float = 0.03,
     seed: int = 0,
     gpu: bool = False,
 ) -> Path:
     """Simulate `steps` steps of a pipeline-parallel job and write its timings and meta;
     with `gpu`, every record carries a device time too (the phase's time, as the GPU's
-    timeline would show a stage that waits in its recv)."""
+    timeline would show a stage that waits in its recv). `uneven` loads the replicas
+    unevenly from step to step (each replica's data: every stage of it alike) in its
+    phases ("forward", "backward"), with `tokens` recorded on them."""
     root = Path(run_dir)
     rng = random.Random(seed)
-    factor = {s.stage: 1.0 + s.factor for s in slow}
+    load_rng = random.Random(seed + 2)  # its own: runs with even data draw as before
+    factor: dict[tuple[int, int], float] = {}
+    for slowed in slow:
+        replicas = range(shape.dp) if slowed.replica is None else (slowed.replica,)
+        for replica in replicas:
+            factor[slowed.stage, replica] = 1.0 + slowed.factor
     ranks = shape.stages * shape.dp
     files = {}
     for rank in range(ranks):
@@ -102,9 +116,9 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
         path.parent.mkdir(parents=True, exist_ok=True)
         files[rank] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
 
-    def work(stage: int, ms: float) -> int:
+    def work(stage: int, replica: int, ms: float, load: float = 1.0) -> int:
         jitter = rng.lognormvariate(0.0, noise) if noise else 1.0
-        return int(ms * factor.get(stage, 1.0) * jitter * _NS)
+        return int(ms * factor.get((stage, replica), 1.0) * load * jitter * _NS)
 
     send = int(shape.send_ms * _NS)
     try:
@@ -114,6 +128,10 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
             record = _Recorder(step, lines, gpu)
 
             ends = {}
+            loads = [1.0] * shape.dp
+            if uneven is not None and step >= uneven.from_step:
+                half = uneven.spread / 2
+                loads = [load_rng.uniform(1 - half, 1 + half) for _ in range(shape.dp)]
             for d in range(shape.dp):
                 free = [now] * shape.stages
                 done: dict[tuple[str, int, int], int] = {}  # (op, stage, microbatch) -> end
@@ -137,9 +155,13 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
                             begin = max(start, done[op, near, mb] + send)
                             record(rank, "pp_recv", "comm", start, begin + send // 4)
                             start = begin + send // 4
+                        name = "forward" if op == "F" else "backward"
                         ms = shape.forward_ms if op == "F" else shape.backward_ms
-                        end = start + work(s, ms)
-                        record(rank, "forward" if op == "F" else "backward", "compute", start, end)
+                        loaded = uneven is not None and name in uneven.phases
+                        end = start + work(s, d, ms, loads[d] if loaded else 1.0)
+                        tokens = uneven.tokens if uneven is not None and loaded else None
+                        meta = json.dumps({"tokens": round(tokens * loads[d])}) if tokens else None
+                        record(rank, name, "compute", start, end, meta)
                         onward = s + 1 if op == "F" else s - 1
                         if 0 <= onward < shape.stages:
                             record(rank, "pp_send", "comm", end, end + send)
@@ -155,7 +177,7 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
                 reduced = max(ends[r] for r in group) + int(shape.allreduce_ms * _NS)
                 for r in group:
                     record(r, "dp_allreduce", "comm", ends[r], reduced)
-                    finish = reduced + work(-1, shape.optimizer_ms)
+                    finish = reduced + work(-1, 0, shape.optimizer_ms)
                     record(r, "optimizer", "compute", reduced, finish)
                     after[r] = finish
             # The loss across every rank ends the step together.
