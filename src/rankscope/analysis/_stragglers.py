@@ -48,6 +48,7 @@ from ._imbalance import find_imbalance
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ._options import StragglerOptions
 from ._rows import Row, rows_of
+from ._scopes import scopes_of
 from .read._values import PhaseValues
 
 __all__ = [
@@ -138,19 +139,23 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         d = m.ms[p]
         ref = _reference(d, reference)
         sync = _sync(kind, arrive[p], leave[p], timeline.ms[p])
+        scoped = None
         if sync:
             report.sync_phases.append(phase)
             # In a phase that ends in a collective a rank can only take longer by
             # arriving earlier: measure each rank against the last one to arrive.
             last = _last_arrivals(arrive[p])
             late_ns, made_ns = _lateness(arrive[p], since, last)
+            # Where ranks leave it in groups (a pipeline's all-reduce per stage), each
+            # waits for the last of its own group (analysis/_scopes.py).
+            scoped = None if m.on_device else scopes_of(arrive[p], leave[p], d, since)
             if m.depths[p] == 0:
                 since = np.where(np.isnan(leave[p]), since, leave[p])
             ref_w = _times_of(d, last)
         ratio, excess = _against(d, ref)
         report.table.extend(_table(m.ranks, phase, ratio, excess, threshold=threshold, floor=floor))
         if sync:
-            ratio, excess = _against(d, ref_w[None, :])
+            ratio, excess = _against(d, ref_w[None, :] if scoped is None else scoped.times(d))
         # Only rows with enough steps above can hold a finding; on a clean run that is few.
         above = np.sum((ratio > threshold) & (excess >= floor), axis=1)
         steps = np.sum(np.isfinite(ratio), axis=1)
@@ -188,7 +193,18 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
                 # Waiting differs between rows only by the row's own rank leaving the
                 # window: rows of every step that were never last there share an answer.
                 key = (onset, r if row.whole and r in row.last_at(last, onset) else -1)
-                if not row.whole or key not in waits_memo:
+                if scoped is not None:
+                    cols = row.valid[onset:]
+                    waits_memo[key] = _waited_for(
+                        r,
+                        cols,
+                        scoped.last[r],
+                        scoped.late_ns[r],
+                        scoped.made_ns[r],
+                        ranks=scoped.members(r, cols),
+                        tests=tests,
+                    )
+                elif not row.whole or key not in waits_memo:
                     waits_memo[key] = _waited_for(
                         r,
                         row.valid[onset:],
