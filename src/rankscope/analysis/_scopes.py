@@ -9,8 +9,11 @@ clean run had every stage's ranks "wait" for a rank of the first stage (which dr
 last), and, the first stage's ranks being the only ones ever last, one of them was last
 far more often than one time in the number of ranks: 20 of 54 clean simulated pipelines
 were said to wait for it. At each step the ranks that leave within `_APART` of each other
-(or half the phase's median time, the more) are taken as one collective; where every
-rank leaves together at most steps, the phase is one collective, as before.
+(or half the phase's median time, the more) are taken as one collective. The phase is
+taken in groups where the same groups leave it apart at half the steps or more; where
+every rank leaves together, or ranks leave apart in no steady way (a rank a busy machine
+woke late after the collective, a different one each time), it is one collective, as
+before.
 
 Host time only: on device time the timings say how long each phase took, not when a
 rank left it.
@@ -18,6 +21,7 @@ rank left it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +75,8 @@ def scopes_of(arrive: Matrix, leave: Matrix, d: Matrix, since: Matrix) -> Scopes
     late = np.full((n_r, n_s), np.nan)
     made = np.full((n_r, n_s), np.nan)
     own = arrive - since
-    apart_steps = judged = 0
+    judged = 0
+    partitions: Counter[tuple[tuple[int, ...], ...]] = Counter()
     with quiet():
         typical = nanmedian(d, 0)
     for t in range(n_s):
@@ -82,13 +87,17 @@ def scopes_of(arrive: Matrix, leave: Matrix, d: Matrix, since: Matrix) -> Scopes
         order = present[np.argsort(leave[present, t], kind="stable")]
         gap = max(_APART, 0.5 * float(np.nan_to_num(typical[t]))) * 1e6
         cuts = np.flatnonzero(np.diff(leave[order, t]) > gap) + 1
-        apart_steps += len(cuts) > 0
-        for group in np.split(order, cuts):
+        groups = np.split(order, cuts)
+        partitions[tuple(sorted(tuple(sorted(g.tolist())) for g in groups))] += 1
+        for group in groups:
             who = group[np.argmax(arrive[group, t])]
             last[group, t], size[group, t] = who, len(group)
             with quiet():
                 late[group, t] = arrive[who, t] - np.median(arrive[group, t])
                 made[group, t] = own[who, t] - np.median(own[group, t])
-    if not judged or apart_steps < 0.5 * judged:
+    if not partitions:
         return None
+    common, count = partitions.most_common(1)[0]
+    if len(common) < 2 or count < 0.5 * judged:
+        return None  # one collective, or ranks a busy machine woke late, apart at random
     return Scopes(last=last, size=size, late_ns=late, made_ns=made)
