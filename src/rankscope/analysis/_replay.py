@@ -231,7 +231,8 @@ def build_replay(
     step), no group naming stages, no stage whose ops repeat from step to step, no
     phase that flows from stage to stage."""
     ops = m.ops
-    if ops is None or not groups or len(m.ranks) * len(m.steps) > _MOST_CELLS:
+    cells = len(m.ranks) * len(m.steps)
+    if ops is None or not groups or not cells or cells > _MOST_CELLS:
         return None
     for key, stages in _stage_keys(m.ranks, groups):
         replay = _Builder(m, sync, ops, key, stages).build()
