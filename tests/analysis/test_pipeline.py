@@ -201,3 +201,28 @@ def test_a_clean_pipeline_has_no_finding(
     assert report.findings == []
     assert report.imbalance == []
     assert report.summary == []
+
+
+def test_uneven_data_beside_a_slow_stage_is_found_and_each_is_priced(tmp_path: Path) -> None:
+    # The paper's SE job: uneven sequence lengths across replicas, and a slow stage. By
+    # its time the slow stage held the slowest place at every step and the uneven data
+    # was not seen; balancing then kept the slow stage's pace as the target of its fix.
+    shape = Pipeline(schedule="1f1b", dp=4)
+    uneven = Uneven(phases=("forward", "backward"), spread=0.6, tokens=1000)
+    slow = [SlowStage(1, 1.0)]
+    write_pipeline(tmp_path / "both", shape=shape, slow=slow, uneven=uneven, steps=40)
+    write_pipeline(tmp_path / "uneven", shape=shape, uneven=uneven, steps=40)
+    write_pipeline(tmp_path / "even", shape=shape, steps=40)
+    report = analyse_stragglers(tmp_path / "both").report
+    (group,) = report.groups
+    assert group.name == "pipeline_stage=1"
+    assert {i.phase for i in report.imbalance} == {"forward", "backward"}
+    both = _step_ms(tmp_path / "both")
+    assert group.cost is not None and report.cost is not None
+    assert group.cost.step_ms_saved == pytest.approx(both - _step_ms(tmp_path / "uneven"), rel=0.1)
+    assert report.cost.step_ms_saved == pytest.approx(both - _step_ms(tmp_path / "even"), rel=0.1)
+    # Fixing everything never saves less than any of its parts.
+    parts = [group.cost] + [i.cost for i in report.imbalance] + [f.cost for f in report.findings]
+    priced = [c.step_ms_saved for c in parts if c is not None]
+    assert len(priced) >= 3
+    assert report.cost.step_ms_saved >= max(priced)

@@ -49,8 +49,10 @@ __all__ = ["Costs", "estimate_costs", "without_waiting"]
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
 _MS_PER_HOUR = 3.6e6
-Cell = tuple[int, int, int]
-"""A fix: (rank index, phase index, the step it applies from)."""
+Cell = tuple[int, int, int, bool]
+"""A fix: (rank index, phase index, the step it applies from, balanced): balanced, the
+phase's load made even (analysis/_imbalance.py balanced); not, the rank made like the
+others (their median). One rank's phase fixed both ways takes the faster at each step."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def estimate_costs(
         }
     )
     fixes = [fix if isinstance(fix, set) else set() for fix in found]
-    uneven = [imbalance_cells(m, i) for i in report.imbalance]
+    uneven = [{(*cell, True) for cell in imbalance_cells(m, i)} for i in report.imbalance]
     for uneven_phase in report.imbalance:
         model.targets[m.index(uneven_phase.phase)] = balanced(m, uneven_phase)
     costed = [
@@ -185,7 +187,7 @@ def _group_cost(
 
 def _in_model(model: _StepModel, cells: set[Cell]) -> bool:
     """The model can price a fix of these cells: their phases are top-level work."""
-    return all(p in model.segment_of or p in model.parent for _, p, _ in cells)
+    return all(p in model.segment_of or p in model.parent for _, p, _, _ in cells)
 
 
 @dataclass(frozen=True)
@@ -248,9 +250,9 @@ class _StepModel:
         self.known: dict[frozenset[Cell], Vector] = {}
         self.rank_index = {rank: i for i, rank in enumerate(m.ranks)}
         self.targets: dict[int, Matrix] = {}
-        """Per phase found uneven (analysis/_imbalance.py), what a fix makes each rank's
-        times: the phase balanced, each rank keeping the noise of its own; elsewhere a
-        fix makes a rank the median of the others."""
+        """Per phase found uneven (analysis/_imbalance.py), what balancing it makes each
+        rank's times (a balanced cell's target); a fix of a slow rank makes it the median
+        of the others, in an uneven phase too: balancing keeps a slow stage's pace."""
 
     def _fitting(self, replay: Replay | None) -> Replay | None:
         """`replay`, where its steps are within ROUGH_FIT of the measured ones. It is taken
@@ -337,7 +339,7 @@ class _StepModel:
         if finding.role == "slow":
             p = self.m.index(finding.phase)
             if p in self.segment_of or p in self.parent:
-                return {(ranks[finding.rank], p, since)}
+                return {(ranks[finding.rank], p, since, False)}
             return (
                 "it runs inside a phase that ends in a collective, whose work the model cannot see"
             )
@@ -347,7 +349,7 @@ class _StepModel:
             return "the model takes only top-level phases for collectives"
         if late is None:
             return "no rank is named as the one it waits for"
-        return {(late, p, since) for p in self.segments[segment]}
+        return {(late, p, since, False) for p in self.segments[segment]}
 
     def _scales(self, cuts: dict[tuple[int, int], Vector]) -> dict[tuple[int, int], Vector]:
         """Per (rank, top-level phase), what a fix that takes `cuts` off it multiplies its
@@ -360,12 +362,14 @@ class _StepModel:
         return out
 
     def cost(self, cells: set[Cell], since_step: int, basis: int, gpus: bool | None) -> Cost:
-        """What setting `cells` to the other ranks' median saves: per step over the steps
-        from `basis` on, in hours over those from `since_step` on."""
-        earliest: dict[tuple[int, int], int] = {}  # one cell fixed by two findings: the earlier
-        for r, p, step in cells:
-            earliest[r, p] = min(step, earliest.get((r, p), step))
-        saved = self._saved(frozenset((r, p, step) for (r, p), step in earliest.items()))
+        """What the fix of `cells` saves: per step over the steps from `basis` on, in hours
+        over those from `since_step` on."""
+        earliest: dict[tuple[int, int, bool], int] = {}  # fixed by two findings: the earlier
+        for r, p, step, even in cells:
+            earliest[r, p, even] = min(step, earliest.get((r, p, even), step))
+        saved = self._saved(
+            frozenset((r, p, step, even) for (r, p, even), step in earliest.items())
+        )
         over = self._after(basis)
         per_step = max(0.0, float(np.mean(saved[over])))
         now = float(np.mean(self.measured[over]))
@@ -387,20 +391,22 @@ class _StepModel:
         fix (every rank that waits for one rank): each is worked out once."""
         if cells not in self.known:
             work = self.work.copy() if cells else self.work
-            cuts: dict[tuple[int, int], Vector] = {}  # (rank, top-level phase) -> ms taken off
-            for r, p, since in sorted(cells):
+            fixed: dict[tuple[int, int], Vector] = {}  # (rank, phase) -> its time fixed
+            for r, p, since, even in sorted(cells):
                 d = self.m.ms[p]
-                target = self.targets.get(p)
-                if target is not None:
-                    others = target[r]
+                if even:
+                    target = self.targets[p][r]
                 else:
                     with quiet():
-                        others = nanmedian(np.delete(d, r, 0), axis=0)
-                fixed = np.fmin(d[r], others)  # never slower than it was; NaN: as it was
-                fixed = np.where(np.asarray(self.m.steps) >= since, fixed, d[r])
+                        target = nanmedian(np.delete(d, r, 0), axis=0)
+                mine = np.fmin(d[r], target)  # never slower than it was
+                mine = np.where(np.asarray(self.m.steps) >= since, mine, d[r])
+                fixed[r, p] = np.fmin(fixed.get((r, p), d[r]), mine)
+            cuts: dict[tuple[int, int], Vector] = {}  # (rank, top-level phase) -> ms taken off
+            for (r, p), mine in fixed.items():
                 # A nested phase's time is its parent's: the fix shortens the parent.
                 top = p if p in self.segment_of else self.parent[p]
-                cut = np.nan_to_num(d[r] - fixed)
+                cut = np.nan_to_num(self.m.ms[p][r] - mine)  # NaN (no record): as it was
                 work[self.segment_of[top], r] -= cut
                 cuts[r, top] = cuts.get((r, top), 0.0) + cut
             saved = self.now - self._modelled(work)

@@ -174,29 +174,53 @@ def imbalance_cells(m: PhaseMatrices, found: Imbalance) -> set[tuple[int, int, i
 
 
 def balanced(m: PhaseMatrices, found: Imbalance) -> Matrix:
-    """The phase's times with its load made even: at each step, the median rank's time,
-    spread across ranks as the reference phase's ranks spread at that step (their noise
-    alone). Without a reference, the median rank's time for every rank."""
-    d = m.ms[m.index(found.phase)]
+    """The phase's times with its load made even: each rank at its own typical time times
+    the median rank's load at each step, spread across ranks as the reference phase's
+    ranks' loads spread at that step (their noise alone). Without a reference, every rank
+    at the median load."""
+    load, typical = _loads(m.ms[m.index(found.phase)])
     with quiet():
-        out: Matrix = np.broadcast_to(nanmedian(d, axis=0)[None, :], d.shape).copy()
+        out: Matrix = typical[:, None] * nanmedian(load, axis=0)[None, :]
         if found.reference is not None:
-            q = m.ms[m.index(found.reference)]
-            noise = q / nanmedian(q, axis=0)[None, :]
+            theirs, _ = _loads(m.ms[m.index(found.reference)])
+            noise = theirs / nanmedian(theirs, axis=0)[None, :]
             out = np.where(np.isfinite(noise), out * noise, out)
     return out
 
 
+def _loads(d: Matrix) -> tuple[Matrix, Vector]:
+    """Each rank's time over its own typical time (its median over the steps), and that
+    typical time: a rank's load at a step, with its steady pace taken out. A pipeline's
+    stages do unequal work, and a slow stage is the straggler rules' to judge: measured
+    by their times, a stage slower than the others held the slowest place at every step,
+    and uneven data beside it was not seen."""
+    with quiet():
+        typical = nanmedian(d, axis=1)
+        load: Matrix = d / np.where(typical > 0, typical, np.nan)[:, None]
+    return load, typical
+
+
+def _tops(load: Matrix, typical: Vector) -> tuple[npt.NDArray[np.intp], Vector, Vector, Vector]:
+    """Per step: the rank with the highest load, that load, the median rank's, and the ms
+    the highest is above the median at that rank's pace (NaN where there is no load)."""
+    with quiet():
+        top = np.argmax(np.where(np.isfinite(load), load, -np.inf), axis=0)
+        high = load[top, np.arange(load.shape[1])]
+        med = nanmedian(load, axis=0)
+        excess = (high - med) * typical[top]
+    return top, high, med, excess
+
+
 def _uneven(d: Matrix, threshold: float, floor: float) -> npt.NDArray[np.float64] | None:
-    """Per step: 1 where the slowest rank is above the threshold, 0 where not, NaN where
-    fewer than three ranks have a time."""
+    """Per step: 1 where the rank with the highest load is above the threshold times the
+    median rank's load (and the floor in ms), 0 where not, NaN where fewer than three
+    ranks have a time."""
     counted = np.sum(np.isfinite(d), axis=0)
     if not np.any(counted >= _FEWEST_RANKS):
         return None
+    _, high, med, excess = _tops(*_loads(d))
     with quiet():
-        med = nanmedian(d, axis=0)
-        top = np.nanmax(d, axis=0)
-        out: Vector = ((top > threshold * med) & (top - med >= floor)).astype(np.float64)
+        out: Vector = ((high > threshold * med) & (excess >= floor)).astype(np.float64)
     out[counted < _FEWEST_RANKS] = np.nan
     return out
 
@@ -223,9 +247,10 @@ def _onset(uneven: Vector, min_persistence: float) -> int | None:
 
 def _spread(d: Matrix) -> float:
     """How far a phase's ranks spread at a typical step: the median over steps of the
-    interquartile range of the ranks' log times (NaN where it cannot be told)."""
+    interquartile range of the ranks' log loads (NaN where it cannot be told)."""
+    load, _ = _loads(d)
     with quiet():
-        logs = np.log(np.where(d > 0, d, np.nan))
+        logs = np.log(np.where(load > 0, load, np.nan))
         q75, q25 = np.nanpercentile(logs, [75, 25], axis=0)
         iqr = q75 - q25
     iqr = iqr[np.isfinite(iqr)]
@@ -243,12 +268,11 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
     groups: Mapping[int, Mapping[str, object]],
 ) -> Imbalance | None:
     """Phase `p`'s imbalance, given its uneven steps (`hits`) from the `onset` index on."""
+    load, typical = _loads(m.ms[p])
     d = m.ms[p][:, onset:]
+    tops, high, med, excess = _tops(load[:, onset:], typical)
     at = np.flatnonzero(hits == 1)
-    with quiet():
-        slowest = np.nanargmax(np.where(np.isfinite(d[:, at]), d[:, at], -np.inf), axis=0)
-        med = nanmedian(d, axis=0)
-        top = np.nanmax(d, axis=0)
+    slowest = tops[at]
     counts = np.bincount(slowest, minlength=len(m.ranks))
     top_share = float(counts.max() / len(at))
     if top_share >= _MOST or counts[found_slow].sum() >= _MOST * len(at):
@@ -264,7 +288,7 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
     if follows is None and wider is None and shared is None:
         return None
     judged = np.isfinite(hits)
-    ratio = top[judged] / med[judged]
+    ratio = high[judged] / med[judged]
     evidence, cause = _evidence_and_cause(phase, follows, wider, shared, values)
     return Imbalance(
         phase=phase,
@@ -274,7 +298,7 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
         changes=round(float(np.mean(slowest[1:] != slowest[:-1])) if len(at) > 1 else 0.0, 4),
         ranks_slowest=int(np.count_nonzero(counts)),
         top_share=round(top_share, 4),
-        lost_ms=round(float(np.median((top - med)[judged])), 3),
+        lost_ms=round(float(np.median(excess[judged])), 3),
         since_step=int(m.steps[onset]),
         steps=int(judged.sum()),
         evidence=evidence,
