@@ -17,8 +17,8 @@ from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
 from rankscope.testing._synthetic import Uneven
 
 
-def _step_ms(run: Path) -> float:
-    m = phase_matrices(read_timings(run))
+def _step_ms(run: Path, time: str = "host") -> float:
+    m = phase_matrices(read_timings(run), time=time)
     return float(np.nanmean(np.nanmedian(m.ms[m.index("step")], axis=0)))
 
 
@@ -87,10 +87,12 @@ def test_on_device_time_the_replay_prices_a_slow_stage(tmp_path: Path) -> None:
     write_pipeline(tmp_path / "slow", shape=shape, slow=[SlowStage(0, 1.0)], gpu=True)
     write_pipeline(tmp_path / "even", shape=shape, gpu=True)
     report = analyse_stragglers(tmp_path / "slow", StragglerOptions(time="device")).report
-    truth = _step_ms(tmp_path / "slow") - _step_ms(tmp_path / "even")
+    truth = _step_ms(tmp_path / "slow", "device") - _step_ms(tmp_path / "even", "device")
     (group,) = report.groups
     assert group.cost is not None
-    assert group.cost.step_ms_saved == pytest.approx(truth, rel=0.05)
+    # The wire, unmeasured on device time, is fitted to the measured steps: taken as the
+    # recv's own time, this priced 2% high.
+    assert group.cost.step_ms_saved == pytest.approx(truth, rel=0.01)
 
 
 def test_a_slow_rank_that_is_a_whole_stage_is_priced_by_the_replay(tmp_path: Path) -> None:
