@@ -38,6 +38,7 @@ import numpy.typing as npt
 
 from ._findings import Cause, Cost
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
+from ._rows import Row, row_of
 from .read._values import PhaseValues
 
 __all__ = ["Imbalance", "balanced", "find_imbalance", "imbalance_cells"]
@@ -152,10 +153,12 @@ def find_imbalance(
     spreads = {p: _spread(m.ms[p]) for p in work}
     candidates: dict[int, tuple[Vector, int]] = {}  # phase -> (uneven steps, onset)
     for p in work:
-        uneven = _uneven(m.ms[p], threshold, floor)
-        onset = None if uneven is None else _onset(uneven, min_persistence)
-        if uneven is not None and onset is not None:
-            candidates[p] = (uneven, onset)
+        row = _uneven(m.ms[p], threshold, floor)
+        onset = None if row is None else row.onset(min_persistence)
+        if row is not None and onset is not None:
+            uneven = np.full(len(m.steps), np.nan)
+            uneven[row.valid] = row.above
+            candidates[p] = (uneven, int(row.valid[onset]))
     recorded = values({m.phases[p] for p in candidates}) if values and candidates else None
     found = []
     for p, (uneven, onset) in candidates.items():
@@ -211,38 +214,20 @@ def _tops(load: Matrix, typical: Vector) -> tuple[npt.NDArray[np.intp], Vector, 
     return top, high, med, excess
 
 
-def _uneven(d: Matrix, threshold: float, floor: float) -> npt.NDArray[np.float64] | None:
-    """Per step: 1 where the rank with the highest load is above the threshold times the
-    median rank's load (and the floor in ms), 0 where not, NaN where fewer than three
-    ranks have a time."""
+def _uneven(d: Matrix, threshold: float, floor: float) -> Row | None:
+    """The phase as one row of the straggler rules (analysis/_rows.py): at each step, the
+    rank with the highest load against the median rank's load, and the ms it is above at
+    its pace; a step is uneven where that is above the threshold and the floor. Steps
+    with fewer than three ranks are left out. Its onset is found as a straggler's is, so
+    "since step N" means one thing in every finding."""
     counted = np.sum(np.isfinite(d), axis=0)
     if not np.any(counted >= _FEWEST_RANKS):
         return None
     _, high, med, excess = _tops(*_loads(d))
     with quiet():
-        out: Vector = ((high > threshold * med) & (excess >= floor)).astype(np.float64)
-    out[counted < _FEWEST_RANKS] = np.nan
-    return out
-
-
-def _onset(uneven: Vector, min_persistence: float) -> int | None:
-    """The first step index from which uneven steps are `min_persistence` of the steps or
-    more, taking the earliest start whose share is within a tenth of the best; None
-    where no start reaches it."""
-    valid = np.flatnonzero(np.isfinite(uneven))
-    if len(valid) < 3:
-        return None
-    hits = uneven[valid]
-    # share from each start on: suffix sums over suffix lengths
-    shares = np.cumsum(hits[::-1])[::-1] / np.arange(len(hits), 0, -1)
-    starts = [i for i in range(len(hits)) if hits[i] and len(hits) - i >= 3]
-    if not starts:
-        return None
-    best = max(shares[i] for i in starts)
-    if best < min_persistence:
-        return None
-    first = next(i for i in starts if shares[i] >= max(min_persistence, 0.9 * best))
-    return int(valid[first])
+        ratio: Vector = np.where(med > 0, high / med, np.nan)
+    ratio[counted < _FEWEST_RANKS] = np.nan
+    return row_of(ratio, excess, threshold, floor)
 
 
 def _spread(d: Matrix) -> float:
