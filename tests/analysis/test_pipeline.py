@@ -10,7 +10,7 @@ import pytest
 from rankscope.analysis import StragglerOptions, analyse_stragglers, phase_matrices, read_timings
 from rankscope.analysis._analyse import read_timed_run
 from rankscope.analysis._findings import cost_lines, model_fit
-from rankscope.analysis._replay import build_replay
+from rankscope.analysis._replay import Replay, build_replay
 from rankscope.analysis._stragglers import ends_in_collective
 from rankscope.rundir._layout import timing_path
 from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
@@ -114,7 +114,7 @@ def test_the_replay_runs_each_rank_in_its_own_order_and_reproduces_the_steps(
     run = read_timed_run(tmp_path)
     m = run.matrices
     replay = build_replay(m, set(ends_in_collective(m)), run.meta.groups)
-    assert replay is not None and replay.key == "pipeline_stage"
+    assert isinstance(replay, Replay) and replay.key == "pipeline_stage"
     assert replay.ok.all()
     measured = np.nanmedian(m.ms[m.index("step")], axis=0)
     assert replay.steps == pytest.approx(measured, rel=0.01)
@@ -122,8 +122,9 @@ def test_the_replay_runs_each_rank_in_its_own_order_and_reproduces_the_steps(
     first = [op for op in replay.ops[0] if op.phase in (forward, backward)]
     # Stage 0 of four runs three forwards before its first backward (1F1B's warm-up).
     assert [op.phase for op in first[:5]] == [forward] * 4 + [backward]
-    # Without the groups that name the stages there is no pipeline to replay.
-    assert build_replay(m, set(ends_in_collective(m)), None) is None
+    # Without the groups that name the stages there is no pipeline to replay, and why.
+    why = build_replay(m, set(ends_in_collective(m)), None)
+    assert isinstance(why, str) and why.startswith("no parallel group numbers its stages")
 
 
 def test_a_step_a_rank_ran_otherwise_is_left_to_the_segment_model(tmp_path: Path) -> None:
@@ -136,7 +137,7 @@ def test_a_step_a_rank_ran_otherwise_is_left_to_the_segment_model(tmp_path: Path
     run = read_timed_run(tmp_path)
     m = run.matrices
     replay = build_replay(m, set(ends_in_collective(m)), run.meta.groups)
-    assert replay is not None
+    assert isinstance(replay, Replay)
     assert [s for s, ok in zip(m.steps, replay.ok, strict=True) if not ok] == [5]
     report = analyse_stragglers(tmp_path).report
     assert report.groups and report.groups[0].cost is not None

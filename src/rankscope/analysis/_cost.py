@@ -95,7 +95,8 @@ def estimate_costs(
     (analysis/_replay.py).
     """
     sync = set(report.sync_phases)
-    model = _StepModel(m, sync, build_replay(m, sync, groups))
+    built = build_replay(m, sync, groups)
+    model = _StepModel(m, sync, built if isinstance(built, Replay) else None)
     slow_of: dict[int, StragglerFinding] = {}
     for f in report.findings:
         if f.role == "slow" and f.rank not in slow_of:
@@ -114,6 +115,14 @@ def estimate_costs(
             if isinstance(fix, str)
         }
     )
+    if isinstance(built, str):
+        notes.append(
+            f"the pipeline's steps were not replayed: {built}; its savings are the step "
+            "model's, which takes every collective to join all ranks (docs/analysis.md, "
+            '"Pipelines")'
+        )
+    elif model.unfit is not None:
+        notes.append(model.unfit)
     fixes = [fix if isinstance(fix, set) else set() for fix in found]
     uneven = [{(*cell, True) for cell in imbalance_cells(m, i)} for i in report.imbalance]
     for uneven_phase in report.imbalance:
@@ -242,6 +251,8 @@ class _StepModel:
         self.measured = self._measured_steps(top)
         self.span = _steps_each_stands_for(m.steps)
         self.now = self._modelled(self.work)
+        self.unfit: str | None = None
+        """Why the pipeline's replay is not used, where it was built and does not fit."""
         self.replay = self._fitting(replay)
         """The pipeline's replay, where it fits the measured steps (then it gives `now` and
         the savings at the steps it replayed)."""
@@ -255,17 +266,24 @@ class _StepModel:
         of the others, in an uneven phase too: balancing keeps a slow stage's pace."""
 
     def _fitting(self, replay: Replay | None) -> Replay | None:
-        """`replay`, where its steps are within ROUGH_FIT of the measured ones. It is taken
-        over the segment model even where that fits closer: a model's step fitting the
-        measured one does not make it price a fix right (the segment model's step fits a
-        1F1B pipeline's exactly and prices its slow first stage 41% too high)."""
+        """`replay`, where its steps are within ROUGH_FIT of the measured ones (`unfit`
+        says so where not). It is taken over the segment model even where that fits
+        closer: a model's step fitting the measured one does not make it price a fix
+        right (the segment model's step fits a 1F1B pipeline's exactly and prices its
+        slow first stage 41% too high)."""
         if replay is None or STEP not in self.m.phases:
             return None
         ok = replay.ok & np.isfinite(replay.steps) & np.isfinite(self.measured)
         if not ok.any():
             return None
-        off = float(np.mean(replay.steps[ok])) / float(np.mean(self.measured[ok])) - 1
-        return replay if abs(off) <= ROUGH_FIT else None
+        replayed, measured = float(np.mean(replay.steps[ok])), float(np.mean(self.measured[ok]))
+        if abs(replayed / measured - 1) <= ROUGH_FIT:
+            return replay
+        self.unfit = (
+            f"the pipeline's replay gives a {replayed:.3g} ms step against {measured:.3g} ms "
+            f"measured ({replayed / measured:.2f}x): its savings are the step model's"
+        )
+        return None
 
     def _parents(self, top: list[int]) -> dict[int, int]:
         """Each nested phase's top-level work phase: the one whose entry and exit hold the

@@ -135,6 +135,7 @@ def find_imbalance(
     slow: Collection[tuple[int, str]] = (),
     values: Callable[[set[str]], PhaseValues] | None = None,
     groups: Mapping[int, Mapping[str, object]] | None = None,
+    hosts: Mapping[int, str] | None = None,
 ) -> list[Imbalance]:
     """The phases of `m` whose slowest rank changes from step to step (see the module).
 
@@ -142,7 +143,8 @@ def find_imbalance(
     its load); `floor`: the least excess in ms that counts (the straggler floor); `slow`:
     the (rank, phase) pairs of the slow findings (ranks slow together, a slow group, are
     the slowest in turn; they are theirs, not imbalance); `values(phases)`: the per-step
-    values recorded with those phases; `groups`: rank -> its named parallel groups."""
+    values recorded with those phases; `groups`: rank -> its named parallel groups;
+    `hosts`: rank -> its host (a group whose ranks share a host shares its noise)."""
     if len(m.ranks) < _FEWEST_RANKS or len(m.steps) < 3:
         return []
     work = [
@@ -161,9 +163,10 @@ def find_imbalance(
             candidates[p] = (uneven, int(row.valid[onset]))
     recorded = values({m.phases[p] for p in candidates}) if values and candidates else None
     found = []
+    data_groups = _data_groups(m.ranks, groups or {}, hosts or {})
     for p, (uneven, onset) in candidates.items():
         found_slow = [i for i, rank in enumerate(m.ranks) if (rank, m.phases[p]) in slow]
-        got = _judge(m, p, uneven[onset:], onset, spreads, recorded, found_slow, groups or {})
+        got = _judge(m, p, uneven[onset:], onset, spreads, recorded, found_slow, data_groups)
         if got is not None:
             found.append(got)
     found.sort(key=lambda i: -i.lost_ms)
@@ -328,6 +331,29 @@ def _quietest(m: PhaseMatrices, p: int, spreads: dict[int, float]) -> tuple[str,
         return None
     least, q = min(others)
     return m.phases[q], spreads[p] / max(least, 1e-9)
+
+
+def _data_groups(
+    ranks: list[int], groups: Mapping[int, Mapping[str, object]], hosts: Mapping[int, str]
+) -> dict[int, dict[str, object]]:
+    """`groups` less the fields whose every group lies on one host, where the ranks run on
+    more than one: its ranks share a machine's noise (a node's jitter at one step falls on
+    all of its ranks), so their being slow together says nothing of their data. A
+    clean job of 16 ranks on 4 hosts, whose ranks named their node, was said to be
+    unevenly loaded by its nodes' jitter."""
+    on = {hosts[r] for r in ranks if r in hosts}
+    if len(on) < 2:
+        return {r: dict(groups.get(r, {})) for r in ranks}
+    local = set()
+    for field in {str(f) for named in groups.values() for f in named}:
+        where: dict[object, set[str]] = {}
+        for r in ranks:
+            value = groups.get(r, {}).get(field)
+            if value is not None:
+                where.setdefault(value, set()).add(hosts.get(r, f"rank {r}"))
+        if where and all(len(h) == 1 for h in where.values()):
+            local.add(field)
+    return {r: {f: v for f, v in groups.get(r, {}).items() if f not in local} for r in ranks}
 
 
 def _shared_data(

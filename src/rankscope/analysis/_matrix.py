@@ -65,6 +65,9 @@ class PhaseMatrices:
     ops: StepOps | None = None
     """Each rank's top-level records in the order it ran them, where a phase runs more
     than once in a step (a pipeline's microbatches): what the pipeline replay reads."""
+    repeats: frozenset[str] = frozenset()
+    """The phases some rank ran more than once in a step (a pipeline's microbatches, its
+    sends and recvs; gradient accumulation's forward and backward)."""
 
     def on_timeline(self) -> PhaseMatrices:
         """These matrices with every phase on the clock that places it in the step: what
@@ -130,6 +133,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     first: list[Matrix] = []
     last: list[Matrix] = []
     ops = OpsGatherer() if _repeats(records, rank_index, steps) else None
+    repeats = set()
     for name in names:
         phase = records.phases[name]
         rank, step, dur, start_ns, host_ms = phase.take()
@@ -144,6 +148,8 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
             dur = host_ms
         start = (start_ns - origin).astype(np.float64)
         single = np.bincount(cell, minlength=1).max() <= 1  # a record per cell (common)
+        if not single:
+            repeats.add(name)
         ms.append(_sum(cell, dur, n_r, n_s))
         first.append(_extreme(np.minimum, cell, start, n_r, n_s, single=single))
         with np.errstate(over="ignore"):  # a time near a double's limit ends at infinity
@@ -179,6 +185,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         end_ns=[last[p] for p in ranked],
         origin_ns=origin,
         ops=None if ops is None else ops.done(),
+        repeats=frozenset(repeats),
     )
 
 

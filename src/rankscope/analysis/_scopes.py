@@ -9,11 +9,14 @@ clean run had every stage's ranks "wait" for a rank of the first stage (which dr
 last), and, the first stage's ranks being the only ones ever last, one of them was last
 far more often than one time in the number of ranks: 20 of 54 clean simulated pipelines
 were said to wait for it. At each step the ranks that leave within `_APART` of each other
-(or half the phase's median time, the more) are taken as one collective. The phase is
-taken in groups where the same groups leave it apart at half the steps or more; where
-every rank leaves together, or ranks leave apart in no steady way (a rank a busy machine
-woke late after the collective, a different one each time), it is one collective, as
-before.
+(or half the collective's own time, the least any rank spent in it, the more: a rank's
+wait is not its collective's) are taken as one collective. The phase is
+taken in groups where the same groups, of two ranks or more each, leave it apart at half
+the steps or more. Where every rank leaves together, or ranks leave apart in no steady way
+(a rank a busy machine woke late after the collective, a different one each time), or one
+rank leaves late at every step, it is one collective, as before. A phase that runs more
+than once in a step (a pipeline's sends and recvs) is not split: its last exit in a step
+says nothing of whom it met.
 
 Host time only: on device time the timings say how long each phase took, not when a
 rank left it.
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ._matrix import nanmedian, quiet
+from ._matrix import quiet
 
 __all__ = ["Scopes", "scopes_of"]
 
@@ -78,14 +81,14 @@ def scopes_of(arrive: Matrix, leave: Matrix, d: Matrix, since: Matrix) -> Scopes
     judged = 0
     partitions: Counter[tuple[tuple[int, ...], ...]] = Counter()
     with quiet():
-        typical = nanmedian(d, 0)
+        own_ms = np.nanmin(d, axis=0)  # the last to arrive waits for no one
     for t in range(n_s):
         present = np.flatnonzero(np.isfinite(leave[:, t]) & np.isfinite(arrive[:, t]))
         if len(present) < 2:
             continue
         judged += 1
         order = present[np.argsort(leave[present, t], kind="stable")]
-        gap = max(_APART, 0.5 * float(np.nan_to_num(typical[t]))) * 1e6
+        gap = max(_APART, 0.5 * float(np.nan_to_num(own_ms[t]))) * 1e6
         cuts = np.flatnonzero(np.diff(leave[order, t]) > gap) + 1
         groups = np.split(order, cuts)
         partitions[tuple(sorted(tuple(sorted(g.tolist())) for g in groups))] += 1
@@ -98,6 +101,8 @@ def scopes_of(arrive: Matrix, leave: Matrix, d: Matrix, since: Matrix) -> Scopes
     if not partitions:
         return None
     common, count = partitions.most_common(1)[0]
-    if len(common) < 2 or count < 0.5 * judged:
-        return None  # one collective, or ranks a busy machine woke late, apart at random
+    if len(common) < 2 or min(map(len, common)) < 2 or count < 0.5 * judged:
+        # One collective; or ranks a busy machine woke late, apart at random; or one rank
+        # that leaves late at every step (a collective has two ranks or more).
+        return None
     return Scopes(last=last, size=size, late_ns=late, made_ns=made)

@@ -138,7 +138,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             continue
         d = m.ms[p]
         ref = _reference(d, reference)
-        sync = _sync(kind, arrive[p], leave[p], timeline.ms[p])
+        sync = _sync(m, p, arrive[p], leave[p], timeline.ms[p])
         scoped = None
         if sync:
             report.sync_phases.append(phase)
@@ -148,7 +148,8 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             late_ns, made_ns = _lateness(arrive[p], since, last)
             # Where ranks leave it in groups (a pipeline's all-reduce per stage), each
             # waits for the last of its own group (analysis/_scopes.py).
-            scoped = None if m.on_device else scopes_of(arrive[p], leave[p], d, since)
+            once = phase not in m.repeats  # a p2p phase's last exit says nothing of groups
+            scoped = scopes_of(arrive[p], leave[p], d, since) if once and not m.on_device else None
             if m.depths[p] == 0:
                 since = np.where(np.isnan(leave[p]), since, leave[p])
             ref_w = _times_of(d, last)
@@ -260,6 +261,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         slow={(f.rank, f.phase) for f in report.findings if f.role == "slow"},
         values=values,
         groups=groups,
+        hosts=hosts,
     )
     report.groups = waiting_for_groups(
         slow_groups(report.findings, m.ranks, groups),
@@ -362,12 +364,21 @@ def ends_in_collective(m: PhaseMatrices, hosts: Mapping[int, str] | None = None)
     return [
         phase
         for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True))
-        if phase != STEP and _sync(kind, arrive[p], leave[p], timeline.ms[p])
+        if phase != STEP and _sync(m, p, arrive[p], leave[p], timeline.ms[p])
     ]
 
 
-def _sync(kind: str, arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
-    return kind == "comm" or _ends_together(arrive, leave, d)
+def _sync(m: PhaseMatrices, p: int, arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
+    """Phase `p` ends in a collective. In a pipeline (a comm phase runs more than once in
+    a rank's step: its sends and recvs), a work phase that runs once per microbatch does
+    not: each run is followed by a send, and on device time, where arrivals are the time
+    spent before a phase, two stages' backwards were taken to leave together."""
+    if m.kinds[p] == "comm":
+        return True
+    pipeline = any(m.kinds[q] == "comm" for q, name in enumerate(m.phases) if name in m.repeats)
+    if pipeline and m.phases[p] in m.repeats:
+        return False
+    return _ends_together(arrive, leave, d)
 
 
 def _arrivals(

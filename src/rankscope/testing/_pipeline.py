@@ -41,6 +41,11 @@ class Pipeline:
     """A send's own time, and an activation's time on the wire."""
     allreduce_ms: float = 3.0
     optimizer_ms: float = 2.0
+    copy_ms: float = 0.0
+    """Where above 0, a stage copies each microbatch to the device (`h2d`) between its
+    recv and its forward."""
+    send_jitter: float = 0.0
+    """A send's own time varies by this much from run to run (lognormal sigma)."""
     schedule: str = "gpipe"
     """"gpipe" (every forward, then every backward) or "1f1b" (a stage runs its first
     `stages - stage - 1` forwards, then one forward and one backward in turn, then the
@@ -155,6 +160,10 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
                             begin = max(start, done[op, near, mb] + send)
                             record(rank, "pp_recv", "comm", start, begin + send // 4)
                             start = begin + send // 4
+                        if op == "F" and shape.copy_ms > 0:
+                            copied = start + work(s, d, shape.copy_ms)
+                            record(rank, "h2d", "compute", start, copied)
+                            start = copied
                         name = "forward" if op == "F" else "backward"
                         ms = shape.forward_ms if op == "F" else shape.backward_ms
                         loaded = uneven is not None and name in uneven.phases
@@ -164,8 +173,11 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
                         record(rank, name, "compute", start, end, meta)
                         onward = s + 1 if op == "F" else s - 1
                         if 0 <= onward < shape.stages:
-                            record(rank, "pp_send", "comm", end, end + send)
-                            end += send
+                            took = send
+                            if shape.send_jitter:
+                                took = int(send * rng.lognormvariate(0.0, shape.send_jitter))
+                            record(rank, "pp_send", "comm", end, end + took)
+                            end += took
                         done[op, s, mb] = end
                         free[s] = end
                 for s in range(shape.stages):
