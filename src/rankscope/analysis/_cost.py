@@ -42,7 +42,7 @@ from ._findings import ROUGH_FIT, Cost, HostCost, StragglerFinding, StragglerRep
 from ._groups import SlowGroup
 from ._imbalance import balanced, imbalance_cells
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
-from ._replay import Replay, build_replay
+from ._replay import Replay
 
 __all__ = ["Costs", "estimate_costs", "without_waiting"]
 
@@ -79,7 +79,7 @@ def estimate_costs(
     report: StragglerReport,
     hosts: Mapping[int, str] | None = None,
     gpus: bool | None = None,
-    groups: Mapping[int, Mapping[str, object]] | None = None,
+    pipeline: Replay | str | None = None,
 ) -> Costs:
     """What fixing each finding of `report` (found over `m`) would save, and all of them.
 
@@ -90,12 +90,12 @@ def estimate_costs(
     each line's "of a ... step" is the same step. Hours over the run so far are each
     fix's own, from the step its finding began. A rank that waits for a rank with a slow
     finding costs nothing of its own: its wait is that finding's cost (`of`). `gpus`
-    says whether the ranks ran on GPUs (GPU-hours), where known. `groups` (rank -> its
-    named parallel groups): where one names pipeline stages, the steps are replayed
-    (analysis/_replay.py).
+    says whether the ranks ran on GPUs (GPU-hours), where known. `pipeline`: the run's
+    pipeline replay (analysis/_replay.py build_replay), or why a pipeline-shaped run has
+    none; its steps are priced by it where it fits them.
     """
     sync = set(report.sync_phases)
-    built = build_replay(m, sync, groups)
+    built = pipeline
     model = _StepModel(m, sync, built if isinstance(built, Replay) else None)
     slow_of: dict[int, StragglerFinding] = {}
     for f in report.findings:

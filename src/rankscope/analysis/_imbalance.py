@@ -29,8 +29,8 @@ the median of the others at each step from the onset, never slower than it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -95,6 +95,12 @@ class Imbalance:
     Balancing keeps that spread (analysis/_cost.py); without one, every rank is priced
     at the step's median, which the note of the cost says is an upper bound."""
     cost: Cost | None = None
+    stages: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
+    """The rank indices that do the same work (a pipeline's stages; else every rank): a
+    rank's load is its time over their pooled typical time (see _loads)."""
+    own_pace: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    """Rank indices with a slow finding in the phase: their loads are against their own
+    typical time (balancing the data keeps a straggler's pace)."""
 
     def sentence(self, first_step: int = 0) -> str:
         """In words; "since step N" unless it began at `first_step`, the run's first sampled step."""
@@ -136,6 +142,7 @@ def find_imbalance(
     values: Callable[[set[str]], PhaseValues] | None = None,
     groups: Mapping[int, Mapping[str, object]] | None = None,
     hosts: Mapping[int, str] | None = None,
+    stages: Sequence[Sequence[int]] | None = None,
 ) -> list[Imbalance]:
     """The phases of `m` whose slowest rank changes from step to step (see the module).
 
@@ -144,7 +151,9 @@ def find_imbalance(
     the (rank, phase) pairs of the slow findings (ranks slow together, a slow group, are
     the slowest in turn; they are theirs, not imbalance); `values(phases)`: the per-step
     values recorded with those phases; `groups`: rank -> its named parallel groups;
-    `hosts`: rank -> its host (a group whose ranks share a host shares its noise)."""
+    `hosts`: rank -> its host (a group whose ranks share a host shares its noise);
+    `stages`: the rank indices of each pipeline stage (analysis/_replay.py), whose
+    ranks do the same work."""
     if len(m.ranks) < _FEWEST_RANKS or len(m.steps) < 3:
         return []
     work = [
@@ -152,10 +161,15 @@ def find_imbalance(
         for p, phase in enumerate(m.phases)
         if phase != STEP and m.depths[p] == 0 and phase not in sync and m.kinds[p] != "comm"
     ]
-    spreads = {p: _spread(m.ms[p]) for p in work}
+    same = tuple(tuple(s) for s in stages) if stages else (tuple(range(len(m.ranks))),)
+    paces = {
+        p: _Paces(same, tuple(i for i, rank in enumerate(m.ranks) if (rank, m.phases[p]) in slow))
+        for p in work
+    }
+    spreads = {p: _spread(paces[p].loads(m.ms[p])[0]) for p in work}
     candidates: dict[int, tuple[Vector, int]] = {}  # phase -> (uneven steps, onset)
     for p in work:
-        row = _uneven(m.ms[p], threshold, floor)
+        row = _uneven(m.ms[p], paces[p], threshold, floor)
         onset = None if row is None else row.onset(min_persistence)
         if row is not None and onset is not None:
             uneven = np.full(len(m.steps), np.nan)
@@ -165,8 +179,7 @@ def find_imbalance(
     found = []
     data_groups = _data_groups(m.ranks, groups or {}, hosts or {})
     for p, (uneven, onset) in candidates.items():
-        found_slow = [i for i, rank in enumerate(m.ranks) if (rank, m.phases[p]) in slow]
-        got = _judge(m, p, uneven[onset:], onset, spreads, recorded, found_slow, data_groups)
+        got = _judge(m, p, uneven[onset:], onset, spreads, recorded, paces[p], data_groups)
         if got is not None:
             found.append(got)
     found.sort(key=lambda i: -i.lost_ms)
@@ -180,30 +193,54 @@ def imbalance_cells(m: PhaseMatrices, found: Imbalance) -> set[tuple[int, int, i
 
 
 def balanced(m: PhaseMatrices, found: Imbalance) -> Matrix:
-    """The phase's times with its load made even: each rank at its own typical time times
-    the median rank's load at each step, spread across ranks as the reference phase's
-    ranks' loads spread at that step (their noise alone). Without a reference, every rank
-    at the median load."""
-    load, typical = _loads(m.ms[m.index(found.phase)])
+    """The phase's times with its load made even: each rank at its typical time times the
+    ranks' mean load at each step (the step's work spread evenly: what balancing the data
+    does), spread across ranks as the reference phase's ranks' loads spread at that step
+    (their noise alone). Without a reference, every rank at the mean load. The median
+    load kept the luck of the middle rank's draw: a pipeline's uneven replicas were
+    priced 5-38% low against the same draws spread evenly."""
+    paces = _Paces(found.stages or (tuple(range(len(m.ranks))),), found.own_pace)
+    load, typical = paces.loads(m.ms[m.index(found.phase)])
     with quiet():
-        out: Matrix = typical[:, None] * nanmedian(load, axis=0)[None, :]
+        out: Matrix = typical[:, None] * np.nanmean(load, axis=0)[None, :]
         if found.reference is not None:
-            theirs, _ = _loads(m.ms[m.index(found.reference)])
+            theirs, _ = paces.loads(m.ms[m.index(found.reference)])
             noise = theirs / nanmedian(theirs, axis=0)[None, :]
             out = np.where(np.isfinite(noise), out * noise, out)
     return out
 
 
-def _loads(d: Matrix) -> tuple[Matrix, Vector]:
-    """Each rank's time over its own typical time (its median over the steps), and that
-    typical time: a rank's load at a step, with its steady pace taken out. A pipeline's
-    stages do unequal work, and a slow stage is the straggler rules' to judge: measured
-    by their times, a stage slower than the others held the slowest place at every step,
-    and uneven data beside it was not seen."""
-    with quiet():
-        typical = nanmedian(d, axis=1)
-        load: Matrix = d / np.where(typical > 0, typical, np.nan)[:, None]
-    return load, typical
+@dataclass(frozen=True)
+class _Paces:
+    """Whose steady pace a rank's load is taken against."""
+
+    stages: tuple[tuple[int, ...], ...]
+    """Rank indices that do the same work: a pipeline's stages; else every rank."""
+    own: tuple[int, ...] = ()
+    """Rank indices with a slow finding in the phase: taken against the pace of the slow
+    ranks of their stage (a straggler alone, its own)."""
+
+    def loads(self, d: Matrix) -> tuple[Matrix, Vector]:
+        """Each rank's time over its typical time (the median over the steps and the ranks
+        of its stage), and that typical time: its load at a step. A pipeline's stages do
+        unequal work, and a slow stage is the straggler rules' to judge: measured by their
+        times, a stage slower than the others held the slowest place at every step, and
+        the uneven data beside it was not seen. A rank's own median alone would keep the
+        luck of its data's draw (over 30 steps a replica's median load strays by 4%, and
+        balancing kept that: priced 5-38% low)."""
+        typical = np.full(d.shape[0], np.nan)
+        own = set(self.own)
+        with quiet():
+            for members in self.stages:
+                # A stage's slow ranks are slow alike (a slow stage): pooled apart.
+                for rows in (
+                    [r for r in members if r not in own],
+                    [r for r in members if r in own],
+                ):
+                    if rows:
+                        typical[rows] = float(np.nanmedian(d[rows]))
+            load: Matrix = d / np.where(typical > 0, typical, np.nan)[:, None]
+        return load, typical
 
 
 def _tops(load: Matrix, typical: Vector) -> tuple[npt.NDArray[np.intp], Vector, Vector, Vector]:
@@ -217,7 +254,7 @@ def _tops(load: Matrix, typical: Vector) -> tuple[npt.NDArray[np.intp], Vector, 
     return top, high, med, excess
 
 
-def _uneven(d: Matrix, threshold: float, floor: float) -> Row | None:
+def _uneven(d: Matrix, paces: _Paces, threshold: float, floor: float) -> Row | None:
     """The phase as one row of the straggler rules (analysis/_rows.py): at each step, the
     rank with the highest load against the median rank's load, and the ms it is above at
     its pace; a step is uneven where that is above the threshold and the floor. Steps
@@ -226,17 +263,16 @@ def _uneven(d: Matrix, threshold: float, floor: float) -> Row | None:
     counted = np.sum(np.isfinite(d), axis=0)
     if not np.any(counted >= _FEWEST_RANKS):
         return None
-    _, high, med, excess = _tops(*_loads(d))
+    _, high, med, excess = _tops(*paces.loads(d))
     with quiet():
         ratio: Vector = np.where(med > 0, high / med, np.nan)
     ratio[counted < _FEWEST_RANKS] = np.nan
     return row_of(ratio, excess, threshold, floor)
 
 
-def _spread(d: Matrix) -> float:
+def _spread(load: Matrix) -> float:
     """How far a phase's ranks spread at a typical step: the median over steps of the
     interquartile range of the ranks' log loads (NaN where it cannot be told)."""
-    load, _ = _loads(d)
     with quiet():
         logs = np.log(np.where(load > 0, load, np.nan))
         q75, q25 = np.nanpercentile(logs, [75, 25], axis=0)
@@ -252,12 +288,13 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
     onset: int,
     spreads: dict[int, float],
     recorded: PhaseValues | None,
-    found_slow: list[int],
+    paces: _Paces,
     groups: Mapping[int, Mapping[str, object]],
 ) -> Imbalance | None:
     """Phase `p`'s imbalance, given its uneven steps (`hits`) from the `onset` index on."""
-    load, typical = _loads(m.ms[p])
+    load, typical = paces.loads(m.ms[p])
     d = m.ms[p][:, onset:]
+    found_slow = list(paces.own)
     tops, high, med, excess = _tops(load[:, onset:], typical)
     at = np.flatnonzero(hits == 1)
     slowest = tops[at]
@@ -292,6 +329,8 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
         evidence=evidence,
         cause=cause,
         reference=None if wider is None else wider[0],
+        stages=paces.stages,
+        own_pace=paces.own,
     )
 
 
@@ -345,14 +384,14 @@ def _data_groups(
     if len(on) < 2:
         return {r: dict(groups.get(r, {})) for r in ranks}
     local = set()
-    for field in {str(f) for named in groups.values() for f in named}:
+    for name in {str(f) for named in groups.values() for f in named}:
         where: dict[object, set[str]] = {}
         for r in ranks:
-            value = groups.get(r, {}).get(field)
+            value = groups.get(r, {}).get(name)
             if value is not None:
                 where.setdefault(value, set()).add(hosts.get(r, f"rank {r}"))
         if where and all(len(h) == 1 for h in where.values()):
-            local.add(field)
+            local.add(name)
     return {r: {f: v for f, v in groups.get(r, {}).items() if f not in local} for r in ranks}
 
 
@@ -369,8 +408,8 @@ def _shared_data(
     than every rank."""
     with quiet():
         above = d[:, at] > nanmedian(d, axis=1)[:, None]  # each rank against its own typical
-    for field in sorted({str(f) for named in groups.values() for f in named}):
-        value = [groups.get(rank, {}).get(field) for rank in m.ranks]
+    for name in sorted({str(f) for named in groups.values() for f in named}):
+        value = [groups.get(rank, {}).get(name) for rank in m.ranks]
         together = []
         for col, r in enumerate(slowest.tolist()):
             mates = [i for i, v in enumerate(value) if v == value[r] and i != r]
@@ -380,7 +419,7 @@ def _shared_data(
         else:
             share = float(np.mean(together)) if together else 0.0
             if share >= _TOGETHER:
-                return field, share
+                return name, share
     return None
 
 
@@ -410,10 +449,10 @@ def _evidence_and_cause(
         )
     else:
         assert shared is not None
-        field, share = shared
+        name, share = shared
         evidence = (
-            f"the ranks that share the slowest rank's {field} are slow with it at {share:.0%} "
-            f"of the uneven steps, a different {field} from step to step: they share its data"
+            f"the ranks that share the slowest rank's {name} are slow with it at {share:.0%} "
+            f"of the uneven steps, a different {name} from step to step: they share its data"
         )
     if values:
         names = ", ".join(sorted(values))

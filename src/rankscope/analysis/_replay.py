@@ -120,6 +120,13 @@ class Replay:
     off: float = 0.0
     """How far its steps are from the measured ones (0: level; 0.1: 10% apart)."""
 
+    def stages(self) -> list[list[int]]:
+        """Each stage's rank indices, by replica."""
+        out: list[list[int]] = [[] for _ in self.ops]
+        for r, (s, _) in sorted(self.stage_of.items(), key=lambda kv: kv[1]):
+            out[s].append(r)
+        return out
+
     def step_ms(self, scale: Mapping[tuple[int, int], Floats]) -> Floats | None:
         """Per column, the replayed step with each (rank index, phase index) of `scale`'s
         ops multiplied by its factor at that column (1: as it was); None where the ops

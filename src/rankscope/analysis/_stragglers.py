@@ -47,6 +47,7 @@ from ._groups import slow_groups, waiting_for_groups
 from ._imbalance import find_imbalance
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ._options import StragglerOptions
+from ._replay import Replay, build_replay
 from ._rows import Row, rows_of
 from ._scopes import scopes_of
 from .read._values import PhaseValues
@@ -252,6 +253,9 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     report.findings = _waiting_since_the_cause(report.findings, waiting, m.steps)
     # The cause before its consequence: a slow rank's waiters often lose more time than it.
     report.findings.sort(key=lambda f: (f.role != "slow", -f.lost_ms, f.rank, f.phase))
+    # The pipeline's replay (analysis/_replay.py): its stages are the ranks whose loads
+    # are taken against one pace, and it prices the fixes where it fits.
+    pipeline = build_replay(timeline, set(report.sync_phases), groups)
     report.imbalance = find_imbalance(
         m,
         set(report.sync_phases),
@@ -262,6 +266,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         values=values,
         groups=groups,
         hosts=hosts,
+        stages=pipeline.stages() if isinstance(pipeline, Replay) else None,
     )
     report.groups = waiting_for_groups(
         slow_groups(report.findings, m.ranks, groups),
@@ -272,7 +277,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         floor=floor,
     )
     if report.findings or report.imbalance:
-        costs = estimate_costs(timeline, report, hosts, gpus, groups)
+        costs = estimate_costs(timeline, report, hosts, gpus, pipeline)
         report.imbalance = [
             replace(u, cost=c) for u, c in zip(report.imbalance, costs.imbalance, strict=True)
         ]

@@ -97,6 +97,7 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
     steps: int = 30,
     slow: Iterable[SlowStage] = (),
     uneven: Uneven | None = None,
+    balanced: bool = False,
     noise: float = 0.03,
     seed: int = 0,
     gpu: bool = False,
@@ -105,7 +106,9 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
     with `gpu`, every record carries a device time too (the phase's time, as the GPU's
     timeline would show a stage that waits in its recv). `uneven` loads the replicas
     unevenly from step to step (each replica's data: every stage of it alike) in its
-    phases ("forward", "backward"), with `tokens` recorded on them."""
+    phases ("forward", "backward"), with `tokens` recorded on them; with `balanced`, the
+    same draws are spread evenly over the replicas at each step (what balancing the data
+    would make of the job)."""
     root = Path(run_dir)
     rng = random.Random(seed)
     load_rng = random.Random(seed + 2)  # its own: runs with even data draw as before
@@ -137,6 +140,8 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
             if uneven is not None and step >= uneven.from_step:
                 half = uneven.spread / 2
                 loads = [load_rng.uniform(1 - half, 1 + half) for _ in range(shape.dp)]
+                if balanced:  # the same data, each step's spread evenly over the replicas
+                    loads = [sum(loads) / len(loads)] * shape.dp
             for d in range(shape.dp):
                 free = [now] * shape.stages
                 done: dict[tuple[str, int, int], int] = {}  # (op, stage, microbatch) -> end
