@@ -250,3 +250,27 @@ def test_balancing_is_priced_at_the_same_data_spread_evenly(
     truth = _step_ms(tmp_path / "uneven") - _step_ms(tmp_path / "spread")
     assert report.cost is not None
     assert report.cost.step_ms_saved == pytest.approx(truth, rel=0.1)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_fix_of_some_replicas_replays_them_alone_to_the_same_figures(
+    tmp_path: Path, schedule: str
+) -> None:
+    shape = Pipeline(schedule=schedule, dp=4)
+    uneven = Uneven(phases=("forward", "backward"))
+    write_pipeline(tmp_path, shape=shape, slow=[SlowStage(1, 1.0, replica=2)], uneven=uneven)
+    run = read_timed_run(tmp_path)
+    m = run.matrices
+    replay = build_replay(m, set(ends_in_collective(m)), run.meta.groups)
+    assert isinstance(replay, Replay) and replay.base is not None
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        ranks = rng.choice(len(m.ranks), size=int(rng.integers(1, 4)), replace=False)
+        phase = m.index(str(rng.choice(["forward", "backward"])))
+        scale = {(int(r), phase): rng.uniform(0.3, 1.0, len(m.steps)) for r in ranks}
+        alone = replay.step_ms(scale)
+        base, replay.base = replay.base, None  # every replica replayed
+        whole = replay.step_ms(scale)
+        replay.base = base
+        assert alone is not None and whole is not None
+        assert alone == pytest.approx(whole, abs=1e-9)
