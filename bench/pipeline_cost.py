@@ -24,7 +24,7 @@ import numpy as np
 from rankscope.analysis import StragglerOptions, find_stragglers, phase_matrices, read_timings
 from rankscope.analysis._analyse import read_timed_run
 from rankscope.analysis._findings import model_fit
-from rankscope.analysis._replay import build_replay
+from rankscope.analysis._replay_build import build_replay
 from rankscope.analysis._stragglers import ends_in_collective
 from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
 

@@ -91,7 +91,7 @@ def estimate_costs(
     fix's own, from the step its finding began. A rank that waits for a rank with a slow
     finding costs nothing of its own: its wait is that finding's cost (`of`). `gpus`
     says whether the ranks ran on GPUs (GPU-hours), where known. `pipeline`: the run's
-    pipeline replay (analysis/_replay.py build_replay), or why a pipeline-shaped run has
+    pipeline replay (analysis/_replay_build.py build_replay), or why a pipeline-shaped run has
     none; its steps are priced by it where it fits them.
     """
     sync = set(report.sync_phases)

@@ -46,38 +46,27 @@ A fix scales a rank's ops of a phase to the time the fix gives the phase in the 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
-from ._ops import StepOps
+from ._matrix import nanmedian, quiet
 
-__all__ = ["Replay", "build_replay"]
+__all__ = ["At", "Op", "Replay", "sends_as_measured"]
 
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 At = tuple[int, int]
 """(stage, op index)."""
-_MOST_CELLS = 200_000
-"""Rank x step sequences read at most: a larger run is left to the segment model."""
-_BISECTIONS = 20
-"""Halvings of the search for an unmeasured wire (to a millionth of the step's gap)."""
 _EXPLAINED = 0.5
 """Sends are taken to wait for their recv where the replay gives their time above their
 own within this share of it."""
-_NEAR = 0.05
-"""And where that replay's steps are this near the measured ones."""
-_WAITS = 0.1
-"""A send waits for its recv where this share of its runs take over twice its least
-time (and 0.1 ms more)."""
 
 
 @dataclass(frozen=True)
-class _Op:
+class Op:
     """One op of a stage's step, as the replay runs it."""
 
     phase: int
@@ -103,7 +92,7 @@ class Replay:
     """The group that names the stages."""
     stage_of: dict[int, At]
     """Rank index -> (stage, replica)."""
-    ops: list[list[_Op]]
+    ops: list[list[Op]]
     """Each stage's ops, in the order they run."""
     ms: list[Floats]
     """Per stage, (op, replayed step, replica) times."""
@@ -297,377 +286,7 @@ class _Run:
         return True
 
 
-def build_replay(
-    m: PhaseMatrices, sync: set[str], groups: Mapping[int, Mapping[str, object]] | None
-) -> Replay | str | None:
-    """The replay of `m`'s pipeline (see the module); where `m` looks like a pipeline (a
-    comm phase runs more than once in a rank's step) and cannot be replayed, why not; None
-    where it holds no pipeline (no phase runs more than once a step, or no comm phase does:
-    gradient accumulation)."""
-    ops = m.ops
-    if ops is None or not _p2p(m, ops, sync):
-        return None
-    cells = len(m.ranks) * len(m.steps)
-    if cells > _MOST_CELLS:
-        return f"more than {_MOST_CELLS:,} rank x step sequences to read"
-    keys = _stage_keys(m.ranks, groups or {})
-    if not keys:
-        return (
-            "no parallel group numbers its stages with integers, as many ranks each "
-            '(Profiler(groups={"pipeline_stage": s}))'
-        )
-    # Each group that could number the stages, each way round (stage 0 should read the
-    # input; where it is the last, the numbers run the other way): the replay that
-    # comes closest to the measured steps.
-    best: Replay | None = None
-    why: list[str] = []
-    records = _Sequences(m, ops)
-    for key, stages in keys:
-        for order in (stages, stages[::-1]):
-            built = _Builder(m, sync, records, key, order).build()
-            if isinstance(built, str):
-                if order is stages and built not in why:
-                    why.append(f"by {key}: {built}")
-            elif best is None or built.off < best.off:
-                best = built
-    return best if best is not None else "; ".join(why)
-
-
-def _p2p(m: PhaseMatrices, ops: StepOps, sync: set[str]) -> bool:
-    """Some comm phase runs more than once in a rank's step (a pipeline's sends and recvs)."""
-    comm = [i for i, name in enumerate(ops.names) if name in sync]
-    if not comm or not len(m.steps):
-        return False
-    mine = np.isin(ops.phase, comm)
-    cell = (ops.rank[mine] * (int(ops.step.max()) + 1) + ops.step[mine]) * len(ops.names)
-    return bool(len(cell)) and bool(np.bincount(cell + ops.phase[mine]).max() > 1)
-
-
-def _stage_keys(
-    ranks: list[int], groups: Mapping[int, Mapping[str, object]]
-) -> list[tuple[str, list[list[int]]]]:
-    """Each group that could name pipeline stages: integer values, two or more, as many
-    ranks each, every rank named; its stages' rank indices in rank order, stage 0 the
-    least value."""
-    out = []
-    names = sorted({str(f) for named in groups.values() for f in named})
-    for name in names:
-        named = [groups.get(rank, {}).get(name) for rank in ranks]
-        values = [v for v in named if isinstance(v, int) and not isinstance(v, bool)]
-        if len(values) != len(ranks):
-            continue
-        count = Counter(values)
-        if len(count) < 2 or len(set(count.values())) != 1:
-            continue
-        order = {v: i for i, v in enumerate(sorted(count))}
-        stages: list[list[int]] = [[] for _ in count]
-        for i, v in enumerate(values):
-            stages[order[v]].append(i)
-        out.append((name, stages))
-    return out
-
-
-class _Sequences:
-    """Each rank's top-level records of each sampled step, as the matrices index them:
-    read once for every group tried as the stages."""
-
-    def __init__(self, m: PhaseMatrices, ops: StepOps) -> None:
-        where = {name: m.phases.index(name) for name in ops.names if name in m.phases}
-        phase = np.asarray([where.get(n, -1) for n in ops.names], np.int64)[ops.phase]
-        ranks, steps = np.asarray(m.ranks), np.asarray(m.steps)
-        rank = np.minimum(np.searchsorted(ranks, ops.rank), len(ranks) - 1)
-        col = np.minimum(np.searchsorted(steps, ops.step), len(steps) - 1)
-        known = (phase >= 0) & (ranks[rank] == ops.rank) & (steps[col] == ops.step)
-        device = np.asarray([clock == "device" for clock in m.clocks])
-        ms = np.where(device[np.maximum(phase, 0)], ops.device_ms, ops.ms)
-        self.phase, self.ms = phase[known], np.nan_to_num(ms[known])
-        self.start, self.end = ops.start_ns[known], ops.end_ns[known]
-        cell = rank[known] * len(steps) + col[known]
-        cuts = np.flatnonzero(np.diff(cell)) + 1
-        cells = cell[np.r_[0, cuts]] if len(cell) else cell
-        bounds = np.r_[0, cuts, len(cell)].tolist()
-        phases = self.phase.tolist()
-        self.seq: dict[int, tuple[int, ...]] = {}
-        """(rank index x steps + column) -> its phases in the order they ran."""
-        self.span: dict[int, tuple[int, int]] = {}
-        """The same -> where its records lie in the arrays."""
-        for i, c in enumerate(cells.tolist()):
-            a, b = bounds[i], bounds[i + 1]
-            self.seq[c], self.span[c] = tuple(phases[a:b]), (a, b)
-
-
-class _Builder:
-    """The work of build_replay for one group taken as the stages."""
-
-    def __init__(
-        self,
-        m: PhaseMatrices,
-        sync: set[str],
-        records: _Sequences,
-        key: str,
-        stages: list[list[int]],
-    ) -> None:
-        self.m, self.key, self.stages = m, key, stages
-        self.sync = {m.index(p) for p in sync if p in m.phases}
-        self.records = records
-        self.ms, self.start, self.end = records.ms, records.start, records.end
-
-    def build(self) -> Replay | str:
-        """The replay, or why there is none."""
-        n_s = len(self.m.steps)
-        seq, span = self.records.seq, self.records.span
-        templates, ok = [], np.ones(n_s, np.bool_)
-        for ranks in self.stages:
-            seen = Counter(seq.get(r * n_s + c, ()) for r in ranks for c in range(n_s))
-            template = seen.most_common(1)[0][0]
-            if not template:
-                return "a stage has no records"
-            templates.append(template)
-            for c in range(n_s):
-                ok[c] &= all(seq.get(r * n_s + c) == template for r in ranks)
-        if not ok.any():
-            return "no sampled step where each stage's ranks ran the same phases in one order"
-        cols = np.flatnonzero(ok).tolist()
-        shape = (len(cols), len(self.stages[0]))
-        ms = [np.zeros((len(t), *shape)) for t in templates]
-        start = [np.zeros((len(t), *shape)) for t in templates]
-        end = [np.zeros((len(t), *shape)) for t in templates]
-        for s, ranks in enumerate(self.stages):
-            for d, r in enumerate(ranks):
-                for i, c in enumerate(cols):
-                    a, b = span[r * n_s + c]
-                    ms[s][:, i, d] = self.ms[a:b]
-                    start[s][:, i, d], end[s][:, i, d] = self.start[a:b], self.end[a:b]
-        # A phase that ends in a collective is a comm op here where it is declared comm or
-        # runs once a step: a per-microbatch work phase is not a collective, though its
-        # ranks may leave it together by chance (the device timeline of two stages).
-        counts = [Counter(t) for t in templates]
-        most = {p: max(c[p] for c in counts) for c in counts for p in c}
-        self.comm = {p for p in self.sync if self.m.kinds[p] == "comm" or most.get(p, 0) <= 1}
-        flows = self._flows(templates)
-        if not flows:
-            return (
-                "no phase flows from stage to stage (time each send and recv as a phase of "
-                "its own name, apart from the compute)"
-            )
-        lead = [np.zeros_like(t) for t in ms]
-        if all(self.m.clocks[p] == "host" for t in templates for p in t):
-            for s in range(len(templates)):
-                lead[s][1:] = np.clip((start[s][1:] - end[s][:-1]) / 1e6, 0, None)
-        # Sends that wait for their recv, or that hand over and go on. Where they wait,
-        # the replay says how long each send takes (until its recv is reached): kept where
-        # that matches the times measured. Else the model that comes closer to the
-        # measured steps (one that cannot run is no answer). Both can fit a step alike
-        # (a real gloo pipeline: 0.99x either way) and price a fix apart (47 ms and 36 ms
-        # against a true 45): the steps alone cannot choose.
-        best: Replay | None = None
-        for waits in (True, False):
-            ops = self._roles(templates, ms, flows, waits=waits)
-            replay = Replay(
-                key=self.key,
-                stage_of={
-                    r: (s, d) for s, ranks in enumerate(self.stages) for d, r in enumerate(ranks)
-                },
-                ops=ops,
-                ms=ms,
-                lead=lead,
-                outside=self._outside(ms, lead, ok),
-                own=_own(ops, ms),
-                wire={},
-                collective_own=_collective_own(ops, ms),
-                ok=ok,
-            )
-            replay.wire = self._wire(replay, start, end)
-            steps = replay.step_ms({})
-            if steps is not None:
-                replay.steps = steps
-                self._fit_wire(replay)
-                replay.off = self._off(replay)
-                if waits and _sends_explained(replay) and replay.off <= _NEAR:
-                    best = replay
-                    break
-                if best is None or replay.off < best.off:
-                    best = replay
-            if not any(op.peer is not None for stage in ops for op in stage):
-                break  # no send waits: one model
-        if best is None or not best.keep_baseline():
-            return "its ops cannot be run in the order they ran (a recv whose send never comes)"
-        return best
-
-    def _off(self, replay: Replay) -> float:
-        """How far the replay's steps are from the measured ones (0: level)."""
-        if STEP not in self.m.phases:
-            return 0.0
-        with quiet():
-            measured = nanmedian(self.m.ms[self.m.index(STEP)], 0)[replay.ok]
-            return abs(float(np.nanmean(replay.steps[replay.ok]) / np.nanmean(measured)) - 1)
-
-    def _fit_wire(self, replay: Replay) -> None:
-        """On device time the wire is not measured: where the replay's steps come out
-        shorter than the measured ones, each unmeasured wire is made longer by the same
-        time, as far as brings them level (bisection; the replay's step grows with the
-        wire). Taken as the recv's own time, it priced a GPipe pipeline's slow stage 3% low."""
-        guessed = [p for p in replay.wire if self.m.clocks[p] != "host"]
-        if not guessed or STEP not in self.m.phases:
-            return
-        with quiet():
-            measured = float(np.nanmean(nanmedian(self.m.ms[self.m.index(STEP)], 0)[replay.ok]))
-        base = dict(replay.wire)
-
-        def short_by(more: float) -> float | None:
-            for p in guessed:
-                replay.wire[p] = base[p] + more
-            steps = replay.step_ms({})
-            return None if steps is None else measured - float(np.nanmean(steps[replay.ok]))
-
-        gap = short_by(0.0)
-        if gap is None or not gap > 0:
-            replay.wire = base
-            return
-        low, high = 0.0, gap
-        for _ in range(_BISECTIONS):
-            middle = (low + high) / 2
-            left = short_by(middle)
-            if left is None:
-                break
-            low, high = (middle, high) if left > 0 else (low, middle)
-        short_by(low)
-        steps = replay.step_ms({})
-        if steps is not None:
-            replay.steps = steps
-
-    def _flows(self, templates: list[tuple[int, ...]]) -> dict[int, int]:
-        """Per phase that flows from stage to stage, the stage it flows from (see the
-        module)."""
-        last = len(templates) - 1
-        counts = [Counter(t) for t in templates]
-        flowing = [
-            p
-            for p in dict.fromkeys(templates[0])  # in the order stage 0 first runs them
-            if p not in self.comm
-            and len({c[p] for c in counts}) == 1
-            and self._comm_before(templates[0], p) != self._comm_before(templates[last], p)
-        ]
-        return {p: 0 if i == 0 else last for i, p in enumerate(flowing)}
-
-    def _comm_before(self, template: tuple[int, ...], p: int) -> set[int]:
-        """The comm phases a stage runs just before its runs of `p`."""
-        return {
-            template[j - 1]
-            for j, q in enumerate(template)
-            if q == p and j > 0 and template[j - 1] in self.comm
-        }
-
-    def _roles(
-        self,
-        templates: list[tuple[int, ...]],
-        ms: list[Floats],
-        flows: dict[int, int],
-        *,
-        waits: bool,
-    ) -> list[list[_Op]]:
-        """Each stage's ops with their roles (see the module); with `waits`, the sends
-        that wait for their recv (_waiting_sends) do."""
-        last = len(templates) - 1
-        runs = [_runs(t) for t in templates]
-        # A flowing phase's send: the first comm op after it, before the next flowing
-        # phase (a copy to the host may come between), on a stage it flows on from.
-        sent_by: dict[At, int] = {}
-        for s, template in enumerate(templates):
-            for i, p in enumerate(template):
-                onward = s + (1 if flows.get(p) == 0 else -1)
-                if p not in flows or not 0 <= onward <= last:
-                    continue
-                for j in range(i + 1, len(template)):
-                    if template[j] in flows:
-                        break
-                    if template[j] in self.comm:
-                        sent_by[s, i] = j
-                        break
-        sends = {(s, j) for (s, _), j in sent_by.items()}
-        recvs: dict[At, At] = {}  # a recv -> the send (or flowing op) it waits for
-        gated: dict[At, At] = {}
-        for s, template in enumerate(templates):
-            for j, p in enumerate(template):
-                if p not in flows or s == flows[p]:
-                    continue
-                u = s - (1 if flows[p] == 0 else -1)
-                theirs = [i for i, q in enumerate(templates[u]) if q == p][runs[s][j]]
-                source = (u, sent_by.get((u, theirs), theirs))
-                if j > 0 and template[j - 1] in self.comm:  # a send and recv in one: its recv
-                    recvs[s, j - 1] = source
-                else:
-                    gated[s, j] = source
-        waiting = self._waiting_sends(templates, sends, ms) if waits else set()
-        peer = {source: recv for recv, source in recvs.items() if source in waiting}
-        counts = [Counter(t) for t in templates]
-        out = []
-        for s, template in enumerate(templates):
-            ops = []
-            for j, p in enumerate(template):
-                at = (s, j)
-                if at in recvs:
-                    ops.append(_Op(p, "recv", source=recvs[at]))
-                elif at in gated:
-                    ops.append(_Op(p, "gated", source=gated[at]))
-                elif at in sends:
-                    ops.append(_Op(p, "send", peer=peer.get(at)))
-                elif p in self.comm and len({c[p] for c in counts}) == 1:
-                    ops.append(_Op(p, "collective", key=(p, runs[s][j])))
-                else:
-                    ops.append(_Op(p, "work"))
-            out.append(ops)
-        return out
-
-    def _waiting_sends(
-        self, templates: list[tuple[int, ...]], sends: set[At], ms: list[Floats]
-    ) -> set[At]:
-        """The sends whose phase may wait for its recv: a share _WAITS of its runs take
-        over twice its least time (0.1 ms more). Noisy sends that hand over and go on pass
-        too: build keeps the model whose replay fits."""
-        by_phase: dict[int, list[At]] = {}
-        for s, j in sends:
-            by_phase.setdefault(templates[s][j], []).append((s, j))
-        out: set[At] = set()
-        for held in by_phase.values():
-            times = np.concatenate([ms[s][j].ravel() for s, j in held])
-            if np.mean(times > 2 * times.min() + 0.1) >= _WAITS:
-                out.update(held)
-        return out
-
-    def _outside(self, ms: list[Floats], lead: list[Floats], ok: Bools) -> list[Floats]:
-        """Per stage, each (step, replica)'s time in the step outside its ops and leads."""
-        m, cols = self.m, np.flatnonzero(ok)
-        out = []
-        for s, ranks in enumerate(self.stages):
-            inside = ms[s].sum(axis=0) + lead[s].sum(axis=0)
-            if STEP not in m.phases:
-                out.append(np.zeros_like(inside))
-                continue
-            step = m.ms[m.index(STEP)][np.asarray(ranks)][:, cols].T
-            out.append(np.clip(np.nan_to_num(step - inside), 0, None))
-        return out
-
-    def _wire(self, replay: Replay, start: list[Floats], end: list[Floats]) -> dict[int, float]:
-        """Per recv phase, how long after the data left the recvs that waited ended (on
-        host time; the recv's own time on device time)."""
-        seen: dict[int, list[Floats]] = {}
-        for s, ops in enumerate(replay.ops):
-            for j, op in enumerate(ops):
-                if op.role != "recv" or op.source is None or self.m.clocks[op.phase] != "host":
-                    continue
-                u, k = op.source
-                left = start[u][k] if replay.ops[u][k].peer is not None else end[u][k]
-                waited = replay.ms[s][j] > 2 * replay.own[op.phase] + 0.01
-                seen.setdefault(op.phase, []).append((end[s][j] - left)[waited] / 1e6)
-        out = {}
-        for p in {op.phase for ops in replay.ops for op in ops if op.role == "recv"}:
-            after = np.concatenate(seen.get(p, [np.zeros(0)]))
-            out[p] = max(0.0, float(np.median(after))) if len(after) else replay.own[p]
-        return out
-
-
-def _sends_explained(replay: Replay) -> bool:
+def sends_as_measured(replay: Replay) -> bool:
     """The replay, with its sends waiting for their recvs, gives their times as measured:
     their time above their own is off by at most `_EXPLAINED` of it, over every run.
     Sends that merely vary (that hand over and go on) are not: the replay has their recv
@@ -683,41 +302,3 @@ def _sends_explained(replay: Replay) -> bool:
                 off += float(np.sum(np.abs(run.end[s][j] - run.reach[s][j] - measured)))
                 above += float(np.sum(measured - replay.own[op.phase]))
     return above > 0 and off <= _EXPLAINED * above
-
-
-def _own(ops: list[list[_Op]], ms: list[Floats]) -> dict[int, float]:
-    """Per recv or waiting send phase, its own time: the least time any send or recv of
-    the replay took. A phase's own least is not enough: where every run of it waits (one
-    microbatch, or recvs named per direction, the backward's all behind a slow last
-    stage), its least is a wait, and a fix that ends the wait was priced at a third."""
-    p2p = [
-        float(np.min(ms[s][j]))
-        for s, stage in enumerate(ops)
-        for j, op in enumerate(stage)
-        if op.role in ("recv", "send")
-    ]
-    least = min(p2p, default=0.0)
-    return {
-        op.phase: least for stage in ops for op in stage if op.role == "recv" or op.peer is not None
-    }
-
-
-def _collective_own(ops: list[list[_Op]], ms: list[Floats]) -> dict[tuple[int, int], Floats]:
-    """Per collective, the least time any rank spent in it at each replayed step."""
-    out: dict[tuple[int, int], Floats] = {}
-    for s, stage in enumerate(ops):
-        for j, op in enumerate(stage):
-            if op.key is not None:
-                least = ms[s][j].min(axis=1)
-                out[op.key] = np.minimum(out.get(op.key, least), least)
-    return out
-
-
-def _runs(template: tuple[int, ...]) -> list[int]:
-    """Per op, which run of its phase in the step it is (0 for the first)."""
-    seen: Counter[int] = Counter()
-    out = []
-    for p in template:
-        out.append(seen[p])
-        seen[p] += 1
-    return out

@@ -47,7 +47,8 @@ from ._groups import slow_groups, waiting_for_groups
 from ._imbalance import find_imbalance
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ._options import StragglerOptions
-from ._replay import Replay, build_replay
+from ._replay import Replay
+from ._replay_build import build_replay
 from ._rows import Row, rows_of
 from ._scopes import scopes_of
 from .read._values import PhaseValues
