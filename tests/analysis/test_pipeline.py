@@ -191,7 +191,16 @@ def test_uneven_data_across_replicas_is_found_and_priced(
 
 @pytest.mark.parametrize(
     ("schedule", "dp", "noise", "seed"),
-    [("1f1b", 8, 0.03, 0), ("1f1b", 4, 0.1, 0), ("gpipe", 4, 0.1, 1), ("1f1b", 2, 0.2, 1)],
+    [
+        ("1f1b", 8, 0.03, 0),
+        ("1f1b", 4, 0.1, 0),
+        ("gpipe", 4, 0.1, 1),
+        ("1f1b", 2, 0.2, 1),
+        # 20% noise per op: the optimizer (run once) spread twice as much as the forward
+        # (a sum of four microbatches), and was called uneven data.
+        ("gpipe", 8, 0.2, 2),
+        ("1f1b", 4, 0.2, 2),
+    ],
 )
 def test_a_clean_pipeline_has_no_finding(
     tmp_path: Path, schedule: str, dp: int, noise: float, seed: int

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,9 +65,15 @@ class PhaseMatrices:
     ops: StepOps | None = None
     """Each rank's top-level records in the order it ran them, where a phase runs more
     than once in a step (a pipeline's microbatches): what the pipeline replay reads."""
-    repeats: frozenset[str] = frozenset()
+    runs: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """The phases some rank ran more than once in a step (a pipeline's microbatches, its
-    sends and recvs; gradient accumulation's forward and backward)."""
+    sends and recvs; gradient accumulation's forward and backward): how many times a rank
+    typically ran each in a step (the median over the rank-steps that ran it)."""
+
+    @property
+    def repeats(self) -> frozenset[str]:
+        """The phases some rank ran more than once in a step."""
+        return frozenset(self.runs)
 
     def on_timeline(self) -> PhaseMatrices:
         """These matrices with every phase on the clock that places it in the step: what
@@ -133,7 +139,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     first: list[Matrix] = []
     last: list[Matrix] = []
     ops = OpsGatherer() if _repeats(records, rank_index, steps) else None
-    repeats = set()
+    runs: dict[str, float] = {}
     for name in names:
         phase = records.phases[name]
         rank, step, dur, start_ns, host_ms = phase.take()
@@ -149,7 +155,8 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         start = (start_ns - origin).astype(np.float64)
         single = np.bincount(cell, minlength=1).max() <= 1  # a record per cell (common)
         if not single:
-            repeats.add(name)
+            counts = np.bincount(cell)
+            runs[name] = float(np.median(counts[counts > 0]))
         ms.append(_sum(cell, dur, n_r, n_s))
         first.append(_extreme(np.minimum, cell, start, n_r, n_s, single=single))
         with np.errstate(over="ignore"):  # a time near a double's limit ends at infinity
@@ -185,7 +192,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         end_ns=[last[p] for p in ranked],
         origin_ns=origin,
         ops=None if ops is None else ops.done(),
-        repeats=frozenset(repeats),
+        runs=runs,
     )
 
 
