@@ -94,9 +94,9 @@ def estimate_costs(
     pipeline replay (analysis/_replay_build.py build_replay), or why a pipeline-shaped run has
     none; its steps are priced by it where it fits them.
     """
-    sync = set(report.sync_phases)
-    built = pipeline
-    model = _StepModel(m, sync, built if isinstance(built, Replay) else None)
+    model = _StepModel(
+        m, set(report.sync_phases), pipeline if isinstance(pipeline, Replay) else None
+    )
     slow_of: dict[int, StragglerFinding] = {}
     for f in report.findings:
         if f.role == "slow" and f.rank not in slow_of:
@@ -115,9 +115,9 @@ def estimate_costs(
             if isinstance(fix, str)
         }
     )
-    if isinstance(built, str):
+    if isinstance(pipeline, str):
         notes.append(
-            f"the pipeline's steps were not replayed: {built}; its savings are the step "
+            f"the pipeline's steps were not replayed: {pipeline}; its savings are the step "
             "model's, which takes every collective to join all ranks (docs/analysis.md, "
             '"Pipelines")'
         )

@@ -75,6 +75,15 @@ class PhaseMatrices:
         """The phases some rank ran more than once in a step."""
         return frozenset(self.runs)
 
+    @property
+    def pipelined(self) -> bool:
+        """A comm phase runs more than once in a rank's step: a pipeline's sends and recvs
+        (gradient accumulation repeats its work phases, not its all-reduce)."""
+        return any(
+            kind == "comm" and name in self.runs
+            for name, kind in zip(self.phases, self.kinds, strict=True)
+        )
+
     def on_timeline(self) -> PhaseMatrices:
         """These matrices with every phase on the clock that places it in the step: what
         arrivals and the cost model add up (the device's, where phases are read on both)."""

@@ -33,12 +33,10 @@ time (and 0.1 ms more)."""
 def build_replay(
     m: PhaseMatrices, sync: set[str], groups: Mapping[int, Mapping[str, object]] | None
 ) -> Replay | str | None:
-    """The replay of `m`'s pipeline (see the module); where `m` looks like a pipeline (a
-    comm phase runs more than once in a rank's step) and cannot be replayed, why not; None
-    where it holds no pipeline (no phase runs more than once a step, or no comm phase does:
-    gradient accumulation)."""
+    """The replay of `m`'s pipeline (see the module); where `m` looks like a pipeline
+    (`m.pipelined`) and cannot be replayed, why not; None where it holds no pipeline."""
     ops = m.ops
-    if ops is None or not _p2p(m, ops, sync):
+    if ops is None or not m.pipelined:
         return None
     cells = len(m.ranks) * len(m.steps)
     if cells > _MOST_CELLS:
@@ -64,16 +62,6 @@ def build_replay(
             elif best is None or built.off < best.off:
                 best = built
     return best if best is not None else "; ".join(why)
-
-
-def _p2p(m: PhaseMatrices, ops: StepOps, sync: set[str]) -> bool:
-    """Some comm phase runs more than once in a rank's step (a pipeline's sends and recvs)."""
-    comm = [i for i, name in enumerate(ops.names) if name in sync]
-    if not comm or not len(m.steps):
-        return False
-    mine = np.isin(ops.phase, comm)
-    cell = (ops.rank[mine] * (int(ops.step.max()) + 1) + ops.step[mine]) * len(ops.names)
-    return bool(len(cell)) and bool(np.bincount(cell + ops.phase[mine]).max() > 1)
 
 
 def _stage_keys(

@@ -381,8 +381,7 @@ def _sync(m: PhaseMatrices, p: int, arrive: Matrix, leave: Matrix, d: Matrix) ->
     spent before a phase, two stages' backwards were taken to leave together."""
     if m.kinds[p] == "comm":
         return True
-    pipeline = any(m.kinds[q] == "comm" for q, name in enumerate(m.phases) if name in m.repeats)
-    if pipeline and m.phases[p] in m.repeats:
+    if m.pipelined and m.phases[p] in m.repeats:
         return False
     return _ends_together(arrive, leave, d)
 
