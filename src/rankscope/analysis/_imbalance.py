@@ -4,10 +4,12 @@ each time.
 Uneven data (sequence lengths, expert routing) loads ranks unevenly from step to step.
 At every step the ranks leave the next collective together, so the step waits for that
 step's slowest rank; no rank is slow at most steps, so no straggler finding names one.
-A phase holds imbalance when, since some step:
+A rank's load at a step is its time there over the typical time of the ranks that do
+the same work (_Paces: a pipeline's stage; else every rank). A phase holds imbalance
+when, since some step (found by the straggler rules' onset rule, analysis/_rows.py):
 
-- at `min_persistence` of the steps or more, its slowest rank is above `threshold`
-  times its median rank, by at least the straggler floor;
+- at `min_persistence` of the steps or more, its most loaded rank is above `threshold`
+  times the median rank's load, by at least the straggler floor at its pace;
 - no one rank is that slowest rank at half of those steps or more (else it is a
   straggler's case, and the straggler rules judge it);
 - and the spread is the data's, not the machines': a per-step value recorded with the
@@ -23,8 +25,9 @@ A phase holds imbalance when, since some step:
   Machines' noise does not fall on a group's ranks together. A run with neither cannot
   be told from noise and is not judged.
 
-Its price is the step model's (analysis/_cost.py): every rank's time in the phase set to
-the median of the others at each step from the onset, never slower than it was.
+Its price is the step model's (analysis/_cost.py; a pipeline's replay where there is
+one): every rank's time in the phase set to its typical time times the ranks' mean load
+at each step from the onset (the step's work spread evenly), never slower than it was.
 """
 
 from __future__ import annotations
@@ -75,9 +78,10 @@ class Imbalance:
     phase: str
     kind: str
     ratio: float
-    """The slowest rank against the median rank, median over the steps since the onset."""
+    """The most loaded rank's load against the median rank's, median over the steps since
+    the onset."""
     share: float
-    """The share of those steps where the slowest rank is above the threshold."""
+    """The share of those steps where the most loaded rank is above the threshold."""
     changes: float
     """The share of uneven steps whose slowest rank is not the previous uneven step's."""
     ranks_slowest: int
@@ -85,7 +89,8 @@ class Imbalance:
     top_share: float
     """The most any one rank was the slowest, as a share of the uneven steps."""
     lost_ms: float
-    """The slowest rank's time less the median rank's, median over the steps since the onset."""
+    """The ms the most loaded rank is above the median load at its pace, median over the
+    steps since the onset."""
     since_step: int
     steps: int
     evidence: str
@@ -94,7 +99,7 @@ class Imbalance:
     reference: str | None = None
     """The work phase whose ranks spread least: how far ranks spread from noise alone.
     Balancing keeps that spread (analysis/_cost.py); without one, every rank is priced
-    at the step's median, which the note of the cost says is an upper bound."""
+    at the mean load, which takes its noise out too (a little more than balancing saves)."""
     cost: Cost | None = None
     stages: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
     """The rank indices that do the same work (a pipeline's stages; else every rank): a
