@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ._gloo import GlooRanks
+from rankscope.testing._gloo import GlooRanks
 
 # pytest-xdist's workers inherit COLUMNS=80; the terminal renderers wrap piped output at
 # COLUMNS (cli/_render.py), so the tests read what a piped run without it gets: 160.
@@ -109,5 +109,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def gloo_ranks(tmp_path_factory: pytest.TempPathFactory) -> GlooRanks:
-    """Runs a job on N spawned gloo ranks and fails with every rank's traceback (tests/_gloo.py)."""
+    """Runs a job on N spawned gloo ranks and fails with every rank's traceback (rankscope/testing/_gloo.py)."""
     return GlooRanks(tmp_path_factory.mktemp("gloo"))

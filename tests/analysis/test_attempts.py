@@ -18,9 +18,9 @@ from rankscope.analysis.read._attempts import AttemptMark
 from rankscope.analysis.read._engine import read_run_records
 from rankscope.cli import main
 from rankscope.rundir import _attempt
+from rankscope.testing._gloo import GlooRanks
 
 from .._dist_workers import train_attempt
-from .._gloo import GlooRanks
 from .._helpers import profiler_steps, read_trace, tiny_model, tiny_step, trace_config
 
 WORLD = 2

@@ -14,11 +14,11 @@ import rankscope
 from rankscope import ConfigError
 from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
 from rankscope.analysis.read._values import PhaseValues, read_phase_values
+from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._synthetic import Slowdown, write_timings
 from rankscope.timing._record import format_attempt
 
 from .._cost_workers import train_with_uneven_data
-from .._gloo import GlooRanks
 
 
 def _found(run: Path, values: bool = True) -> rankscope.analysis.StragglerReport:

@@ -12,8 +12,7 @@ from torch import nn
 
 import rankscope
 from rankscope.cli._main import main
-
-from .._gloo import GlooRanks
+from rankscope.testing._gloo import GlooRanks
 
 pytestmark = pytest.mark.gpu
 

@@ -19,9 +19,9 @@ from rankscope.analysis._collectives import HostOffsets, collectives_of_run, fin
 from rankscope.analysis.render._collectives import collectives_section
 from rankscope.cli._collectives import add_commands
 from rankscope.rundir._layout import meta_path, timing_path, trace_path
+from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._synthetic import PhaseSpec, write_timings
 
-from .._gloo import GlooRanks
 from .._helpers import run_cli
 
 WINDOW = "step-000001-000002"

@@ -14,8 +14,7 @@ import torch.distributed as dist
 
 import rankscope
 from rankscope.cli._main import main
-
-from .._gloo import GlooRanks
+from rankscope.testing._gloo import GlooRanks
 
 STEPS, WORLD = 60, 2
 

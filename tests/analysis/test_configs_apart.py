@@ -15,8 +15,7 @@ import torch.distributed as dist
 
 import rankscope
 from rankscope.cli._main import main
-
-from .._gloo import GlooRanks
+from rankscope.testing._gloo import GlooRanks
 
 WORLD, STEPS, SLOW_RANK = 4, 40, 2
 

@@ -20,10 +20,10 @@ from rankscope.analysis._findings import (
     cost_text,
 )
 from rankscope.analysis._matrix import STEP, PhaseMatrices
+from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._synthetic import Slowdown, write_timings
 
 from .._cost_workers import train_ddp_with_slow_data, train_with_a_slow_rank
-from .._gloo import GlooRanks
 from .._helpers import run_cli
 
 # -- the model, by hand --------------------------------------------------------

@@ -22,9 +22,9 @@ from rankscope.analysis._diff import diff_runs
 from rankscope.analysis._findings import ratio_text
 from rankscope.cli import _diff, _main
 from rankscope.rundir._layout import summary_path, timing_path, trace_path
+from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
 
-from .._gloo import GlooRanks
 from .._helpers import run_cli
 
 RANKS = 4

@@ -20,9 +20,9 @@ import torch.distributed as dist
 import rankscope
 from rankscope.analysis import find_hangs
 from rankscope.cli._main import main
+from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._synthetic import write_timings
 
-from .._gloo import GlooRanks
 from .test_hang_analysis import NOW, heartbeat, write_heartbeat
 
 

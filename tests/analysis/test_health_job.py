@@ -17,11 +17,11 @@ import torch.distributed as dist
 from rankscope import TimerConfig
 from rankscope.analysis._analyse import analyse_stragglers
 from rankscope.config._ranks import RankInfo
+from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._nvml import StandInGpu, StandInNvml
 from rankscope.timing import PhaseTimer
 from rankscope.timing._health import GpuSource
 
-from .._gloo import GlooRanks
 from .._helpers import run_cli
 
 STEPS = 48

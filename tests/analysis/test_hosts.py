@@ -16,10 +16,10 @@ from rankscope.analysis import HostOptions
 from rankscope.analysis._hosts import find_recurring_hosts
 from rankscope.rundir import _attempt as attempt_module
 from rankscope.rundir._layout import meta_path, timing_path
+from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._synthetic import Slowdown, write_timings
 from rankscope.timing._record import format_attempt
 
-from .._gloo import GlooRanks
 from .._helpers import run_cli
 
 HOUR_NS = 3600 * 10**9

@@ -15,8 +15,8 @@ import rankscope
 from rankscope import AutoTrigger, ConfigError, Schedule
 from rankscope.analysis import build_report, find_traces
 from rankscope.capture._auto import MEDIAN_REFRESH, SlowdownDetector, SlowSteps
+from rankscope.testing._gloo import GlooRanks
 
-from .._gloo import GlooRanks
 from .._helpers import profiler_steps, read_trace, tiny_model, tiny_step
 
 # -- the decision, table-tested ------------------------------------------------------

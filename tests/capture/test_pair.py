@@ -13,8 +13,8 @@ import torch
 
 import rankscope
 from rankscope import AutoTrigger
+from rankscope.testing._gloo import GlooRanks
 
-from .._gloo import GlooRanks
 from .._helpers import run_cli
 
 WORLD = 4

@@ -37,8 +37,8 @@ from rankscope.capture._trigger import (
 from rankscope.config._ranks import RankInfo
 from rankscope.rundir._layout import trace_path
 from rankscope.rundir._meta import write_meta
+from rankscope.testing._gloo import GlooRanks
 
-from .._gloo import GlooRanks
 from .._helpers import (
     final_files,
     profiler_steps,

@@ -1037,7 +1037,8 @@ def test_a_bad_config_in_a_torchrun_job_is_said_once_and_every_rank_stops(tmp_pa
     import sys
     import time
 
-    from .._gloo import free_port as _free_port
+    from rankscope.testing._gloo import free_port as _free_port
+
     from ..project.test_torchrun_example import EXAMPLE
 
     ranks = 4

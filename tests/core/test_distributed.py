@@ -9,9 +9,9 @@ import pytest
 
 from rankscope import Schedule
 from rankscope.capture import windows
+from rankscope.testing._gloo import GlooRanks
 
 from .._dist_workers import train_ddp
-from .._gloo import GlooRanks
 from .._helpers import (
     event_names,
     final_files,

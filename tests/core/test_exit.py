@@ -29,8 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 import rankscope
-
-from .._gloo import GlooRanks
+from rankscope.testing._gloo import GlooRanks
 
 pytestmark = pytest.mark.slow
 

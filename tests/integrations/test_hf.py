@@ -30,8 +30,8 @@ from rankscope import ConfigError, ProfileConfig, Schedule, TimerConfig, TraceCo
 from rankscope.capture import windows
 from rankscope.integrations import hf
 from rankscope.integrations.hf import RankscopeCallback
+from rankscope.testing._gloo import GlooRanks
 
-from .._gloo import GlooRanks
 from .._helpers import (
     event_names,
     final_files,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .._gloo import free_port
+from rankscope.testing._gloo import free_port
+
 from .._helpers import timing_records
 
 pytestmark = pytest.mark.slow

@@ -18,9 +18,8 @@ import torch.distributed as dist
 
 import rankscope
 from rankscope.rundir._layout import timing_path
+from rankscope.testing._gloo import GlooRanks
 from rankscope.watch._tails import PHASES_KEPT, TAIL_BYTES, TimingTail
-
-from .._gloo import GlooRanks
 
 OFF = "figures for the trainer's logs are off"
 

@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 import rankscope
 from rankscope import HangConfig
+from rankscope.testing._gloo import GlooRanks
 
-from .._gloo import GlooRanks
 from .._helpers import final_files, rankscope_warnings
 
 FAST = {"after_s": 1.0, "heartbeat_s": 0.3}  # a stall after 1 s, polled every 0.25 s

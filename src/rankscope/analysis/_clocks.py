@@ -9,10 +9,17 @@ the host is the work (a data loader, a host-side sampler), the GPU's events are 
 back to back while it still runs the previous step: device time there is near zero,
 and host time measures the work.
 
-So "auto" reads a phase on device time where its records carry device times and its
-device time is the longer of the two (the median over the records that have both), and
-on host time otherwise. A run without device times (CPU-only) is read on host time
-throughout: the same figures as `--time host`.
+A phase that waits on the GPU (DDP's wait for its all-reduce, a loss.item(), a
+synchronize) holds the GPU's time in its host time too, and more: host time there is
+the longer, yet it says little, since the rank that is slow on its GPU waits there for
+its own kernels as long as the others wait for it. "The longer clock" read such a
+backward on host time and saw every rank alike (a real H200 run). So "auto" reads a
+phase on device time wherever its GPU is busy through a real part of it: its records
+carry device times, and its device time is at least `GPU_WORK` of its host time (the
+medians over the records that have both). Host time is kept where the GPU passed the
+phase's two marks back to back, busy with the step before: a host-side loader or
+sampler. A run without device times (CPU-only) is read on host time throughout: the
+same figures as `--time host`.
 """
 
 from __future__ import annotations
@@ -22,13 +29,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["CLOCKS", "COVERED", "choose_clock", "clock_words", "same_clocks"]
+__all__ = ["CLOCKS", "COVERED", "GPU_WORK", "choose_clock", "clock_words", "same_clocks"]
 
 CLOCKS = ("host", "device")
 
 COVERED = 0.9
 """The share of a phase's records that must carry a device time for auto to read the
 phase on it (a phase timed on some ranks' GPUs only is compared on host time)."""
+
+GPU_WORK = 0.5
+"""A phase whose device time is at least this share of its host time is read on device
+time: the GPU works (or waits for a collective) through a real part of it."""
 
 Floats = npt.NDArray[np.float64]
 
@@ -42,7 +53,8 @@ def choose_clock(time: str, device: Floats, host: Floats) -> str:
     count = int(timed.sum())
     if count == 0 or count < COVERED * len(device):
         return "host"
-    return "device" if float(np.median(device[timed])) > float(np.median(host[timed])) else "host"
+    busy = float(np.median(device[timed])) >= GPU_WORK * float(np.median(host[timed]))
+    return "device" if busy else "host"
 
 
 def clock_words(clocks: Mapping[str, str], untimed: Sequence[str] = ()) -> str:

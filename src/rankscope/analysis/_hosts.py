@@ -434,6 +434,8 @@ def _window(m: PhaseMatrices, cols: slice) -> PhaseMatrices:
         start_ns=[d[present][:, cols] for d in m.start_ns],
         end_ns=[d[present][:, cols] for d in m.end_ns],
         origin_ns=m.origin_ns,
+        runs=m.runs,
+        issued=m.issued,
     )
 
 

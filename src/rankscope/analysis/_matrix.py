@@ -69,6 +69,11 @@ class PhaseMatrices:
     """The phases some rank ran more than once in a step (a pipeline's microbatches, its
     sends and recvs; gradient accumulation's forward and backward): how many times a rank
     typically ran each in a step (the median over the rank-steps that ran it)."""
+    issued: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    """The phases whose records say whether a collective was issued in them ("coll",
+    timing/_collectives.py): True where one was at half the rank-steps that say or more.
+    A phase absent here has records that do not say (an older rankscope, no process
+    group): whether it ends in a collective is then guessed (analysis/_stragglers.py)."""
 
     @property
     def repeats(self) -> frozenset[str]:
@@ -149,8 +154,11 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     last: list[Matrix] = []
     ops = OpsGatherer() if _repeats(records, rank_index, steps) else None
     runs: dict[str, float] = {}
+    issued: dict[str, bool] = {}
     for name in names:
         phase = records.phases[name]
+        if phase.said:
+            issued[name] = 2 * phase.issued >= phase.said
         rank, step, dur, start_ns, host_ms = phase.take()
         cell = np.searchsorted(rank_index, rank) * n_s + np.searchsorted(steps, step)
         clock = "host" if dur is host_ms else choose_clock(records.time, dur, host_ms)
@@ -202,6 +210,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         origin_ns=origin,
         ops=None if ops is None else ops.done(),
         runs=runs,
+        issued=issued,
     )
 
 

@@ -65,6 +65,10 @@ class StragglerOptions:
     """Share of sampled steps above the threshold to report."""
     min_share: float = 0.01
     """Ignore an excess below this share of the step time."""
+    min_saving: float = 0.03
+    """Leave out a finding whose fix would save less than this share of the step time: a
+    busy machine moves a clean run's ranks by about that much, and a finding that costs
+    nothing is not one."""
     time: str = _choices("auto", TIME_BASES)
     """Read each phase on the clock of its work: device time (gpu_ms) where the GPU does
     it, host time (cpu_ms) where the host does (auto); or every phase on host or device
@@ -85,6 +89,9 @@ class StragglerOptions:
         share = _number("min_share", self.min_share)
         if not 0 <= share < 1:
             raise ConfigError("min_share", share, "a share of the step time in [0, 1)")
+        saving = _number("min_saving", self.min_saving)
+        if not 0 <= saving < 1:
+            raise ConfigError("min_saving", saving, "a share of the step time in [0, 1)")
         _one_of("time", self.time, TIME_BASES)
         if self.attempt is not None:
             _count("attempt", self.attempt)

@@ -33,8 +33,9 @@ import numpy.typing as npt
 from .._text import format_ranks
 from ._cause import causes_of
 from ._chance import binomial_tail, steps_needed
-from ._cost import estimate_costs
+from ._cost import Costs, estimate_costs
 from ._findings import (
+    Cost,
     RankPhase,
     StragglerFinding,
     StragglerReport,
@@ -277,8 +278,13 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         min_persistence=min_persistence,
         floor=floor,
     )
+    costs = None
     if report.findings or report.imbalance:
         costs = estimate_costs(timeline, report, hosts, gpus, pipeline)
+        if _drop_the_cheap(report, costs, options.min_saving * _step_ms(m)):
+            found = report.findings or report.imbalance
+            costs = estimate_costs(timeline, report, hosts, gpus, pipeline) if found else None
+    if costs is not None:
         report.imbalance = [
             replace(u, cost=c) for u, c in zip(report.imbalance, costs.imbalance, strict=True)
         ]
@@ -305,6 +311,37 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         report.model_step_ms = costs.model_step_ms
     report.summary = sentences(report)
     return report
+
+
+def _drop_the_cheap(report: StragglerReport, costs: Costs, floor_ms: float) -> bool:
+    """Leave out of `report` what fixing would save less than `floor_ms` a step: a slow
+    finding (outside a group that is worth it) with the findings that wait for it, an
+    uneven phase, a slow group. A busy machine's noise is found now and then; what it
+    costs is what tells it from a fault. True where anything was left out."""
+
+    def cheap(cost: Cost | None) -> bool:
+        return cost is not None and cost.step_ms_saved < floor_ms
+
+    kept_groups = [g for g, c in zip(report.groups, costs.groups, strict=True) if not cheap(c)]
+    grouped = {r for g in kept_groups for r in g.slow}
+    gone = {
+        (f.rank, f.phase)
+        for f, c in zip(report.findings, costs.each, strict=True)
+        if f.role == "slow" and cheap(c) and f.rank not in grouped
+    }
+    findings = [
+        f
+        for f, of in zip(report.findings, costs.of, strict=True)
+        if (f.rank, f.phase) not in gone and of not in gone
+    ]
+    imbalance = [u for u, c in zip(report.imbalance, costs.imbalance, strict=True) if not cheap(c)]
+    dropped = (
+        len(findings) < len(report.findings)
+        or len(imbalance) < len(report.imbalance)
+        or len(kept_groups) < len(report.groups)
+    )
+    report.findings, report.imbalance, report.groups = findings, imbalance, kept_groups
+    return dropped
 
 
 def _waiting_since_the_cause(
@@ -375,7 +412,10 @@ def ends_in_collective(m: PhaseMatrices, hosts: Mapping[int, str] | None = None)
 
 
 def _sync(m: PhaseMatrices, p: int, arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
-    """Phase `p` ends in a collective. In a pipeline (a comm phase runs more than once in
+    """Phase `p` ends in a collective: kind "comm"; else where its records say whether
+    a collective was issued in it, what they say; else where ranks leave it together
+    though they entered it apart (a guess that a busy machine's late wake-ups defeat).
+    In a pipeline (a comm phase runs more than once in
     a rank's step: its sends and recvs), a work phase that runs once per microbatch does
     not: each run is followed by a send, and on device time, where arrivals are the time
     spent before a phase, two stages' backwards were taken to leave together."""
@@ -383,6 +423,9 @@ def _sync(m: PhaseMatrices, p: int, arrive: Matrix, leave: Matrix, d: Matrix) ->
         return True
     if m.pipelined and m.phases[p] in m.repeats:
         return False
+    said = m.issued.get(m.phases[p])
+    if said is not None:  # the records say (timing/_collectives.py): no guess
+        return said
     return _ends_together(arrive, leave, d)
 
 

@@ -24,6 +24,7 @@ from ..timing._record import STEP_PHASE, Span, format_record
 __all__ = [
     "DDP_PHASES",
     "GPU_PHASES",
+    "GPU_WAITING_PHASES",
     "PhaseSpec",
     "Slowdown",
     "TraceTruth",
@@ -49,6 +50,9 @@ class PhaseSpec:
     device_ms: float | None = None
     """The GPU's work in the phase. Given for every phase, the run is a GPU job's: `ms`
     is then the host's time in the phase (launching kernels, or a loader's own work)."""
+    host_waits: bool = False
+    """In a GPU job, the host waits for the GPU at the phase's end (DDP's wait for its
+    all-reduce, a loss.item(), a synchronize): its host time holds the GPU's, and more."""
 
 
 DDP_PHASES: tuple[PhaseSpec, ...] = (
@@ -68,6 +72,15 @@ GPU_PHASES: tuple[PhaseSpec, ...] = (
 )
 """A DDP step on GPUs: the host launches kernels in a fraction of their device time and
 loads the next batch while the GPU still runs the previous step."""
+
+GPU_WAITING_PHASES: tuple[PhaseSpec, ...] = (
+    PhaseSpec("data", "data", 20.0, device_ms=0.0),
+    PhaseSpec("forward", "compute", 1.0, device_ms=12.0),
+    PhaseSpec("backward", "compute", 1.5, sync=True, device_ms=25.0, host_waits=True),
+    PhaseSpec("optimizer", "compute", 0.5, device_ms=3.0),
+)
+"""The same step where the host waits for the all-reduce at backward's end (as DDP did on
+a real H200): backward's host time is the longer of its two clocks on every rank."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +317,8 @@ class _GpuJob:
                 done = max(device) + 50_000
                 device[:] = [done] * n
             for rank in range(n):
+                if spec.host_waits:
+                    host[rank] = max(host[rank], device[rank])
                 passed = max(host[rank], device[rank])  # its end event
                 span = _span(step, spec.name, spec.kind, starts[rank], host[rank])
                 span.start_ns += self.skew[rank]

@@ -20,6 +20,7 @@ class Span:
     """One timed phase (or step), from entry until it is written. `meta` is JSON text."""
 
     __slots__ = (
+        "coll",
         "cpu_ns",
         "depth",
         "dev_end",
@@ -61,6 +62,9 @@ class Span:
         self.range: Any = None  # a record_function range this span opened, if any
         self.nvtx: Any = None  # the NVTX range this span opened, if any
         self.raw_meta: dict[str, Any] | None = None  # the user's meta until the span ends
+        # Collectives issued so far at entry (timing/_collectives.py), then in the span; -1:
+        # not counted (no process group, or one that cannot say).
+        self.coll = -1
 
 
 def format_record(rank: int, span: Span, gpu_ms: float | None, dropped: int) -> str:
@@ -76,6 +80,10 @@ def format_record(rank: int, span: Span, gpu_ms: float | None, dropped: int) -> 
         f'"kind":{_quoted(span.kind)},"start_ns":{span.start_ns},"cpu_ms":{span.cpu_ns / 1e6!r},'
         f'"gpu_ms":{gpu},"depth":{span.depth},"error":{"true" if span.error else "false"}'
     )
+    if span.coll >= 0:
+        # How many collectives the phase issued: the analysis reads "ranks wait for each
+        # other here" from it (docs/run-directory.md).
+        line += f',"coll":{span.coll}'
     if span.thread is not None:
         line += f',"thread":{_quoted(span.thread)}'
     if span.meta:

@@ -18,6 +18,7 @@ from ..rundir._attempt import current_attempt
 from ..rundir._files import open_append
 from ..rundir._layout import timing_path
 from ._clock import CudaEventClock, DeviceClock
+from ._collectives import CollectiveCount
 from ._device_writer import FLUSH_RECORDS as _FLUSH_RECORDS
 from ._device_writer import DeviceTimeWriter, Ready
 from ._health import GpuSource, HealthSampler, gpu_source
@@ -79,6 +80,7 @@ class PhaseTimer:
         self._nvtx: Any = torch.cuda.nvtx if cuda else None
         self._profiler_enabled = torch.autograd._profiler_enabled
         self._record_function = torch.profiler.record_function
+        self._collectives = CollectiveCount(torch)
         # The depth of the next phase, per thread and per asyncio task: coroutines that
         # run interleaved on one thread must not see each other's nesting.
         self._depth: contextvars.ContextVar[int] = contextvars.ContextVar(
@@ -205,6 +207,9 @@ class PhaseTimer:
                 span.nvtx = self._nvtx.range_start(span.phase)
             if self._clock is not None:
                 span.dev_start = self._clock.mark()
+            issued = self._collectives.now()
+            if issued is not None:
+                span.coll = issued
             self._depth.set(depth + 1)
             span.start_ns = time.time_ns()
             span.t0 = time.perf_counter_ns()
@@ -219,6 +224,9 @@ class PhaseTimer:
         try:
             span.cpu_ns = t1 - span.t0
             span.error = error
+            if span.coll >= 0:
+                issued = self._collectives.now()
+                span.coll = -1 if issued is None else max(0, issued - span.coll)
             if self._clock is not None and span.dev_start is not None and self.enabled:
                 span.dev_end = self._clock.mark()
             if span.nvtx is not None:

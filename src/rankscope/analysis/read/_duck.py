@@ -44,6 +44,7 @@ COLUMNS = {
     "depth": "JSON",
     "error": "JSON",
     "attempt": "JSON",
+    "coll": "JSON",
 }
 _INT = ("rank", "step", "start_ns", "depth")
 _FLOAT = ("cpu_ms", "gpu_ms")
@@ -57,6 +58,11 @@ _CAST = ",\n        ".join(
     # The cast to BIGINT refuses strings, true and null, but takes 1.5 (as 2) and 1e3: the
     # integers' texts, together, must hold no fraction and no exponent (one test for four).
     + ["concat(" + ", ".join(f"CAST({key} AS VARCHAR)" for key in _INT) + ") AS whole_text"]
+    # The collectives a phase issued: digits alone, or no count (as the line-by-line reader).
+    + [
+        "CASE WHEN regexp_full_match(CAST(coll AS VARCHAR), '0|[1-9][0-9]{0,17}') "
+        "THEN CAST(CAST(coll AS VARCHAR) AS BIGINT) END AS coll"
+    ]
 )
 _STRING = "left(CAST({0} AS VARCHAR), 1) = '\"'"
 # A record the fast path reads as the line-by-line reader does. The timer writes every
@@ -88,7 +94,7 @@ def lines_sql(files: str = "$files", columns: str = "$columns", extra: str = "")
     FROM read_json({files}, format = 'newline_delimited', ignore_errors = true,
                    filename = true, columns = {columns})
 ), lines AS (
-    SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth, attempt{extra},
+    SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth, coll, attempt{extra},
         coalesce((v IS NULL OR CAST(v AS VARCHAR) = '1') AND rank >= 0 AND {_WHOLE}, false)
             AS known,
         coalesce({_RECORD}, false) AS record,

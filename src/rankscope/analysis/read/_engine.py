@@ -75,6 +75,8 @@ SELECT filename, phase, kind,
     max(rank) FILTER (WHERE known) AS high_rank,
     min(depth) FILTER (WHERE known AND record) AS depth,
     max(step) FILTER (WHERE known AND record) AS last_step,
+    count(DISTINCT step) FILTER (WHERE known AND record AND NOT error AND coll > 0) AS issued,
+    count(DISTINCT step) FILTER (WHERE known AND record AND NOT error AND coll >= 0) AS said,
     count(*) FILTER (WHERE known AND record AND NOT error) AS used,
     list(step) FILTER (WHERE known AND record AND NOT error) AS step,
     list(coalesce({{ms}}, 'nan'::DOUBLE)) FILTER (WHERE known AND record AND NOT error) AS ms,
@@ -97,6 +99,10 @@ class PhaseRecords:
     """Each rank's vote for the phase's kind."""
     depth: int = 2**62
     """The smallest nesting depth it was recorded at."""
+    issued: int = 0
+    """Rank-steps at which a record of the phase says it issued a collective ("coll")..."""
+    said: int = 0
+    """...of those at which a record says how many it issued (0 included)."""
 
     def add(self, columns: tuple[Int64s, Int64s, Floats, Int64s, Floats], depth: int) -> None:
         """Records of the phase: (rank, step, duration in ms, start_ns, host ms)."""
@@ -151,6 +157,9 @@ class RunRecords:
             for kind in np.unique(timings.kind[mine]).tolist():
                 phase.kinds[timings.kinds[kind]] += 1
             use = mine & ~timings.error
+            counted = timings.coll[use]
+            phase.issued += len(np.unique(timings.step[use][counted > 0]))
+            phase.said += len(np.unique(timings.step[use][counted >= 0]))
             ranks = np.full(int(use.sum()), timings.rank, np.int64)
             columns = (
                 ranks,
@@ -260,8 +269,9 @@ class _Batch:
 
     records: tuple[Any, Any, Int64s, Floats, Int64s, Floats]
     """(rank, phase id (both int32), step, ms, start_ns, host ms: ms itself for host time)."""
-    groups: tuple[Int64s, Int64s, list[str], Int64s, Int64s]
-    """(rank, phase id, kind, smallest depth, last step) of each group with records."""
+    groups: tuple[Int64s, Int64s, list[str], Int64s, Int64s, Int64s, Int64s]
+    """(rank, phase id, kind, smallest depth, last step, steps that issued a collective,
+    steps that say whether they did) of each group with records."""
 
 
 class _Scan:
@@ -337,6 +347,8 @@ class _Scan:
                     [str(kind[i]) for i in picked],
                     table["depth"][keep].astype(np.int64),
                     table["last_step"][keep].astype(np.int64),
+                    table["issued"][keep].astype(np.int64),
+                    table["said"][keep].astype(np.int64),
                 ),
             )
         )
@@ -397,7 +409,7 @@ class _Scan:
 def _add_groups(
     out: RunRecords,
     names: list[str],
-    groups: tuple[Int64s, Int64s, list[str], Int64s, Int64s],
+    groups: tuple[Int64s, Int64s, list[str], Int64s, Int64s, Int64s, Int64s],
     mine: npt.NDArray[np.bool_],
 ) -> None:
     """What a batch's (file, phase, kind) groups tell the run: its ranks, each rank's last
@@ -423,9 +435,15 @@ def _add_groups(
     phases, at = np.unique(ids, return_inverse=True)
     smallest = np.full(len(phases), np.iinfo(np.int64).max)
     np.minimum.at(smallest, at, depths)
-    for phase, depth in zip(phases.tolist(), smallest.tolist(), strict=True):
+    issued = np.bincount(at, groups[5][mine], len(phases)).astype(np.int64)
+    said = np.bincount(at, groups[6][mine], len(phases)).astype(np.int64)
+    for phase, depth, i, s in zip(
+        phases.tolist(), smallest.tolist(), issued.tolist(), said.tolist(), strict=True
+    ):
         record = out.phase(names[phase])
         record.depth = min(record.depth, depth)
+        record.issued += i
+        record.said += s
 
 
 def _flat(lists: Any, keep: npt.NDArray[np.bool_], dtype: type[np.generic]) -> Any:

@@ -56,7 +56,7 @@ _NUM = rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
 _TIMER_LINE = re.compile(
     rb'^\{"v":1,"rank":' + _UINT + rb',"step":' + _UINT + rb',"phase":"(.*?)","kind":"(.*?)",'
     rb'"start_ns":' + _UINT + rb',"cpu_ms":(' + _NUM + rb'),"gpu_ms":(null|' + _NUM + rb"),"
-    rb'"depth":' + _UINT + rb',"error":(true|false)\}\n',
+    rb'"depth":' + _UINT + rb',"error":(true|false)(?:,"coll":' + _UINT + rb")?\}\n",
     re.MULTILINE,
 )
 # The line that opens an attempt (timing/_record.py format_attempt).
@@ -90,6 +90,8 @@ class RankTimings:
     """Device time, NaN where the record has none."""
     depth: Int64s = field(default_factory=lambda: np.zeros(0, np.int64))
     error: Bools = field(default_factory=lambda: np.zeros(0, np.bool_))
+    coll: Int64s = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Collectives the phase issued ("coll"), -1 where the record does not say."""
     attempt: Int32s = field(default_factory=lambda: np.zeros(0, np.int32))
     """Which of `attempts` wrote each record."""
     attempts: list[AttemptMark] = field(default_factory=lambda: [AttemptMark()])
@@ -109,7 +111,8 @@ class RankTimings:
 
     def keep(self, rows: Bools) -> None:
         """Keep only the records where `rows` is True."""
-        for name in ("step", "phase", "kind", "start_ns", "cpu_ms", "gpu_ms", "depth", "error"):
+        names = ("step", "phase", "kind", "start_ns", "cpu_ms", "gpu_ms", "depth", "error", "coll")
+        for name in names:
             setattr(self, name, getattr(self, name)[rows])
         self.attempt = self.attempt[rows]
 
@@ -317,7 +320,7 @@ def _read_timer_lines(body: bytes, rank: int, path: Path) -> RankTimings | None:
     out = RankTimings(rank=rank, path=path)
     if not rows:
         return out
-    ranks, steps, phases, kinds, starts, cpu, gpu, depths, errors = zip(*rows, strict=True)
+    ranks, steps, phases, kinds, starts, cpu, gpu, depths, errors, coll = zip(*rows, strict=True)
     if set(ranks) != {str(rank).encode()}:
         return None  # the line-by-line reader says which lines
     if not (_fits(steps) and _fits(starts) and _fits(depths)):
@@ -347,7 +350,14 @@ def _read_timer_lines(body: bytes, rank: int, path: Path) -> RankTimings | None:
     out.phase, out.kind = phase, kind
     out.cpu_ms, out.gpu_ms = cpu_ms, gpu_ms
     out.error = np.fromiter(map(len, errors), np.int8, len(errors)) == 4  # b"true"
+    out.coll = np.fromiter((_count(c) for c in coll), np.int64, len(coll))
     return out
+
+
+def _count(text: bytes) -> int:
+    """A "coll" count from the timer's layout (b"" where the line has none: -1); one too
+    large for an int64 is no count either."""
+    return int(text) if text and len(text) < 19 else -1
 
 
 def _fits(values: Sequence[bytes]) -> bool:
@@ -389,6 +399,7 @@ class _Columns:
     gpu_ms: list[float] = field(default_factory=list)
     depth: list[int] = field(default_factory=list)
     error: list[bool] = field(default_factory=list)
+    coll: list[int] = field(default_factory=list)
     attempt: list[int] = field(default_factory=list)
     names: dict[str, int] = field(default_factory=dict)
     kinds: dict[str, int] = field(default_factory=dict)
@@ -423,6 +434,10 @@ class _Columns:
         self.cpu_ms.append(float(record["cpu_ms"]))
         self.gpu_ms.append(math.nan if gpu_ms is None else float(gpu_ms))
         self.error.append(record.get("error", False) is True)
+        coll = record.get("coll")
+        # Another writer's count that is not one is no count: the record stands without it.
+        known = type(coll) is int and 0 <= coll < _INT_MAX
+        self.coll.append(coll if known else -1)
 
     def into(self, out: RankTimings) -> RankTimings:
         out.names, out.kinds = list(self.names), list(self.kinds)
@@ -434,6 +449,7 @@ class _Columns:
         out.gpu_ms = np.array(self.gpu_ms, np.float64)
         out.depth = np.array(self.depth, np.int64)
         out.error = np.array(self.error, np.bool_)
+        out.coll = np.array(self.coll, np.int64)
         out.attempt = np.array(self.attempt, np.int32)
         out.attempts = self.attempts or [AttemptMark()]
         out.interleaved = interleaved(self.chunks)

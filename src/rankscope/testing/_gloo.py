@@ -1,4 +1,4 @@
-"""Gloo ranks for the distributed tests, forked from a forkserver: one launcher (the `gloo_ranks` fixture).
+"""Gloo ranks for the distributed tests and the field benchmark, forked from a forkserver: one launcher.
 
 A job is a module-level function `job(rank, world_size, run_dir, *args)`: the ranks
 unpickle it by module name. The launcher starts one process per rank; in each, it sets

@@ -1,0 +1,249 @@
+"""The field suite: real jobs run here, each with a fault and clean, against what the
+analysis says of them.
+
+Each job is a user's loop with rankscope on (bench/_field_jobs.py): plain DDP (the
+all-reduce inside backward), DDP with a comm phase of its own, FSDP2 on CPU, the Hugging
+Face Trainer (a slow collator, a slow forward), Lightning, a send/recv pipeline, and uneven
+data. The truth is what the job's own clock measured: the saving is the mean step after
+the fault's onset less the mean step before it, in the same run. Printed per fault run:
+the slow rank, phase and onset named right or not, the waiting ranks named right or not,
+and the price over the measured saving; per clean run, every finding it got. The goal:
+every fault named with its waiters, every price 0.7-1.4x the saving, and no finding on a
+clean run.
+
+    python bench/field.py [--quick] [--clean N] [--jobs ddp,hf_data,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from _field_jobs import Case, Fault, ddp, ddp_comm, fsdp, hf, lightning, pipeline, uneven
+from rankscope.analysis import StragglerOptions, analyse_stragglers
+from rankscope.testing._gloo import GlooRanks, RanksFailed
+
+_WARM = 5
+"""Steps left out of the truth at the start (process start-up, the first collectives)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    run: Any
+    world: int
+    fault: Fault
+    slow_phases: tuple[str, ...]
+    """The phases a right answer names the slow rank in (the fault's, or the callback's
+    phase that holds it)."""
+    waiters: tuple[int, ...] | None
+    """The ranks a right answer says wait for it (None: no waiting is asked for)."""
+    steps: int = 160
+    every: int = 5
+    torchrun: bool = False
+    """The job starts the process group itself from torchrun's variables."""
+    kind: str = "slow"
+    """What finding a right answer holds: "slow" (a rank), "group" (a pipeline stage) or
+    "imbalance" (uneven data)."""
+
+
+JOBS = [
+    Job("ddp", ddp, 4, Fault(2, "data", 15.0, 80), ("data",), (0, 1, 3)),
+    Job("ddp_comm", ddp_comm, 4, Fault(2, "data", 15.0, 80), ("data",), (0, 1, 3)),
+    Job("fsdp", fsdp, 4, Fault(1, "forward", 15.0, 80), ("forward",), (0, 2, 3)),
+    Job("hf_data", hf, 3, Fault(1, "collate", 20.0, 40), ("between_steps",), (0, 2), 100, 2, True),
+    Job(
+        "hf_compute",
+        hf,
+        3,
+        Fault(1, "forward", 20.0, 40),
+        ("forward_backward",),
+        None,
+        100,
+        2,
+        True,
+    ),
+    Job("lightning", lightning, 2, Fault(1, "forward", 20.0, 60), ("forward",), None, 120, 2, True),
+    Job("pipeline", pipeline, 4, Fault(1, "forward", 3.0, 30), (), None, 80, 2, kind="group"),
+    Job(
+        "uneven",
+        uneven,
+        4,
+        Fault(3, "forward", 1.0, 0, share=0.3),
+        ("forward",),
+        None,
+        200,
+        2,
+        kind="imbalance",
+    ),
+]
+
+
+@dataclass
+class Outcome:
+    job: str
+    fault: bool
+    findings: list[str] = field(default_factory=list)
+    named: bool | None = None
+    onset: int | None = None
+    waiters: bool | None = None
+    price: float | None = None
+    saving: float | None = None
+    error: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.price is None or not self.saving:
+            return None
+        return self.price / self.saving
+
+
+def _saving(run: Path, since: int) -> float:
+    steps = np.asarray(json.loads((run / "truth.json").read_text())["step_ms"])
+    before, after = steps[_WARM:since], steps[max(since, _WARM) :]
+    if not len(before):  # a fault from the start: against the same run's clean twin
+        return float("nan")
+    return float(np.mean(after) - np.mean(before))
+
+
+def _said(report: dict[str, Any]) -> list[str]:
+    """Every finding of a report, a line each."""
+    out = []
+    for f in report["findings"]:
+        waits = f" for {f['waits_for']}" if f["waits_for"] else ""
+        out.append(f"rank {f['rank']} {f['role']} in {f['phase']}{waits} since {f['since_step']}")
+    out += [f"uneven {u['phase']}" for u in report.get("imbalance", [])]
+    out += [
+        f"group {g['field']}={g['value']} slow in {g['phases']}" for g in report.get("groups", [])
+    ]
+    return out
+
+
+def judge(job: Job, run: Path, fault: bool, clean_step_ms: float | None) -> Outcome:
+    out = Outcome(job.name, fault)
+    report = analyse_stragglers(run, StragglerOptions()).report.to_dict()
+    out.findings = _said(report)
+    if not fault:
+        return out
+    f = job.fault
+    out.saving = _saving(run, f.since) if f.since > _WARM else None
+    if out.saving is None and clean_step_ms is not None:
+        steps = np.asarray(json.loads((run / "truth.json").read_text())["step_ms"])
+        out.saving = float(np.mean(steps[_WARM:]) - clean_step_ms)
+    if job.kind == "slow":
+        slow = [
+            x
+            for x in report["findings"]
+            if x["role"] == "slow" and x["rank"] == f.rank and x["phase"] in job.slow_phases
+        ]
+        out.named = bool(slow)
+        if slow:
+            out.onset = slow[0]["since_step"]
+            cost = slow[0]["cost"]
+            out.price = None if cost is None else cost["step_ms_saved"]
+        if job.waiters is not None:
+            waiting = {x["rank"] for x in report["findings"] if x["role"] == "waits"}
+            out.waiters = waiting == set(job.waiters)
+    elif job.kind == "group":
+        groups = report.get("groups", [])
+        out.named = bool(groups)
+        if groups and groups[0].get("cost"):
+            out.price = groups[0]["cost"]["step_ms_saved"]
+    else:
+        uneven = report.get("imbalance", [])
+        out.named = any(u["phase"] in job.slow_phases for u in uneven)
+        if uneven and uneven[0].get("cost"):
+            out.price = uneven[0]["cost"]["step_ms_saved"]
+    return out
+
+
+def _mean_step(run: Path) -> float:
+    steps = np.asarray(json.loads((run / "truth.json").read_text())["step_ms"])
+    return float(np.mean(steps[_WARM:]))
+
+
+def run_job(gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool) -> list[Outcome]:
+    steps = job.steps // 2 if quick else job.steps
+    since = job.fault.since // 2 if quick else job.fault.since
+    fault = Fault(job.fault.rank, job.fault.phase, job.fault.ms, since, job.fault.share)
+    outcomes, clean_ms = [], []
+    for i in range(clean):
+        run = root / f"{job.name}-clean-{i}"
+        try:
+            gloo.run(job.run, job.world, run, Case(steps, job.every), init=not job.torchrun)
+        except RanksFailed as exc:
+            outcomes.append(Outcome(job.name, False, error=str(exc).splitlines()[0]))
+            continue
+        clean_ms.append(_mean_step(run))
+        outcomes.append(judge(job, run, False, None))
+    run = root / f"{job.name}-fault"
+    try:
+        gloo.run(job.run, job.world, run, Case(steps, job.every, fault), init=not job.torchrun)
+        sized = Job(**{**job.__dict__, "fault": fault})
+        outcomes.append(judge(sized, run, True, float(np.mean(clean_ms)) if clean_ms else None))
+    except RanksFailed as exc:
+        outcomes.append(Outcome(job.name, True, error=str(exc)[-600:]))
+    return outcomes
+
+
+def _print(o: Outcome) -> None:
+    if o.error:
+        print(f"{o.job:11} {'fault' if o.fault else 'clean':5} FAILED: {o.error}")
+        return
+    if not o.fault:
+        said = "; ".join(o.findings) or "no finding"
+        print(f"{o.job:11} clean {len(o.findings)} finding(s): {said}")
+        return
+    ratio = "-" if o.ratio is None else f"{o.ratio:.2f}x"
+    price = "not priced" if o.price is None else f"{o.price:.1f} ms"
+    saving = "?" if o.saving is None else f"{o.saving:.1f} ms"
+    waiters = "-" if o.waiters is None else ("right" if o.waiters else "WRONG")
+    print(
+        f"{o.job:11} fault named={'right' if o.named else 'WRONG'} onset={o.onset} "
+        f"waiters={waiters} price={price} saving={saving} ratio={ratio}"
+    )
+    print(f"{'':17} said: {'; '.join(o.findings) or 'nothing'}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="half the steps, one clean run")
+    parser.add_argument("--clean", type=int, default=None, help="clean runs per job (default 3)")
+    parser.add_argument("--jobs", default=None, help="comma-separated job names")
+    parser.add_argument("--keep", type=Path, default=None, help="write the runs here and keep them")
+    args = parser.parse_args()
+    clean = args.clean if args.clean is not None else (1 if args.quick else 3)
+    wanted = set(args.jobs.split(",")) if args.jobs else None
+    jobs = [j for j in JOBS if wanted is None or j.name in wanted]
+    totals = {"clean runs": 0, "clean findings": 0, "faults named": 0, "faults": 0}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) if args.keep is None else args.keep
+        root.mkdir(parents=True, exist_ok=True)
+        gloo = GlooRanks(root / "gloo")
+        for job in jobs:
+            began = time.perf_counter()
+            for o in run_job(gloo, job, root, clean, args.quick):
+                _print(o)
+                if o.error:
+                    continue
+                if o.fault:
+                    totals["faults"] += 1
+                    totals["faults named"] += bool(o.named)
+                else:
+                    totals["clean runs"] += 1
+                    totals["clean findings"] += len(o.findings)
+            print(f"{'':17} ({time.perf_counter() - began:.0f} s)")
+    print("field: " + ", ".join(f"{k} {v}" for k, v in totals.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
