@@ -15,7 +15,14 @@ from rankscope.analysis._analyse import analyse_stragglers
 from rankscope.analysis._clocks import choose_clock, clock_words
 from rankscope.analysis._options import StragglerOptions
 from rankscope.cli._main import main
-from rankscope.testing._synthetic import DDP_PHASES, GPU_PHASES, PhaseSpec, Slowdown, write_timings
+from rankscope.testing._synthetic import (
+    DDP_PHASES,
+    GPU_PHASES,
+    GPU_WAITING_PHASES,
+    PhaseSpec,
+    Slowdown,
+    write_timings,
+)
 
 RANKS, STEPS, EVERY = 4, 30, 2
 FROM = 10
@@ -97,7 +104,8 @@ def test_extra_gpu_work_seen_in_its_launches_too_is_priced_on_device_time(
     assert _slow(data) == [(2, "forward")]
     assert _saves(data) == pytest.approx(truth, rel=0.15)
     host = _json(capsys, str(tmp_path / "slow"), "--time", "host")
-    assert _saves(host) < truth / 10, "launch time prices it far lower: what --time host reads"
+    # Launch time prices it far lower, under what is worth a finding: what --time host reads.
+    assert not _slow(host) or _saves(host) < truth / 10
 
 
 def test_a_rank_slow_in_a_host_bound_loader_is_found_and_its_waiters_named(
@@ -170,11 +178,16 @@ def test_device_time_asked_of_phases_without_it_is_said(
     assert "no device times for host_to_device, forward" in capsys.readouterr().out
 
 
-def test_the_rule_reads_the_longer_clock_where_device_times_cover_the_phase() -> None:
+def test_the_rule_reads_device_time_where_the_gpu_works_through_half_the_phase() -> None:
     nan = float("nan")
     host, gpu = np.array([1.0, 1.1, 0.9, 1.0]), np.array([12.0, 12.5, 11.0, 13.0])
     assert choose_clock("auto", gpu, host) == "device"
-    assert choose_clock("auto", host, gpu) == "host"
+    assert choose_clock("auto", host, gpu) == "host"  # a loader: the GPU passed its marks
+    # A phase that waits on the GPU: host time the longer, the GPU busy through most of it.
+    assert choose_clock("auto", np.array([65.0, 64.0, 30.0]), np.array([75.0, 75.0, 75.0])) == (
+        "device"
+    )
+    assert choose_clock("auto", np.array([30.0, 31.0]), np.array([75.0, 75.0])) == "host"
     assert choose_clock("auto", np.array([nan, nan, 12.0, 13.0]), host) == "host"  # half covered
     assert choose_clock("host", gpu, host) == "host"
     assert choose_clock("device", host, gpu) == "device"
@@ -237,3 +250,20 @@ def test_the_report_says_the_clocks_and_prices_on_them(
     assert "Read on device time; host time for data, step." in html
     assert main(["report", str(root), "--no-html"]) == 0
     assert "device time; host time for data, step" in capsys.readouterr().out
+
+
+def test_ranks_waiting_on_the_gpu_in_backward_are_named_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real H200 run's shape: DDP's host waits for the all-reduce at backward's end, so
+    host time there is the longer clock on every rank and shows every rank alike; the slow
+    rank's extra GPU work in forward makes the others wait on the GPU. The default clock
+    reads backward on device time and names them (host time, the longer, named none)."""
+    slow = Slowdown(2, "forward", 2.0, from_step=FROM, on="device")
+    run = _run(tmp_path / "run", slow, phases=GPU_WAITING_PHASES)
+    data = _json(capsys, str(run))
+    assert data["clocks"]["backward"] == "device"
+    assert _slow(data) == [(2, "forward")]
+    assert _waits(data) == [(r, "backward", [2]) for r in (0, 1, 3)]
+    on_host = _json(capsys, str(run), "--time", "host")
+    assert not _waits(on_host)  # what the longer clock gave: no waiting rank

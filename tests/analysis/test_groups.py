@@ -49,7 +49,8 @@ def test_a_slow_stage_is_one_finding_priced_as_a_whole(tmp_path: Path) -> None:
     assert said["summary"][0].endswith("; ranks 0-5 wait for it in backward")
     assert not any("wait" in line for line in said["summary"][1:])
     waiting = [f for f in report.findings if f.role == "waits"]
-    assert waiting and all(f.cost_of is None and f.cost == group.cost for f in waiting)
+    # Their rows name the group's fix, priced on its line: not a second price.
+    assert waiting and all(f.cost_of == group.name and f.cost is None for f in waiting)
     lines = cost_lines(said)
     assert lines[0].startswith("fixing pipeline_stage=3 in forward saves")
     assert lines[0].endswith(

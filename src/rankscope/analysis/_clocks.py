@@ -15,11 +15,13 @@ the longer, yet it says little, since the rank that is slow on its GPU waits the
 its own kernels as long as the others wait for it. "The longer clock" read such a
 backward on host time and saw every rank alike (a real H200 run). So "auto" reads a
 phase on device time wherever its GPU is busy through a real part of it: its records
-carry device times, and its device time is at least `GPU_WORK` of its host time (the
-medians over the records that have both). Host time is kept where the GPU passed the
+carry device times, and its device time is at least half its host time (the medians
+over the records that have both; rundir/_clocks.py, which the live figures read by too). Host time is kept where the GPU passed the
 phase's two marks back to back, busy with the step before: a host-side loader or
-sampler. A run without device times (CPU-only) is read on host time throughout: the
-same figures as `--time host`.
+sampler, and where the two clocks agree at nearly every record (the GPU idle in the
+phase, or a job that runs on the host): the same figure, with timestamps that say when
+each rank arrived. A run without device times (CPU-only) is read on host time
+throughout: the same figures as `--time host`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["CLOCKS", "COVERED", "GPU_WORK", "choose_clock", "clock_words", "same_clocks"]
+from ..rundir._clocks import on_device
+
+__all__ = ["CLOCKS", "COVERED", "choose_clock", "clock_words", "same_clocks"]
 
 CLOCKS = ("host", "device")
 
@@ -37,9 +41,9 @@ COVERED = 0.9
 """The share of a phase's records that must carry a device time for auto to read the
 phase on it (a phase timed on some ranks' GPUs only is compared on host time)."""
 
-GPU_WORK = 0.5
-"""A phase whose device time is at least this share of its host time is read on device
-time: the GPU works (or waits for a collective) through a real part of it."""
+AGREE = 0.1
+"""Device and host times within this share of each other agree: where they do at nearly
+every record (`COVERED`), the phase is read on host time, the same figure with arrivals."""
 
 Floats = npt.NDArray[np.float64]
 
@@ -53,8 +57,12 @@ def choose_clock(time: str, device: Floats, host: Floats) -> str:
     count = int(timed.sum())
     if count == 0 or count < COVERED * len(device):
         return "host"
-    busy = float(np.median(device[timed])) >= GPU_WORK * float(np.median(host[timed]))
-    return "device" if busy else "host"
+    d, h = device[timed], host[timed]
+    if np.mean(np.abs(d - h) <= AGREE * h) >= COVERED:
+        # Both clocks say the same (the GPU idles, or the job runs on the host): host
+        # time, whose timestamps tell when each rank arrived.
+        return "host"
+    return "device" if on_device(float(np.median(d)), float(np.median(h))) else "host"
 
 
 def clock_words(clocks: Mapping[str, str], untimed: Sequence[str] = ()) -> str:

@@ -62,9 +62,11 @@ class Costs:
 
     each: list[Cost | None]
     """None where a finding cannot be costed (said in `notes`), or is another's cost."""
-    of: list[tuple[int, str] | None]
-    """Per finding, the (rank, phase) of the slow finding whose cost it is ("waits")."""
-    all: Cost
+    of: list[tuple[int, str] | str | None]
+    """Per finding, the (rank, phase) of the slow finding whose cost it is ("waits"), or
+    the name of the slow group whose cost it is."""
+    all: Cost | None
+    """None where no finding could be priced (`notes` says why)."""
     hosts: list[HostCost]
     model_step_ms: float
     notes: list[str]
@@ -101,7 +103,7 @@ def estimate_costs(
     for f in report.findings:
         if f.role == "slow" and f.rank not in slow_of:
             slow_of[f.rank] = f  # the first: the most time lost
-    of: list[tuple[int, str] | None] = []
+    of: list[tuple[int, str] | str | None] = []
     for f in report.findings:
         cause = slow_of.get(f.waits_for[0]) if f.role == "waits" and f.waits_for else None
         of.append(None if cause is None else (cause.rank, cause.phase))
@@ -158,19 +160,21 @@ def estimate_costs(
             cells = {cell for i in indices for cell in fixes[i]}
             began = min(report.findings[i].since_step for i in indices)
             ranks = tuple(sorted({report.findings[i].rank for i in indices}))
-            host_costs.append(HostCost(host, ranks, price.cost(cells, began)))
+            if cells:  # a host whose findings the model could not price has no saving of 0
+                host_costs.append(HostCost(host, ranks, price.cost(cells, began)))
         host_costs.sort(key=lambda h: -h.cost.step_ms_saved)
     group_costs = [_group_cost(price, report, fixes, g) for g in report.groups]
     # A rank that waits for a rank of a slow group waits for the group: fixing that rank
     # alone leaves its group-mates the slowest there, so its wait is the group's cost.
     for i, blamed in enumerate(of):
-        for g, group_cost in zip(report.groups, group_costs, strict=True):
-            if blamed is not None and blamed[0] in g.slow and blamed[1] in g.phases:
-                of[i], each[i] = None, group_cost
+        for g in report.groups:
+            if isinstance(blamed, tuple) and blamed[0] in g.slow and blamed[1] in g.phases:
+                of[i], each[i] = g.name, None
     return Costs(
         each=each,
         of=of,
-        all=price.cost(every, first),
+        # Nothing the model could price is no saving of 0: the notes say why.
+        all=price.cost(every, first) if every else None,
         hosts=host_costs,
         model_step_ms=round(model.modelled_step_ms(basis), 3),
         notes=notes,

@@ -123,8 +123,9 @@ class StragglerFinding:
     cost: Cost | None = None
     """What fixing it would save (analysis/_cost.py). None for "waits" where the rank it
     waits for has a slow finding: its lost time is that finding's cost (`cost_of`)."""
-    cost_of: tuple[int, str] | None = None
-    """For "waits": the (rank, phase) of the slow finding whose cost its waiting is."""
+    cost_of: tuple[int, str] | str | None = None
+    """For "waits": the (rank, phase) of the slow finding whose cost its waiting is, or
+    the name of the slow group ("pipeline_stage=1") whose cost it is."""
     cause: Cause | None = None
     """Why it is slow (analysis/_cause.py); None for "waits"."""
     evidence: Evidence | None = None
@@ -137,8 +138,13 @@ class StragglerFinding:
         out["waits_for"] = list(self.waits_for)
         out["ratios"] = list(self.ratios)
         out["cost"] = None if self.cost is None else self.cost.to_dict()
+        of = self.cost_of
         out["cost_of"] = (
-            None if self.cost_of is None else {"rank": self.cost_of[0], "phase": self.cost_of[1]}
+            None
+            if of is None
+            else {"group": of}
+            if isinstance(of, str)
+            else {"rank": of[0], "phase": of[1]}
         )
         out["cause"] = None if self.cause is None else self.cause.to_dict()
         out["evidence"] = None if self.evidence is None else self.evidence.to_dict()
@@ -444,11 +450,10 @@ def cost_lines(report: Mapping[str, Any], limit: int = 5) -> list[str]:
 
 def _waiting_for_group(findings: Sequence[Mapping[str, Any]], group: Mapping[str, Any]) -> str:
     """The ranks whose waiting is this group's cost (they wait for one of its ranks)."""
-    slow = set(as_list(group.get("slow")))
+    cause = {"group": group.get("group")}
     by_phase: dict[str, list[int]] = {}
     for f in findings:
-        waits = as_list(f.get("waits_for"))
-        if f.get("role") == "waits" and f.get("cost_of") is None and waits and waits[0] in slow:
+        if f.get("role") == "waits" and f.get("cost_of") == cause:
             by_phase.setdefault(str(f.get("phase")), []).append(int(f.get("rank", -1)))
     return _lose(by_phase)
 

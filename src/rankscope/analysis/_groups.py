@@ -42,7 +42,10 @@ class SlowGroup:
     phases: tuple[str, ...]
     """The phases it is slow in, as a group (a slow stage: its forward and its backward)."""
     ratio: float
-    """The median of its slow ranks' median ratios (against the median rank), over its phases."""
+    """Its slow ranks' time over the time of the ranks outside the group, in its phases
+    (the median over steps and phases; from the median rank's ratio where no rank is
+    outside it in the matrices): a stage of two slow ranks among four is not measured
+    against a median that holds them."""
     since_step: int
     cost: Cost | None = None
     waiting: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -65,7 +68,7 @@ class SlowGroup:
             which += f", {format_ranks(self.slow)} of them slow"
         return (
             f"{self.name} ({which}) is slow in {self.phase_words} as a group "
-            f"({ratio_text(self.ratio)} vs median{since}): its ranks are found one by one "
+            f"({ratio_text(self.ratio)} vs the other ranks{since}): its ranks are found one by one "
             "below, and only fixing the group frees the step"
         )
 
@@ -172,5 +175,24 @@ def waiting_for_groups(
             )
             if ranks:
                 waiting.append((phase, ranks))
-        out.append(replace(g, waiting=tuple(waiting)))
+        ratio = _against_the_others(g, m, cols)
+        out.append(replace(g, waiting=tuple(waiting), ratio=g.ratio if ratio is None else ratio))
     return out
+
+
+def _against_the_others(g: SlowGroup, m: PhaseMatrices, cols: Any) -> float | None:
+    """The group's slow ranks' median time over the median time of the ranks outside the
+    group, per step of `cols`, in each of its phases: the median of those ratios."""
+    inside = [i for i, r in enumerate(m.ranks) if r in g.slow]
+    outside = [i for i, r in enumerate(m.ranks) if r not in g.ranks]
+    if not inside or not outside:
+        return None
+    ratios = []
+    for phase in g.phases:
+        d = m.ms[m.index(phase)][:, cols]
+        with quiet():
+            ours, theirs = nanmedian(d[inside], axis=0), nanmedian(d[outside], axis=0)
+            r = ours / np.where(theirs > 0, theirs, np.nan)
+        ratios.append(r[np.isfinite(r)])
+    every = np.concatenate(ratios) if ratios else np.zeros(0)
+    return round(float(np.median(every)), 4) if every.size else None

@@ -65,7 +65,7 @@ class StragglerOptions:
     """Share of sampled steps above the threshold to report."""
     min_share: float = 0.01
     """Ignore an excess below this share of the step time."""
-    min_saving: float = 0.03
+    min_saving: float = 0.02
     """Leave out a finding whose fix would save less than this share of the step time: a
     busy machine moves a clean run's ranks by about that much, and a finding that costs
     nothing is not one."""

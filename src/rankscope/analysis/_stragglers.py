@@ -73,6 +73,9 @@ Vector = npt.NDArray[np.float64]
 _SYNC_SPREAD = 0.25
 # ...judged only at steps where entries spread by at least this share of its time.
 _CONCLUSIVE = 0.05
+# A phase that issued a collective ends in it unless its exits spread by more than
+# this share of its time (and twice its entries) at most steps: work follows the collective.
+_APART = 0.25
 # A late rank is late by its own work when it made at least this share of its lateness
 # after the ranks were last together (the step began, or they left a collective).
 _EXPLAINED = 0.5
@@ -237,7 +240,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
                 share_above=row.share(onset),
                 lost_ms=row.lost(onset),
                 steps=len(row.valid) - onset,
-                since_step=m.steps[int(row.valid[onset])],
+                since_step=m.steps[int(row.valid[_first_above(row, onset)])],
                 waits_for=tuple(m.ranks[i] for i in waits_for),
                 ratios=rounded(ratio[r]),
             )
@@ -313,10 +316,18 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     return report
 
 
+def _first_above(row: Row, onset: int) -> int:
+    """The row's first step above the threshold from `onset` on: a finding is never said
+    to begin at a step where the rank was not slow (the split that separates the steps
+    best can fall a sample or two before the change)."""
+    later = np.flatnonzero(row.above[onset:])
+    return onset + int(later[0]) if len(later) else onset
+
+
 def _drop_the_cheap(report: StragglerReport, costs: Costs, floor_ms: float) -> bool:
     """Leave out of `report` what fixing would save less than `floor_ms` a step: a slow
-    finding (outside a group that is worth it) with the findings that wait for it, an
-    uneven phase, a slow group. A busy machine's noise is found now and then; what it
+    finding (outside a group that is worth it, and losing less than that a step itself)
+    with the findings that wait for it, an uneven phase, a slow group. A busy machine's noise is found now and then; what it
     costs is what tells it from a fault. True where anything was left out."""
 
     def cheap(cost: Cost | None) -> bool:
@@ -324,10 +335,15 @@ def _drop_the_cheap(report: StragglerReport, costs: Costs, floor_ms: float) -> b
 
     kept_groups = [g for g, c in zip(report.groups, costs.groups, strict=True) if not cheap(c)]
     grouped = {r for g in kept_groups for r in g.slow}
+    # A slow rank whose own excess is worth it stands whatever its price: the price of a
+    # run whose collectives were not found (records that do not say) can be far too low.
     gone = {
         (f.rank, f.phase)
         for f, c in zip(report.findings, costs.each, strict=True)
-        if f.role == "slow" and cheap(c) and f.rank not in grouped
+        if f.role == "slow"
+        and cheap(c)
+        and f.rank not in grouped
+        and f.lost_ms / max(f.steps, 1) < floor_ms
     }
     findings = [
         f
@@ -424,8 +440,8 @@ def _sync(m: PhaseMatrices, p: int, arrive: Matrix, leave: Matrix, d: Matrix) ->
     if m.pipelined and m.phases[p] in m.repeats:
         return False
     said = m.issued.get(m.phases[p])
-    if said is not None:  # the records say (timing/_collectives.py): no guess
-        return said
+    if said is not None:  # the records say (timing/_collectives.py)
+        return said and not _leave_apart(arrive, leave, d)
     return _ends_together(arrive, leave, d)
 
 
@@ -480,6 +496,22 @@ def clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Vector:
     for members in groups.values():
         shared[members] = np.median(offset[members])
     return shared
+
+
+def _leave_apart(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
+    """Ranks leave the phase much further apart than they entered it, at most steps: its
+    collective comes first and work follows (FSDP's all-gathers open a forward), so the
+    phase does not end in it. A busy machine's late wake-ups after a collective spread
+    the exits by a little, never by `_APART` of the phase at most steps."""
+    with quiet():
+        entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
+        left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
+        typical = nanmedian(d, 0) * 1e6
+    known = np.isfinite(entered) & np.isfinite(left) & np.isfinite(typical)
+    if not known.any():
+        return False
+    apart = (left[known] > 2 * entered[known]) & (left[known] > _APART * typical[known])
+    return bool(apart.mean() >= 0.5)
 
 
 def _ends_together(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:

@@ -149,7 +149,9 @@ def _findings_table(findings: list[dict[str, Any]], reference: str, limit: int |
 def _cost_of(finding: dict[str, Any]) -> str:
     """A waiting rank's fix is the slow rank's: said so, not priced twice."""
     cause = finding.get("cost_of")
-    return f"rank {cause['rank']}'s" if isinstance(cause, dict) else ""
+    if not isinstance(cause, dict):
+        return ""
+    return f"{cause['group']}'s" if "group" in cause else f"rank {cause['rank']}'s"
 
 
 def _causes(findings: list[dict[str, Any]], notes: list[str]) -> None:

@@ -83,7 +83,7 @@ def _rank_main(rank: int, launch: _Launch) -> None:
         launch.job(rank, launch.world, launch.run_dir, *launch.args)
     except BaseException:
         # No teardown here: the other ranks may wait in a collective this rank left.
-        Path(launch.errors, f"rank-{rank}.txt").write_text(traceback.format_exc())
+        Path(launch.errors, f"traceback-{rank}.txt").write_text(traceback.format_exc())
         raise
     # A job may end the group itself (tests/core/test_exit.py checks how ranks exit).
     if launch.init and dist.is_initialized():
@@ -153,7 +153,7 @@ class RankProcesses:
         lines = [f"{launch.job.__name__} on {launch.world} gloo ranks ({launch.timeout_s:.0f} s):"]
         for rank, code in enumerate(codes):
             said = "killed, still running" if rank in self._timed_out else f"exit code {code}"
-            error = Path(self._launch.errors, f"rank-{rank}.txt")
+            error = Path(self._launch.errors, f"traceback-{rank}.txt")
             told = error.read_text() if error.exists() else ""
             lines.append(f"rank {rank}: {said}\n{told}".rstrip())
         raise RanksFailed("\n".join(lines))

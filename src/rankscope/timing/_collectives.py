@@ -51,7 +51,7 @@ class CollectiveCount:
             self._groups = tuple(g for g in list(pg_map)[:_MAX_GROUPS] if _counts(g))
         if not self._groups:
             return None
-        return sum(g._get_sequence_number_for_group() for g in self._groups)
+        return int(sum(g._get_sequence_number_for_group() for g in self._groups))
 
 
 def _counts(group: Any) -> bool:

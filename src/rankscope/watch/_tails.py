@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from .._errors import TraceError
+from ..rundir._clocks import on_device
 from ..rundir._layout import open_regular
 from ..timing._record import STEP_PHASE
 
@@ -111,8 +112,8 @@ class TimingTail:
                 continue
             try:
                 ms = float(cpu)
-                if gpu != "null":
-                    ms = max(ms, float(gpu))
+                if gpu != "null" and on_device(float(gpu), ms):
+                    ms = float(gpu)
             except ValueError:
                 continue
             if not 0 <= ms < _FOREVER_MS:  # NaN and infinities too
@@ -138,8 +139,8 @@ class TimingTail:
 
 
 # The records as timing/_record.py writes them, every field in its order, matched in one
-# pass: a phase on the longer of its host and device times, as the analysis's "auto"
-# clock reads a phase (analysis/_clocks.py). Matching reads 1024 ranks' flush several
+# pass: a phase on device time where its GPU works through half its host time or more,
+# as the analysis's "auto" clock reads a phase (rundir/_clocks.py). Matching reads 1024 ranks' flush several
 # times faster than json.loads a line (bench/live_figures.py). A line that is not whole,
 # or not of this form, is passed over.
 _QUOTED = r'"(?:[^"\\\n]|\\.)*"'

@@ -436,8 +436,7 @@ class _Columns:
         self.error.append(record.get("error", False) is True)
         coll = record.get("coll")
         # Another writer's count that is not one is no count: the record stands without it.
-        known = type(coll) is int and 0 <= coll < _INT_MAX
-        self.coll.append(coll if known else -1)
+        self.coll.append(coll if type(coll) is int and 0 <= coll < _INT_MAX else -1)
 
     def into(self, out: RankTimings) -> RankTimings:
         out.names, out.kinds = list(self.names), list(self.kinds)

@@ -366,6 +366,8 @@ def _findings_table(
 
 def _saves(cost: Mapping[str, Any], cost_of: Mapping[str, Any]) -> str:
     """A fix's saving per step; for a rank that waits, whose fix it is (priced there)."""
+    if not cost and cost_of and "group" in cost_of:
+        return f"{esc(as_text(cost_of.get('group')))}'s fix"
     if not cost and cost_of:
         return f"rank {esc(as_text(cost_of.get('rank')))}'s fix"
     return HTML.ms_text(as_float(cost.get("step_ms_saved")))
