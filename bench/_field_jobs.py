@@ -144,17 +144,19 @@ def _train(rank: int, run_dir: str, case: Case, model: nn.Module, sync: Any) -> 
 
 
 def uneven(rank: int, world: int, run_dir: str, case: Case) -> None:
-    """DDP over sequences: the fault gives one rank 3x the tokens at a share of its steps."""
+    """DDP over sequences: the fault gives one rank, drawn anew at each step (the same draw
+    on every rank), 3x the tokens: the slowest rank changes from step to step."""
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(
         nn.Sequential(nn.Embedding(128, 64), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 128))
     )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    rng = random.Random(1000 + rank)
+    rng = random.Random(1000)  # one draw for every rank: who gets the long batch
     truth = _Truth()
     with rankscope.Profiler(_config(run_dir, case.every)) as prof:
         for step in range(case.steps):
-            long = case.extra_s(rank, step, "forward", rng) > 0
+            heavy = rng.randrange(world)
+            long = case.fault is not None and step >= case.fault.since and rank == heavy
             tokens = 3 * 1024 if long else 1024
             with prof.phase("data", kind="data"):
                 ids = torch.randint(0, 128, (tokens // 64, 64))

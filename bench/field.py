@@ -77,7 +77,7 @@ JOBS = [
         "uneven",
         uneven,
         4,
-        Fault(3, "forward", 1.0, 0, share=0.3),
+        Fault(-1, "forward", 0.0, 60),
         ("forward",),
         None,
         200,

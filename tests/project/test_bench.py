@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
         ("trigger_check.py", ["--quick"], "trigger check (default interval) vs unsampled timer"),
         ("analysis.py", ["--quick", "--no-hta"], "rankscope stragglers --json, end to end:"),
         ("live_figures.py", ["--quick", "--ranks", "64"], "metrics() vs a dict copy:"),
+        ("field.py", ["--quick", "--jobs", "ddp", "--clean", "1"], "field: clean runs 1"),
     ],
 )
 def test_benchmark_runs(script: str, args: list[str], expect: str) -> None:

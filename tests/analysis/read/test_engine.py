@@ -79,7 +79,7 @@ def engine(run: Path, time: str = "host", attempt: int | None = None) -> Seen | 
 
 
 def assert_same_matrices(ref: PhaseMatrices, eng: PhaseMatrices) -> None:
-    for name in ("ranks", "steps", "phases", "kinds", "depths", "time", "origin_ns"):
+    for name in ("ranks", "steps", "phases", "kinds", "depths", "time", "origin_ns", "issued"):
         assert getattr(eng, name) == getattr(ref, name), f"{name} differ"
     for name in ("ms", "start_ns", "end_ns"):
         for phase, want, got in zip(
@@ -996,3 +996,44 @@ def test_random_runs_agree(run: dict[str, tuple[list[str], str]], attempt: int |
             write(root, name, lines, end=end)
         for time in ("host", "device"):
             assert_same(root, time, attempt)
+
+
+# -- what a phase says of the collectives it issued ("coll") ------------------------------
+
+
+def _counted(rank: int, step: int, phase: str, coll: str | None, *, fast: bool = True) -> str:
+    """A record with its count; not `fast`: a thread key before it, a layout the timer's
+    own pattern does not take (the reader's line-by-line path)."""
+    extra = [] if fast else [('"thread"', '"loader"')]
+    extra += [] if coll is None else [('"coll"', coll)]
+    return line(rank, step, phase, raw={"error": "false"}, extra=extra)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["timer-layout", "line-by-line"])
+def test_the_collectives_a_phase_issued_are_read_alike(
+    tmp_path: Path, fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """backward issued one at every step (DDP), forward at one step in four (no majority),
+    data none, and optimizer's records do not say: both readers agree, and only what the
+    records say is known. A count that is not one (a string, a fraction, a negative, a
+    boolean, past an int64) is no count; the record stands."""
+    for rank in range(3):
+        lines = [opening(rank, "tok")]
+        for step in range(8):
+            lines += [
+                _counted(rank, step, "data", "0", fast=fast),
+                _counted(rank, step, "forward", "2" if step % 4 == 0 else "0", fast=fast),
+                _counted(rank, step, "backward", "1", fast=fast),
+                _counted(rank, step, "optimizer", None, fast=fast),
+                line(rank, step, "step", kind="step", cpu_ms=9.0),
+            ]
+        if not fast:  # the timer's own pattern takes no such line: the whole file is slow
+            lines += [
+                _counted(rank, 9, "optimizer", bad, fast=fast)
+                for bad in ('"1"', "1.5", "-1", "true", "99999999999999999999")
+            ]
+        write(tmp_path, rank, lines)
+    with duckdb_only(monkeypatch):
+        seen = agree(tmp_path)
+    assert seen.matrices.issued == {"data": False, "forward": False, "backward": True}
+    assert "optimizer" in seen.matrices.phases
