@@ -25,20 +25,15 @@ import rankscope
 
 @dataclass(frozen=True)
 class Fault:
-    """Rank `rank` takes `ms` more in `phase` from step `since` (at `share` of its steps)."""
+    """Rank `rank` takes `ms` more in `phase` from step `since`."""
 
     rank: int
     phase: str
     ms: float
     since: int
-    share: float = 1.0
 
-    def extra_s(self, rank: int, step: int, rng: random.Random | None = None) -> float:
-        if rank != self.rank or step < self.since:
-            return 0.0
-        if self.share < 1.0 and (rng or random).random() >= self.share:
-            return 0.0
-        return self.ms / 1000
+    def extra_s(self, rank: int, step: int) -> float:
+        return self.ms / 1000 if rank == self.rank and step >= self.since else 0.0
 
 
 @dataclass(frozen=True)
@@ -47,11 +42,11 @@ class Case:
     every: int
     fault: Fault | None = None
 
-    def extra_s(self, rank: int, step: int, phase: str, rng: random.Random | None = None) -> float:
+    def extra_s(self, rank: int, step: int, phase: str) -> float:
         fault = self.fault
         if fault is None or fault.phase != phase:
             return 0.0
-        return fault.extra_s(rank, step, rng)
+        return fault.extra_s(rank, step)
 
 
 class _Truth:

@@ -21,7 +21,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +173,7 @@ def _mean_step(run: Path) -> float:
 def run_job(gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool) -> list[Outcome]:
     steps = job.steps // 2 if quick else job.steps
     since = job.fault.since // 2 if quick else job.fault.since
-    fault = Fault(job.fault.rank, job.fault.phase, job.fault.ms, since, job.fault.share)
+    fault = replace(job.fault, since=since)
     outcomes, clean_ms = [], []
     for i in range(clean):
         run = root / f"{job.name}-clean-{i}"
@@ -187,7 +187,7 @@ def run_job(gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool) -> l
     run = root / f"{job.name}-fault"
     try:
         gloo.run(job.run, job.world, run, Case(steps, job.every, fault), init=not job.torchrun)
-        sized = Job(**{**job.__dict__, "fault": fault})
+        sized = replace(job, fault=fault)
         outcomes.append(judge(sized, run, True, float(np.mean(clean_ms)) if clean_ms else None))
     except RanksFailed as exc:
         outcomes.append(Outcome(job.name, True, error=str(exc)[-600:]))
