@@ -229,6 +229,28 @@ def test_a_slow_nested_phase_is_costed_through_the_phase_it_runs_in() -> None:
     assert costs.notes == []
 
 
+def test_work_nested_in_a_phase_that_ends_in_a_collective_is_costed_before_it() -> None:
+    # A Trainer's between_steps: the batch fetch, then the token count's all-gather. Rank 1
+    # fetches for 20 ms, the others 1 ms; all leave together, so their between_steps are
+    # alike (fetch + wait + a 2 ms all-gather) and only the fetch shows who was late.
+    m = _matrices(
+        {
+            "between": ("data", [[22.0] * 4] * 3),
+            "fetch": ("data", [[1.0] * 4, [20.0] * 4, [1.0] * 4]),
+            "compute": ("compute", [[10.0] * 4] * 3),
+        },
+        STEPS,
+        depths={"fetch": 1},
+    )
+    slow, waits = _finding(1, "fetch"), _finding(0, "between", role="waits", waits_for=(1,))
+    costs = estimate_costs(m, _report(m, ["between"], [slow, waits]))
+    saved = [c.step_ms_saved if c is not None else None for c in costs.each]
+    assert saved == [pytest.approx(19.0), None]  # 20 ms fetched in 1: the all-gather stays
+    assert costs.of == [None, (1, "fetch")]
+    assert costs.model_step_ms == pytest.approx(20 + 2 + 10)
+    assert costs.notes == []
+
+
 def test_what_the_model_cannot_cost_is_none_and_said() -> None:
     m = _matrices(
         {
@@ -245,7 +267,8 @@ def test_what_the_model_cannot_cost_is_none_and_said() -> None:
     assert costs.of == [None, (1, "bucket")]  # its wait is rank 1's cost, which is not known
     assert costs.notes == [
         "bucket (rank 1, slow): not costed; it runs inside a phase that ends in a "
-        "collective, whose work the model cannot see",
+        "collective and is no work the model places before it (a collective of its own, "
+        "or nested two levels down)",
     ]
     # A wait with no slow finding to be the cost of is costed alone, or said why not.
     alone = estimate_costs(m, _report(m, ["backward"], [waits]))

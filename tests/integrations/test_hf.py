@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -27,6 +28,7 @@ from transformers import (
 
 import rankscope
 from rankscope import ConfigError, ProfileConfig, Schedule, TimerConfig, TraceConfig
+from rankscope.analysis import StragglerOptions, analyse_stragglers
 from rankscope.capture import windows
 from rankscope.integrations import hf
 from rankscope.integrations.hf import RankscopeCallback
@@ -43,6 +45,7 @@ from .._helpers import (
 
 REPO = Path(__file__).resolve().parents[2]
 PHASES = ["between_steps", "forward_backward", "optimizer"]
+NESTED = {"fetch": "between_steps", "forward": "forward_backward"}  # phase -> its holder
 STEPS = 4
 
 
@@ -214,17 +217,32 @@ def test_ddp_timings_one_sampled_step_per_optimizer_step(ddp_root: Path, accumul
         assert _steps_of(records, "step") == list(range(STEPS))
         for phase in PHASES:
             assert sorted(_steps_of(records, phase)) == list(range(STEPS)), phase
-        assert {r["phase"] for r in records} == {"step", *PHASES}
-        assert {r["phase"]: r["kind"] for r in records if r["phase"] in PHASES} == {
+        assert {r["phase"] for r in records} == {"step", *PHASES, *NESTED}
+        assert {r["phase"]: r["kind"] for r in records if r["phase"] != "step"} == {
             "between_steps": "data",
             "forward_backward": "compute",
             "optimizer": "compute",
+            "fetch": "data",
+            "forward": "compute",
         }
-        assert all(r["depth"] == 0 and r["error"] is False for r in records)
+        assert all(r["error"] is False for r in records)
+        assert all(r["depth"] == (r["phase"] in NESTED) for r in records)
+        # The fetch once a step (every micro-batch at once), a forward per micro-batch.
+        assert sorted(_steps_of(records, "fetch")) == list(range(STEPS))
+        assert sorted(_steps_of(records, "forward")) == sorted(list(range(STEPS)) * accumulate)
         for step in range(STEPS):
-            # Within a step the phases follow each other in this order.
-            starts = {r["phase"]: r["start_ns"] for r in records if r["step"] == step}
+            # Within a step the phases follow each other in this order...
+            mine = [r for r in records if r["step"] == step]
+            starts = {r["phase"]: r["start_ns"] for r in mine}
             assert starts["between_steps"] < starts["forward_backward"] < starts["optimizer"]
+            # ...and each nested phase runs inside the one that holds it.
+            spans = {r["phase"]: (r["start_ns"], r["start_ns"] + r["cpu_ms"] * 1e6) for r in mine}
+            for r in mine:
+                if r["phase"] in NESTED:
+                    outer = spans[NESTED[r["phase"]]]
+                    assert (
+                        outer[0] <= r["start_ns"] <= r["start_ns"] + r["cpu_ms"] * 1e6 <= outer[1]
+                    )
 
 
 @pytest.mark.slow
@@ -327,7 +345,7 @@ def _booming_model(at_forward: int) -> tuple[GPT2LMHeadModel, _Boom]:
         if calls[0] - 1 == at_forward:
             raise error
 
-    model.register_forward_pre_hook(hook)
+    model.register_forward_hook(hook)  # after our pre-hook opened "forward"
     return model, error
 
 
@@ -352,7 +370,7 @@ def _check_interrupted_records(records: list[dict[str, Any]]) -> None:
     assert _steps_of(records, "forward_backward") == list(range(BOOM_AT + 1))
     assert _steps_of(records, "optimizer") == list(range(BOOM_AT))
     errors = [(r["step"], r["phase"]) for r in records if r["error"]]
-    assert errors == [(BOOM_AT, "forward_backward")]
+    assert errors == [(BOOM_AT, "forward"), (BOOM_AT, "forward_backward")]  # the model raised
 
 
 def _check_interrupted_run(run_dir: Path) -> None:
@@ -415,9 +433,12 @@ def test_next_train_closes_the_interrupted_run_first(
     assert "the previous train() did not end" in caplog.text
     assert "training began again with the same RankscopeCallback" in caplog.text
     records = _records(run_dir)
-    # The interrupted run: 4 records for each of steps 0-2, then between_steps and the
-    # failed forward_backward of step 3. The second run follows, counting from 0.
-    first_run, second_run = records[:14], records[14:]
+    # The interrupted run, up to the failed forward_backward of step 3; the second run
+    # follows, counting from 0.
+    again_at = next(
+        i for i in range(1, len(records)) if records[i]["step"] < records[i - 1]["step"]
+    )
+    first_run, second_run = records[:again_at], records[again_at:]
     _check_interrupted_records(first_run)
     assert _steps_of(second_run, "step") == list(range(6))
     assert not any(r["error"] for r in second_run)
@@ -449,6 +470,97 @@ def _uncaught_boom(out: Path) -> None:
     callback = RankscopeCallback(_config(out / "run", BOOM_SCHEDULE), environ={})
     trainer, _ = _booming_trainer(out, callback)
     trainer.train()
+
+
+def test_nested_phases_time_training_only_and_come_off_when_it_ends(tmp_path: Path) -> None:
+    callback = RankscopeCallback(_config(tmp_path / "run"), environ={})
+    model = _model()
+    args = _args(tmp_path)
+    args.eval_strategy, args.eval_steps = "steps", 2  # forwards outside forward_backward
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=_Tokens(),
+        eval_dataset=_Tokens(n=8),
+        callbacks=[callback],
+    )
+    trainer.train()
+    records = _records(tmp_path / "run")
+    forwards = [r for r in records if r["phase"] == "forward"]
+    assert [r["step"] for r in forwards] == list(range(STEPS))  # one per step: no eval's
+    holders = {r["step"]: r for r in records if r["phase"] == "forward_backward"}
+    for r in forwards:
+        outer = holders[r["step"]]
+        assert outer["start_ns"] <= r["start_ns"]
+        assert r["start_ns"] + r["cpu_ms"] * 1e6 <= outer["start_ns"] + outer["cpu_ms"] * 1e6
+    # Taken off at the end: the model has no hook of ours, the Trainer its own method.
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert "get_batch_samples" not in vars(trainer)
+    trainer.evaluate()  # and a forward after training records nothing
+    assert len([r for r in _records(tmp_path / "run") if r["phase"] == "forward"]) == STEPS
+
+
+def _collate_slow_on_rank_1(rank: int, world_size: int, root: str) -> None:
+    """One of three ranks: a Trainer run whose collator sleeps 20 ms a batch on rank 1 from
+    step SLOW_FROM on, and its clean twin before it."""
+    _train_collating(rank, world_size, Path(root) / "clean", slow=False)
+    _train_collating(rank, world_size, Path(root) / "slow", slow=rank == 1)
+
+
+def _train_collating(rank: int, world_size: int, run_dir: Path, slow: bool) -> None:
+    """Train; each step's wall time (ms) to run_dir/steps-N.json."""
+    import time
+
+    step = [0]
+    ended: list[float] = []
+
+    def collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        if slow and step[0] >= SLOW_FROM:
+            time.sleep(0.02)
+        return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+
+    class Steps(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            step[0] += 1
+            ended.append(time.perf_counter())
+
+    config = ProfileConfig(output_dir=run_dir, timer=TimerConfig(enable=True, every_n_steps=1))
+    Trainer(
+        model=_model(),
+        args=_args(run_dir, steps=SLOW_STEPS),
+        train_dataset=_Tokens(n=SLOW_STEPS * 4 * world_size),
+        data_collator=collate,
+        callbacks=[RankscopeCallback(config, environ={}), Steps()],
+    ).train()
+    (run_dir / f"steps-{rank}.json").write_text(json.dumps((np.diff(ended) * 1e3).tolist()))
+
+
+SLOW_FROM, SLOW_STEPS = 12, 36
+
+
+@pytest.mark.slow
+def test_a_rank_slow_in_its_collator_is_named_with_its_waiters_and_priced(
+    tmp_path: Path, gloo_ranks: GlooRanks
+) -> None:
+    # Every rank leaves between_steps together (the token count's all-gather ends it):
+    # only the fetch nested in it shows which rank was late, and what it costs.
+    gloo_ranks.run(_collate_slow_on_rank_1, 3, tmp_path, init=False)
+    clean = analyse_stragglers(tmp_path / "clean", StragglerOptions()).report
+    assert clean.findings == [] and clean.imbalance == []
+    report = analyse_stragglers(tmp_path / "slow", StragglerOptions()).report
+    said = {(f.rank, f.role, f.phase, f.waits_for) for f in report.findings}
+    assert said == {
+        (1, "slow", "fetch", ()),
+        (0, "waits", "between_steps", (1,)),
+        (2, "waits", "between_steps", (1,)),
+    }
+    (slow,) = [f for f in report.findings if f.role == "slow"]
+    assert SLOW_FROM <= slow.since_step <= SLOW_FROM + 2
+    steps = np.asarray(json.loads((tmp_path / "slow" / "steps-0.json").read_text()))
+    # step i ended at ended[i]: the diffs from SLOW_FROM on are the slow steps
+    truth = float(np.mean(steps[SLOW_FROM:]) - np.mean(steps[3 : SLOW_FROM - 1]))
+    assert slow.cost is not None
+    assert 0.7 * truth <= slow.cost.step_ms_saved <= 1.4 * truth, (slow.cost, truth)
 
 
 def test_a_fault_inside_rankscope_does_not_stop_training(
@@ -568,7 +680,7 @@ def test_example_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     records = _records(run_dir)
     assert _steps_of(records, "step") == list(range(6))
-    assert {r["phase"] for r in records} == {"step", *PHASES}
+    assert {r["phase"] for r in records} == {"step", *PHASES, *NESTED}
     assert final_files(run_dir / "traces") == [
         "step-000003-000004/rank-00000.pt.trace.json.gz",
         "step-000003-000004/rank-00000.summary.json",

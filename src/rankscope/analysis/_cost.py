@@ -200,7 +200,7 @@ def _group_cost(
 
 def _in_model(model: _StepModel, cells: set[Cell]) -> bool:
     """The model can price a fix of these cells: their phases are top-level work."""
-    return all(p in model.segment_of or p in model.parent for _, p, _, _ in cells)
+    return all(model.segment(p) is not None for _, p, _, _ in cells)
 
 
 @dataclass(frozen=True)
@@ -227,6 +227,13 @@ class _StepModel:
         self.closing: dict[str, int] = {}
         """A collective's name -> the segment it closes."""
         top = [p for p, d in enumerate(m.depths) if d == 0 and m.phases[p] != STEP]
+        held = m.holders()
+        self.parent = {p: q for p, (q, _) in held.items() if m.phases[q] not in sync}
+        """A nested phase -> the top-level work phase it runs inside (at most steps)."""
+        inside = m.work_inside(sync)
+        self.inside = {p: q for q, (phases, _) in inside.items() for p in phases}
+        """A work phase nested in a phase that ends in a collective -> that phase: its
+        time is work of the segment that collective closes."""
         collective = np.zeros(len(m.steps))
         self.hidden: dict[int, npt.NDArray[np.float32]] = {}
         """Per segment closed by a phase that holds work and a collective, draws of the
@@ -234,8 +241,9 @@ class _StepModel:
         for p in top:
             if m.phases[p] in sync:
                 self.closing[m.phases[p]] = len(self.segments) - 1
+                own = inside[p][1] if p in inside else 0.0
                 with quiet():  # the last to arrive waits for no one: its time is the collective's
-                    last = np.nanmin(m.ms[p], axis=0)
+                    last = np.nanmin(m.ms[p] - own, axis=0)
                 collective += np.nan_to_num(last)
                 if m.kinds[p] != "comm":
                     draws = _hidden_work(last, len(m.ranks))
@@ -250,8 +258,8 @@ class _StepModel:
         self.work = np.zeros((len(self.segments), ranks, steps))
         for p, k in self.segment_of.items():
             self.work[k] += np.nan_to_num(m.ms[p])
-        self.parent = self._parents(top)
-        """A nested phase -> the top-level work phase it runs inside (at most steps)."""
+        for q, (_, own) in inside.items():
+            self.work[self.closing[m.phases[q]]] += own
         self.measured = self._measured_steps(top)
         self.span = _steps_each_stands_for(m.steps)
         self.now = self._modelled(self.work)
@@ -288,26 +296,6 @@ class _StepModel:
             f"measured ({replayed / measured:.2f}x): its savings are the step model's"
         )
         return None
-
-    def _parents(self, top: list[int]) -> dict[int, int]:
-        """Each nested phase's top-level work phase: the one whose entry and exit hold the
-        nested phase's at most of the (rank, step) cells where both ran, half or more."""
-        m, out = self.m, {}
-        for p, depth in enumerate(m.depths):
-            if depth == 0:
-                continue
-            best, share = -1, 0.5
-            for q in (q for q in top if q in self.segment_of):
-                with quiet():
-                    both = np.isfinite(m.start_ns[p]) & np.isfinite(m.start_ns[q])
-                    inside = both & (m.start_ns[q] <= m.start_ns[p]) & (m.end_ns[p] <= m.end_ns[q])
-                ran = int(both.sum())
-                held = inside.sum() / ran if ran else 0.0
-                if held > share or (best < 0 and held == share):  # ties: the first to run
-                    best, share = q, held
-            if best >= 0:
-                out[p] = best
-        return out
 
     def _measured_steps(self, top: list[int]) -> Vector:
         """Per sampled step, the step time measured (the step record's median over ranks);
@@ -360,10 +348,11 @@ class _StepModel:
         ranks, since = self.rank_index, finding.since_step
         if finding.role == "slow":
             p = self.m.index(finding.phase)
-            if p in self.segment_of or p in self.parent:
+            if self.segment(p) is not None:
                 return {(ranks[finding.rank], p, since, False)}
             return (
-                "it runs inside a phase that ends in a collective, whose work the model cannot see"
+                "it runs inside a phase that ends in a collective and is no work the model "
+                "places before it (a collective of its own, or nested two levels down)"
             )
         segment = self.closing.get(finding.phase)
         late = ranks.get(finding.waits_for[0]) if finding.waits_for else None
@@ -371,7 +360,20 @@ class _StepModel:
             return "the model takes only top-level phases for collectives"
         if late is None:
             return "no rank is named as the one it waits for"
-        return {(late, p, since, False) for p in self.segments[segment]}
+        held = [p for p, q in self.inside.items() if self.m.phases[q] == finding.phase]
+        return {(late, p, since, False) for p in [*self.segments[segment], *held]}
+
+    def segment(self, p: int) -> tuple[int, int] | None:
+        """The segment whose work phase `p`'s time is, and the top-level phase that holds
+        it (`p` itself where it is top-level work); None where the model cannot see it."""
+        if p in self.segment_of:
+            return self.segment_of[p], p
+        if p in self.parent:
+            return self.segment_of[self.parent[p]], self.parent[p]
+        if p in self.inside:
+            q = self.inside[p]
+            return self.closing[self.m.phases[q]], q
+        return None
 
     def _scales(self, cuts: dict[tuple[int, int], Vector]) -> dict[tuple[int, int], Vector]:
         """Per (rank, top-level phase), what a fix that takes `cuts` off it multiplies its
@@ -427,9 +429,9 @@ class _StepModel:
             cuts: dict[tuple[int, int], Vector] = {}  # (rank, top-level phase) -> ms taken off
             for (r, p), mine in fixed.items():
                 # A nested phase's time is its parent's: the fix shortens the parent.
-                top = p if p in self.segment_of else self.parent[p]
+                segment, top = self.segment(p) or (-1, p)
                 cut = np.nan_to_num(self.m.ms[p][r] - mine)  # NaN (no record): as it was
-                work[self.segment_of[top], r] -= cut
+                work[segment, r] -= cut
                 cuts[r, top] = cuts.get((r, top), 0.0) + cut
             saved = self.now - self._modelled(work)
             replayed = self.replay.step_ms(self._scales(cuts)) if self.replay is not None else None
@@ -474,17 +476,21 @@ def without_waiting(m: PhaseMatrices, sync: set[str]) -> list[Matrix]:
     the arrivals of each step (_hidden_work_tail), is taken out too."""
     out = list(m.ms)
     t = m.on_timeline()  # arrivals on the GPU's timeline where phases are read on two clocks
+    inside = t.work_inside(sync)
     since = np.zeros((len(m.ranks), len(m.steps)))
     for p, phase in enumerate(m.phases):
         if phase == STEP or m.depths[p] != 0:
             continue
         if phase in sync:
+            # Work nested in it (a batch fetch before the collective) is the rank's own.
+            own = inside[p][1] if p in inside else 0.0
+            since = since + own
             with quiet():
                 last = np.nanmax(since, axis=0)
             left = t.ms[p] - (last[None, :] - since)
             if m.kinds[p] != "comm":
                 with quiet():
-                    tail = _hidden_work_tail(since, np.nanmin(t.ms[p], axis=0))
+                    tail = _hidden_work_tail(since, np.nanmin(t.ms[p] - own, axis=0))
                 left = left - tail[None, :]
             out[p] = np.maximum(left, 0.0)
             since = np.zeros_like(since)

@@ -101,6 +101,52 @@ class PhaseMatrices:
     def index(self, phase: str) -> int:
         return self.phases.index(phase)
 
+    def holders(self) -> dict[int, tuple[int, npt.NDArray[np.bool_]]]:
+        """Each nested phase's top-level phase: the one whose entry and exit hold the
+        nested phase's at half or more of the (rank, step) cells where both ran (ties: the
+        first to run), with the cells where it does. Nested phases held by none are left
+        out."""
+        top = [q for q, d in enumerate(self.depths) if d == 0 and self.phases[q] != STEP]
+        out = {}
+        for p, depth in enumerate(self.depths):
+            if depth == 0:
+                continue
+            best, share, cells = -1, 0.5, np.zeros(0, dtype=bool)
+            for q in top:
+                with quiet(), np.errstate(invalid="ignore"):
+                    both = np.isfinite(self.start_ns[p]) & np.isfinite(self.start_ns[q])
+                    inside = (
+                        both
+                        & (self.start_ns[q] <= self.start_ns[p])
+                        & (self.end_ns[p] <= self.end_ns[q])
+                    )
+                ran = int(both.sum())
+                held = inside.sum() / ran if ran else 0.0
+                if held > share or (best < 0 and held == share and ran):
+                    best, share, cells = q, held, inside
+            if best >= 0:
+                out[p] = (best, cells)
+        return out
+
+    def work_inside(self, sync: set[str]) -> dict[int, tuple[list[int], Matrix]]:
+        """Per top-level phase in `sync` (it ends in a collective) that holds work phases
+        (nested one level down, not comm, that issued no collective of their own: a
+        Trainer's batch fetch before its token count's all-gather): those phases, and
+        each rank's time in them per step (ms, 0 where none ran inside). That work is the
+        rank's own, done before it reaches the collective."""
+        out: dict[int, tuple[list[int], Matrix]] = {}
+        for p, (q, cells) in self.holders().items():
+            if (
+                self.depths[p] != 1
+                or self.phases[q] not in sync
+                or self.kinds[p] == "comm"
+                or self.issued.get(self.phases[p], False)
+            ):
+                continue
+            phases, ms = out.get(q, ([], np.zeros((len(self.ranks), len(self.steps)))))
+            out[q] = ([*phases, p], ms + np.where(cells, np.nan_to_num(self.ms[p]), 0.0))
+        return out
+
     @property
     def on_device(self) -> bool:
         """Some phase is read on device time: the host's clock does not say when a rank

@@ -148,21 +148,29 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         scoped = None
         if sync:
             report.sync_phases.append(phase)
+            # Work phases nested in it (a Trainer's batch fetch before its all-gather)
+            # are each rank's own: it reaches the collective after them.
+            held = timeline.work_inside({phase}).get(p)
+            at, d_sync = arrive[p], d
+            if held is not None:
+                at, d_sync = arrive[p] + held[1] * 1e6, d - held[1]
             # In a phase that ends in a collective a rank can only take longer by
             # arriving earlier: measure each rank against the last one to arrive.
-            last = _last_arrivals(arrive[p])
-            late_ns, made_ns = _lateness(arrive[p], since, last)
+            last = _last_arrivals(at)
+            late_ns, made_ns = _lateness(at, since, last)
             # Where ranks leave it in groups (a pipeline's all-reduce per stage), each
             # waits for the last of its own group (analysis/_scopes.py).
             once = phase not in m.repeats  # a p2p phase's last exit says nothing of groups
-            scoped = scopes_of(arrive[p], leave[p], d, since) if once and not m.on_device else None
+            scoped = scopes_of(at, leave[p], d_sync, since) if once and not m.on_device else None
             if m.depths[p] == 0:
                 since = np.where(np.isnan(leave[p]), since, leave[p])
-            ref_w = _times_of(d, last)
+            ref_w = _times_of(d_sync, last)
         ratio, excess = _against(d, ref)
         report.table.extend(_table(m.ranks, phase, ratio, excess, threshold=threshold, floor=floor))
         if sync:
-            ratio, excess = _against(d, ref_w[None, :] if scoped is None else scoped.times(d))
+            ratio, excess = _against(
+                d_sync, ref_w[None, :] if scoped is None else scoped.times(d_sync)
+            )
         # Only rows with enough steps above can hold a finding; on a clean run that is few.
         above = np.sum((ratio > threshold) & (excess >= floor), axis=1)
         steps = np.sum(np.isfinite(ratio), axis=1)
@@ -185,7 +193,10 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             rank = m.ranks[r]
             row = rows[r]
             onset = row.onset(min_persistence)
-            if onset is None or row.median_excess(onset) < floor:
+            if onset is None:
+                continue
+            onset = _first_above(row, onset)  # its figures count from the step it says
+            if row.median_excess(onset) < floor:
                 continue
             chance = float(chances[r])
             if not sync and not row.beyond_chance(onset, chance, tests):
@@ -240,7 +251,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
                 share_above=row.share(onset),
                 lost_ms=row.lost(onset),
                 steps=len(row.valid) - onset,
-                since_step=m.steps[int(row.valid[_first_above(row, onset)])],
+                since_step=m.steps[int(row.valid[onset])],
                 waits_for=tuple(m.ranks[i] for i in waits_for),
                 ratios=rounded(ratio[r]),
             )

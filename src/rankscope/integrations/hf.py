@@ -22,6 +22,19 @@ events of transformers' Trainer (>= 4.45; checked against 5.23):
   backward), then gradient clipping and the gradient norm.
 - ``optimizer``: ``on_pre_optimizer_step`` to ``on_optimizer_step``: ``optimizer.step()``.
 
+Two phases nested in those (depth 1), because the collective at the end of each hides
+what ran before it: every rank leaves ``between_steps`` and ``forward_backward``
+together, so a rank slow in its data or its forward shows only in a phase inside them.
+
+- ``fetch`` (kind "data", inside ``between_steps``): the step's ``next()`` calls on the
+  epoch iterator (loading and collating every micro-batch), timed by handing the
+  Trainer's ``get_batch_samples`` an iterator that counts them; the token count's
+  all-gather that follows is not in it. The Trainer is found up the stack when training
+  begins; where it is not, or has no ``get_batch_samples``, there is no ``fetch``.
+- ``forward`` (inside ``forward_backward``): each micro-batch's forward of the model the
+  Trainer hands its events (pre- and post-forward hooks on it), summed over the step.
+  Forwards outside ``forward_backward`` (evaluation) are not timed.
+
 rankscope's figures (``rankscope/...``, docs/timer.md) join the logs the Trainer sends at
 its logging steps, on its process 0 (the one whose logs its integrations send): every
 ``report_to`` integration gets them, and ``trainer.state.log_history`` holds them.
@@ -72,7 +85,10 @@ logger = logging.getLogger(__name__)
 _BETWEEN_STEPS = "between_steps"
 _FORWARD_BACKWARD = "forward_backward"
 _OPTIMIZER = "optimizer"
+_FETCH = "fetch"
+_FORWARD = "forward"
 _FRAMES_UP = 4  # _log_first is called two frames below call_event
+_TRAINER_UP = 8  # the Trainer's _inner_training_loop is two frames above call_event
 _NO_LOG = TrainerCallback.on_log
 
 
@@ -103,6 +119,9 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self._setup(config, rank, world_size, environ)
+        self._nested: Any = None  # the phase nested in the open one (fetch, forward)
+        self._open_name: str | None = None  # the open phase's name
+        self._undo: list[Callable[[], None]] = []  # takes the hooks and the wrapper off
 
     # -- Trainer events ----------------------------------------------------------------
 
@@ -137,6 +156,8 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
             self._at_exit = self._close_at_exit(os.getpid())
             atexit.register(self._at_exit)  # registered after the Profiler's own: runs first
             self._open(_BETWEEN_STEPS, "data")
+            self._time_forward(kwargs.get("model"))
+            self._time_fetch()
         except Exception as exc:
             self._fault("on_train_begin", exc)
             return
@@ -243,6 +264,97 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
             "Trainer(callbacks=[...]) or trainer.add_callback())"
         )
 
+    def _open(self, name: str, kind: str = "compute") -> None:
+        super()._open(name, kind)
+        self._open_name = name
+
+    def _close(self, exception: BaseException | None = None) -> None:
+        self._unnest(exception)  # a forward that raised never reached its post-hook
+        self._open_name = None
+        super()._close(exception)
+
+    def _finish(self, interrupted: bool, exception: BaseException | None = None) -> None:
+        undo, self._undo = self._undo, []
+        for step in undo:
+            try:
+                step()
+            except Exception:  # the model or the Trainer is gone: nothing left to undo
+                logger.debug("rankscope: taking a hook off failed", exc_info=True)
+        super()._finish(interrupted, exception)
+
+    def _nest(self, name: str, kind: str, inside: str) -> None:
+        """Enter `name` nested in the open phase where that is `inside` (else nothing)."""
+        self._unnest()
+        if self._run is not None and self._open_name == inside:
+            phase = self._run.phase(name, kind)
+            phase.__enter__()
+            self._nested = phase
+
+    def _unnest(self, exception: BaseException | None = None) -> None:
+        phase, self._nested = self._nested, None
+        if phase is not None:
+            if exception is None:
+                phase.__exit__(None, None, None)
+            else:
+                phase.__exit__(type(exception), exception, exception.__traceback__)
+
+    def _quietly(self, where: str, action: Callable[[], None]) -> None:
+        """Run `action` from inside the Trainer's own code: a fault turns rankscope off."""
+        if self._run is None:
+            return
+        try:
+            action()
+        except Exception as exc:
+            self._fault(where, exc)
+
+    def _time_forward(self, model: Any) -> None:
+        """Hooks on `model` that time each forward inside forward_backward as ``forward``."""
+        if model is None or not hasattr(model, "register_forward_pre_hook"):
+            return
+
+        def enter(*_: Any) -> None:
+            self._quietly(
+                "timing the forward", lambda: self._nest(_FORWARD, "compute", _FORWARD_BACKWARD)
+            )
+
+        def leave(*_: Any) -> None:
+            self._quietly("timing the forward", self._unnest)
+
+        before = model.register_forward_pre_hook(enter)
+        after = model.register_forward_hook(leave)
+        self._undo += [before.remove, after.remove]
+
+    def _time_fetch(self) -> None:
+        """Time the batch fetch as ``fetch``: the Trainer's get_batch_samples, found up the
+        stack, is handed an iterator that times the `num_batches` batches it takes."""
+        trainer = self._trainer()
+        fetch = getattr(trainer, "get_batch_samples", None)
+        if fetch is None:
+            logger.info("rankscope: the Trainer's get_batch_samples was not found: no fetch phase")
+            return
+
+        def timed(epoch_iterator: Any, num_batches: int, *args: Any, **kwargs: Any) -> Any:
+            counted = _Counted(epoch_iterator, num_batches, self)
+            try:
+                return fetch(counted, num_batches, *args, **kwargs)
+            finally:
+                counted.done()
+
+        trainer.get_batch_samples = timed
+        self._undo.append(lambda: vars(trainer).pop("get_batch_samples", None))
+
+    def _trainer(self) -> Any:
+        """The Trainer whose events call this callback, found up the stack (None if not)."""
+        frame: FrameType | None = sys._getframe(1)
+        for _ in range(_TRAINER_UP):
+            if frame is None:
+                return None
+            handler = getattr(frame.f_locals.get("self"), "callback_handler", None)
+            if any(c is self for c in getattr(handler, "callbacks", ())):
+                return frame.f_locals["self"]
+            frame = frame.f_back
+        return None
+
     def _close_at_exit(self, pid: int) -> Callable[[], None]:
         def close() -> None:
             # A forked child inherits atexit handlers; the run is its parent's to finish.
@@ -250,3 +362,39 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
                 self.close()
 
         return close
+
+
+class _Counted:
+    """The epoch iterator handed to get_batch_samples: the `n` batches it takes are timed
+    as one ``fetch`` phase, from the first ``next()`` to the `n`-th (or the iterator's
+    end); any later ``next()`` passes through untimed."""
+
+    def __init__(self, iterator: Any, n: int, callback: RankscopeCallback) -> None:
+        self._iterator, self._left, self._callback = iterator, n, callback
+        self._timing = False
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Any:
+        if self._left > 0 and not self._timing:
+            self._timing = True
+            self._callback._quietly(
+                "timing the batch fetch",
+                lambda: self._callback._nest(_FETCH, "data", _BETWEEN_STEPS),
+            )
+        try:
+            return next(self._iterator)
+        except BaseException:
+            self._left = 0
+            self.done()
+            raise
+        finally:
+            self._left -= 1
+            if self._left <= 0:
+                self.done()
+
+    def done(self) -> None:
+        if self._timing:
+            self._timing = False
+            self._callback._quietly("timing the batch fetch", self._callback._unnest)
