@@ -298,6 +298,21 @@ def test_the_estimate_holds_where_the_collective_runs_inside_a_phase_of_work(
     assert found.cost.step_ms_saved == pytest.approx(step_ms(slow) - step_ms(clean), rel=0.25)
 
 
+def test_the_work_hidden_in_a_collective_phase_is_no_wider_for_a_fault_that_began() -> None:
+    # A DDP backward holds the all-reduce: 9 ms on every rank, until rank 2 fetches its
+    # data for 17 ms instead of 2 from step 10; from then the others wait 15 ms in backward
+    # and rank 2, the last to arrive, spends 12 there. The last arriver's time changes
+    # with the fault, not from step to step: no work hides in it, and the fix saves 15 ms.
+    steps, ranks = list(range(20)), 4
+    late = [s >= 10 for s in steps]
+    data = [[17.0 if r == 2 and x else 2.0 for x in late] for r in range(ranks)]
+    backward = [[(12.0 if r == 2 else 27.0) if x else 9.0 for x in late] for r in range(ranks)]
+    m = _matrices({"data": ("data", data), "backward": ("compute", backward)}, steps)
+    slow = _finding(2, "data", since_step=10)
+    (cost,) = estimate_costs(m, _report(m, ["backward"], [slow])).each
+    assert cost is not None and cost.step_ms_saved == pytest.approx(15.0)
+
+
 def test_hosts_are_costed_by_the_findings_of_their_ranks() -> None:
     m = _two_segments()
     report = _report(m, ["sync1", "sync2"], [_finding(1, "b"), _finding(0, "a")])

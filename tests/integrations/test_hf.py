@@ -535,7 +535,7 @@ def _train_collating(rank: int, world_size: int, run_dir: Path, slow: bool) -> N
     (run_dir / f"steps-{rank}.json").write_text(json.dumps((np.diff(ended) * 1e3).tolist()))
 
 
-SLOW_FROM, SLOW_STEPS = 12, 36
+SLOW_FROM, SLOW_STEPS = 16, 40
 
 
 @pytest.mark.slow
@@ -557,8 +557,9 @@ def test_a_rank_slow_in_its_collator_is_named_with_its_waiters_and_priced(
     (slow,) = [f for f in report.findings if f.role == "slow"]
     assert SLOW_FROM <= slow.since_step <= SLOW_FROM + 2
     steps = np.asarray(json.loads((tmp_path / "slow" / "steps-0.json").read_text()))
-    # step i ended at ended[i]: the diffs from SLOW_FROM on are the slow steps
-    truth = float(np.mean(steps[SLOW_FROM:]) - np.mean(steps[3 : SLOW_FROM - 1]))
+    # The saving the job measured: its step's median from the slow steps on less before
+    # them (medians: the test run beside it takes the CPU in bursts, a mean swings 10 ms).
+    truth = float(np.median(steps[SLOW_FROM:]) - np.median(steps[3 : SLOW_FROM - 1]))
     assert slow.cost is not None
     assert 0.7 * truth <= slow.cost.step_ms_saved <= 1.4 * truth, (slow.cost, truth)
 
