@@ -8,7 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rankscope.analysis import analyse_stragglers, build_report, phase_matrices, read_timings
+from rankscope.analysis import (
+    StragglerOptions,
+    analyse_stragglers,
+    build_report,
+    phase_matrices,
+    read_timings,
+)
 from rankscope.analysis._findings import cost_lines
 from rankscope.analysis.render._html import render_html
 from rankscope.testing._synthetic import Slowdown, Uneven, write_timings
@@ -87,9 +93,11 @@ def test_the_report_page_shows_a_slow_group_and_uneven_data_with_their_prices(
     tmp_path: Path,
 ) -> None:
     slow = [Slowdown(6, "forward", 1.0), Slowdown(7, "forward", 1.0)]
-    uneven = Uneven(phases=("optimizer",), spread=1.0)
+    # An 8 ms optimizer's load recorded with it: balancing it saves about 2% of the step,
+    # at the default's edge; the page is what is tested here, so the edge is lowered.
+    uneven = Uneven(phases=("optimizer",), spread=1.6, tokens=512)
     write_timings(tmp_path, ranks=8, steps=40, slowdowns=slow, groups=_stage, uneven=uneven)
-    page = render_html(build_report(tmp_path))
+    page = render_html(build_report(tmp_path, StragglerOptions(min_saving=0.01)))
     said = re.findall(r"<li>([^<]*)</li>", page)
     assert any(s.startswith("pipeline_stage=3 (ranks 6, 7) is slow in forward") for s in said)
     assert any(s.startswith("fixing pipeline_stage=3 in forward saves") for s in said), said
