@@ -41,6 +41,9 @@ class Case:
     steps: int
     every: int
     fault: Fault | None = None
+    balanced: bool = False
+    """The fault's extra load spread evenly over the ranks: the twin a balancing fix
+    makes (the uneven job's truth is the step it saves against this)."""
 
     def extra_s(self, rank: int, step: int, phase: str) -> float:
         fault = self.fault
@@ -151,8 +154,10 @@ def uneven(rank: int, world: int, run_dir: str, case: Case) -> None:
     with rankscope.Profiler(_config(run_dir, case.every)) as prof:
         for step in range(case.steps):
             heavy = rng.randrange(world)
-            long = case.fault is not None and step >= case.fault.since and rank == heavy
-            tokens = 3 * 1024 if long else 1024
+            on = case.fault is not None and step >= case.fault.since
+            tokens = 3 * 1024 if on and rank == heavy else 1024
+            if on and case.balanced:
+                tokens = 1024 + 2 * 1024 // world  # the heavy rank's extra, shared out
             with prof.phase("data", kind="data"):
                 ids = torch.randint(0, 128, (tokens // 64, 64))
             with prof.phase("forward", tokens=tokens):

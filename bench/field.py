@@ -5,7 +5,9 @@ Each job is a user's loop with rankscope on (bench/_field_jobs.py): plain DDP (t
 all-reduce inside backward), DDP with a comm phase of its own, FSDP2 on CPU, the Hugging
 Face Trainer (a slow collator, a slow forward), Lightning, a send/recv pipeline, and uneven
 data. The truth is what the job's own clock measured: the saving is the mean step after
-the fault's onset less the mean step before it, in the same run. Printed per fault run:
+the fault's onset less the mean step before it, in the same run; for uneven data, the
+mean step after the onset less that of a twin run given the same extra load spread
+evenly over the ranks (balancing spreads the load, it does not remove it). Printed per fault run:
 the slow rank, phase and onset named right or not, the waiting ranks named right or not,
 and the price over the measured saving; per clean run, every finding it got. The goal:
 every fault named with its waiters, every price 0.7-1.4x the saving, and no finding on a
@@ -117,7 +119,9 @@ def _said(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def judge(job: Job, run: Path, fault: bool, clean_step_ms: float | None) -> Outcome:
+def judge(
+    job: Job, run: Path, fault: bool, clean_step_ms: float | None, twin: Path | None = None
+) -> Outcome:
     out = Outcome(job.name, fault)
     report = analyse_stragglers(run, StragglerOptions()).report.to_dict()
     out.findings = _said(report)
@@ -125,6 +129,8 @@ def judge(job: Job, run: Path, fault: bool, clean_step_ms: float | None) -> Outc
         return out
     f = job.fault
     out.saving = _saving(run, f.since) if f.since > _WARM else None
+    if twin is not None:  # what balancing saves: the step against the balanced twin's
+        out.saving = _mean_step(run, f.since) - _mean_step(twin, f.since)
     if out.saving is None and clean_step_ms is not None:
         steps = np.asarray(json.loads((run / "truth.json").read_text())["step_ms"])
         out.saving = float(np.mean(steps[_WARM:]) - clean_step_ms)
@@ -155,9 +161,9 @@ def judge(job: Job, run: Path, fault: bool, clean_step_ms: float | None) -> Outc
     return out
 
 
-def _mean_step(run: Path) -> float:
+def _mean_step(run: Path, since: int = _WARM) -> float:
     steps = np.asarray(json.loads((run / "truth.json").read_text())["step_ms"])
-    return float(np.mean(steps[_WARM:]))
+    return float(np.mean(steps[max(since, _WARM) :]))
 
 
 def run_job(gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool) -> list[Outcome]:
@@ -177,8 +183,14 @@ def run_job(gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool) -> l
     run = root / f"{job.name}-fault"
     try:
         gloo.run(job.run, job.world, run, Case(steps, job.every, fault), init=not job.torchrun)
+        twin = None
+        if job.kind == "imbalance":  # balancing spreads the load; it does not remove it
+            twin = root / f"{job.name}-balanced"
+            balanced = Case(steps, job.every, fault, balanced=True)
+            gloo.run(job.run, job.world, twin, balanced, init=not job.torchrun)
         sized = replace(job, fault=fault)
-        outcomes.append(judge(sized, run, True, float(np.mean(clean_ms)) if clean_ms else None))
+        clean_step = float(np.mean(clean_ms)) if clean_ms else None
+        outcomes.append(judge(sized, run, True, clean_step, twin))
     except RanksFailed as exc:
         outcomes.append(Outcome(job.name, True, error=str(exc)[-600:]))
     return outcomes
@@ -204,6 +216,7 @@ def _print(o: Outcome) -> None:
 
 
 def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]  # a line a run, as it ends
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="half the steps, one clean run")
     parser.add_argument("--clean", type=int, default=None, help="clean runs per job (default 3)")

@@ -1,8 +1,9 @@
 """What the phase timer costs: per phase() call, and per training step.
 
 Micro: nanoseconds per `with prof.phase(...)` when the profiler is disabled, on an
-unsampled step and on a sampled step, next to `with contextlib.nullcontext()` in the
-same run. Macro: a small MLP trained on the CPU with 5 phases a step, the step times of
+unsampled step and on a sampled step (also with four gloo process groups, whose
+collective counts a sampled phase reads), next to `with contextlib.nullcontext()` in
+the same run. Macro: a small MLP trained on the CPU with 5 phases a step, the step times of
 three variants interleaved step by step (no profiler, timer every 10 steps, timer every
 step), compared by their medians. With --device cuda the macro loop runs on the GPU and
 the timer records CUDA events. With --device stand-in the loop runs on the CPU and the
@@ -98,6 +99,7 @@ def micro(run_dir: Path, quick: bool, device: str) -> tuple[dict[str, float], Co
         "with s.phase('forward'): pass", env, s_number, repeat
     )
     sampled.stop()
+    rows["sampled phase(), 4 process groups"] = _with_groups(run_dir, env, s_number, repeat, device)
     counted = _stand_in(device)
     written = _profiler(run_dir / "written", 1, flush=10, clock=counted)
     written.start()
@@ -108,6 +110,30 @@ def micro(run_dir: Path, quick: bool, device: str) -> tuple[dict[str, float], Co
     disabled.stop()
     unsampled.stop()
     return rows, counted
+
+
+def _with_groups(
+    run_dir: Path, env: dict[str, Any], number: int, repeat: int, device: str
+) -> float:
+    """A sampled phase in a process with a world of one and three more groups over gloo:
+    the timer reads each group's collective count at the phase's entry and exit
+    (timing/_collectives.py)."""
+    import torch.distributed as dist
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dist.init_process_group("gloo", init_method=f"file://{run_dir / 'store'}", rank=0, world_size=1)
+    try:
+        for _ in range(3):
+            dist.new_group([0])
+        grouped = _profiler(run_dir / "grouped", 1, flush=10**9, clock=_stand_in(device))
+        grouped.start()
+        env["g"] = grouped
+        try:
+            return _ns_per("with g.phase('forward'): pass", env, number, repeat)
+        finally:
+            grouped.stop()
+    finally:
+        dist.destroy_process_group()
 
 
 def device_calls(clock: CountingClock, records: int) -> None:

@@ -313,6 +313,29 @@ def test_the_work_hidden_in_a_collective_phase_is_no_wider_for_a_fault_that_bega
     assert cost is not None and cost.step_ms_saved == pytest.approx(15.0)
 
 
+def test_jitter_every_rank_shares_is_not_taken_for_work_hidden_in_a_collective() -> None:
+    # A busy machine: at every other step every rank's backward (which holds the
+    # all-reduce) takes 8 ms longer, all alike. The last arriver's time there strays by
+    # +-4 ms, yet before the fault the steps are as long as the slowest rank's work plus
+    # the collective: the strays hid no work. Rank 2's data from step 14: 17 ms, not 2.
+    steps, ranks = list(range(28)), 4
+    jitter = [8.0 * (s % 2) for s in steps]
+    late = [s >= 14 for s in steps]
+    data = [[17.0 if r == 2 and x else 2.0 for x in late] for r in range(ranks)]
+    backward = [
+        [9.0 + j + (15.0 if x and r != 2 else 0.0) for j, x in zip(jitter, late, strict=True)]
+        for r in range(ranks)
+    ]
+    step = [[(17.0 if x else 2.0) + 9.0 + j for j, x in zip(jitter, late, strict=True)]] * ranks
+    m = _matrices(
+        {"data": ("data", data), "backward": ("compute", backward), STEP: ("step", step)},
+        steps,
+    )
+    slow = _finding(2, "data", since_step=14)
+    (cost,) = estimate_costs(m, _report(m, ["backward"], [slow])).each
+    assert cost is not None and cost.step_ms_saved == pytest.approx(15.0, abs=0.1)
+
+
 def test_hosts_are_costed_by_the_findings_of_their_ranks() -> None:
     m = _two_segments()
     report = _report(m, ["sync1", "sync2"], [_finding(1, "b"), _finding(0, "a")])

@@ -10,7 +10,7 @@ import pytest
 
 from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
 from rankscope.analysis._findings import cost_lines
-from rankscope.analysis._imbalance import Imbalance, find_imbalance
+from rankscope.analysis._imbalance import Imbalance, _values_follow, find_imbalance
 from rankscope.analysis._stragglers import find_stragglers
 from rankscope.analysis.read._values import read_phase_values
 from rankscope.testing._synthetic import Slowdown, Uneven, write_timings
@@ -123,3 +123,14 @@ def test_fixing_everything_saves_no_less_than_balancing_or_the_slow_rank(tmp_pat
     every = report.cost.step_ms_saved
     assert every >= max(c.step_ms_saved for c in parts if c is not None)
     assert every >= 0.9 * sum(c.step_ms_saved for c in parts if c is not None)
+
+
+def test_a_value_alike_on_every_rank_follows_nothing() -> None:
+    # Every batch 1024 tokens: each rank ties for the top quarter, which says nothing of
+    # which rank is slowest (every clean run of a real DDP job was called uneven by it).
+    slowest = np.array([0, 3, 1, 2, 0, 1])
+    assert _values_follow(slowest, {"tokens": np.full((4, 6), 1024.0)}) is None
+    # The slowest rank holding 3x the tokens of the others at each step: the data.
+    varied = np.full((4, 6), 1024.0)
+    varied[slowest, np.arange(6)] = 3072.0
+    assert _values_follow(slowest, {"tokens": varied}) == ("tokens", 1.0, 3.0)
