@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
 from rankscope.analysis._findings import cost_lines
 from rankscope.analysis._imbalance import Imbalance, _values_follow, find_imbalance
 from rankscope.analysis._stragglers import find_stragglers
+from rankscope.analysis.read._run import RunMeta
 from rankscope.analysis.read._values import read_phase_values
 from rankscope.testing._synthetic import Slowdown, Uneven, write_timings
 
@@ -43,6 +45,36 @@ def test_uneven_data_without_a_value_is_found_and_called_likely_the_data(tmp_pat
     assert 'prof.phase("forward", tokens=n)' in imbalance.cause.text
     assert "optimizer" in imbalance.evidence  # the phase whose work does not follow the data
     assert imbalance.sentence().startswith("ranks are unevenly loaded in forward from step to step")
+
+
+@pytest.mark.parametrize(("cpus", "judged"), [(None, True), (64, True), (8, False)])
+def test_a_spread_alone_is_no_evidence_where_ranks_took_turns_on_the_cores(
+    tmp_path: Path, cpus: int | None, judged: bool
+) -> None:
+    # Sixteen ranks on one host with 8 CPUs took turns on them: a phase's spread says
+    # when each rank got a core. With a value recorded, the data still says it.
+    write_timings(tmp_path, ranks=16, steps=60, uneven=Uneven(spread=0.6))
+    for path in (tmp_path / "meta").glob("rank-*.json"):
+        meta = json.loads(path.read_text())
+        meta["host"], meta["cpus"] = "node", cpus
+        path.write_text(json.dumps(meta))
+    report = analyse_stragglers(tmp_path).report
+    assert [u.phase for u in report.imbalance] == (["forward"] if judged else [])
+
+
+def test_shared_cores_are_read_from_the_meta_files_and_bad_counts_say_nothing(
+    tmp_path: Path,
+) -> None:
+    def shared(*metas: dict[str, Any]) -> bool:
+        return RunMeta(tmp_path, dict(enumerate(metas)), len(metas)).shared_cores
+
+    assert shared({"host": "a", "cpus": 1}, {"host": "a", "cpus": 1})
+    assert not shared({"host": "a", "cpus": 1}, {"host": "b", "cpus": 1})  # a core each
+    assert not shared({"host": "a", "cpus": 2}, {"host": "a", "cpus": 2})
+    assert shared({"host": "a", "cpus": 2}, {"host": "a", "cpus": 1})  # the fewer counts
+    for bad in (True, 0, -3, "1", 1.0, None, 1 << 40):
+        assert not shared({"host": "a", "cpus": bad}, {"host": "a", "cpus": bad}), bad
+    assert not shared({"cpus": 1}, {"cpus": 1})  # no host: nothing to share
 
 
 def test_a_recorded_value_that_follows_the_slowest_rank_confirms_the_data(tmp_path: Path) -> None:

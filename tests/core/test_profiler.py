@@ -4,6 +4,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ def test_meta_file_describes_the_rank(tmp_path: Path) -> None:
     assert meta["versions"]["torch"] == torch.__version__
     assert meta["config"] == prof.config.to_dict()
     assert meta["clock"]["time_ns"] > 0
+    assert meta["cpus"] == len(os.sched_getaffinity(0))  # the CPUs the rank may run on
     trace = tmp_path / "traces" / "step-000001-000001" / "rank-00003.pt.trace.json.gz"
     assert read_trace(trace)["distributedInfo"]["rank"] == 3
 

@@ -137,6 +137,7 @@ def stragglers_in(
         groups=run.meta.groups,
         values=read_values if values else None,
         gpus=run.meta.gpus,
+        shared_cores=run.meta.shared_cores,
     )
     report.notes[:0] = run.notes
     if m is None and evidence and report.findings:

@@ -48,6 +48,7 @@ def write_meta(
         "pid": os.getpid(),
         "versions": _versions(),
         "device": _device(),
+        "cpus": _cpus(),
         "config": config,
         "attempt": attempt,
         "groups": dict(groups or {}),
@@ -58,6 +59,14 @@ def write_meta(
     # Through a hidden temporary in the folder, never through a link (see _files).
     write_atomic(run_dir, path, json.dumps(data, indent=1).encode("utf-8"), str(os.getpid()))
     return path
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the system says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 _META_MAX = 1 << 20  # a meta file is a few KB; more is not one

@@ -55,6 +55,22 @@ class RunMeta:
         return out
 
     @property
+    def shared_cores(self) -> bool:
+        """Some host ran more ranks than it has CPUs (as its meta files say: `cpus`, the
+        CPUs a rank may run on): its ranks took turns on the cores, which spreads any
+        phase that runs on them. False where no meta file says."""
+        ranks: dict[str, int] = {}
+        cpus: dict[str, int] = {}
+        for data in self.meta.values():
+            host, n = data.get("host"), data.get("cpus")
+            if not isinstance(host, str):
+                continue
+            ranks[host] = ranks.get(host, 0) + 1
+            if isinstance(n, int) and not isinstance(n, bool) and 0 < n < _MAX_WORLD:
+                cpus[host] = min(n, cpus.get(host, n))
+        return any(ranks[host] > n for host, n in cpus.items())
+
+    @property
     def gpus(self) -> bool | None:
         """Whether the ranks ran on GPUs: True where a meta file names a CUDA device,
         False where every one that names a device names the CPU, None where none says."""
