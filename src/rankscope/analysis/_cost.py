@@ -44,7 +44,7 @@ from ._imbalance import balanced, imbalance_cells
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ._replay import Replay
 
-__all__ = ["Costs", "estimate_costs", "without_waiting"]
+__all__ = ["Costs", "drop_the_cheap", "estimate_costs", "without_waiting"]
 
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
@@ -518,6 +518,51 @@ def _local_median(values: Vector) -> Vector:
     windows = np.lib.stride_tricks.sliding_window_view(padded, _LOCAL)
     out: Vector = np.median(windows, axis=1)
     return out
+
+
+def drop_the_cheap(report: StragglerReport, costs: Costs, floor_ms: float) -> bool:
+    """Leave out of `report` what fixing would save less than `floor_ms` a step: a slow
+    finding (outside a group that is worth it, and losing less than that a step itself)
+    with the findings that wait for it, a wait priced on its own, an uneven phase, a slow
+    group. A busy machine's noise is found now and then; what it
+    costs is what tells it from a fault. True where anything was left out."""
+
+    def cheap(cost: Cost | None) -> bool:
+        return cost is not None and cost.step_ms_saved < floor_ms
+
+    kept_groups = [g for g, c in zip(report.groups, costs.groups, strict=True) if not cheap(c)]
+    grouped = {r for g in kept_groups for r in g.slow}
+    # A slow rank whose own excess is worth it stands whatever its price: the price of a
+    # run whose collectives were not found (records that do not say) can be far too low.
+    gone = {
+        (f.rank, f.phase)
+        for f, c in zip(report.findings, costs.each, strict=True)
+        if f.role == "slow"
+        and cheap(c)
+        and f.rank not in grouped
+        and f.lost_ms / max(f.steps, 1) < floor_ms
+    }
+    # A wait priced on its own (no slow finding is its cause) goes by its price alone:
+    # its collective was found, so the price is the model's word on it (a clean gloo
+    # pipeline's first stage, 2.8 ms a step in its sends, would have saved 0 ms).
+    gone |= {
+        (f.rank, f.phase)
+        for f, c, of in zip(report.findings, costs.each, costs.of, strict=True)
+        if f.role == "waits" and of is None and cheap(c)
+    }
+    findings = [
+        f
+        for f, of in zip(report.findings, costs.of, strict=True)
+        if (f.rank, f.phase) not in gone and of not in gone
+    ]
+    imbalance = [u for u, c in zip(report.imbalance, costs.imbalance, strict=True) if not cheap(c)]
+    dropped = (
+        len(findings) < len(report.findings)
+        or len(imbalance) < len(report.imbalance)
+        or len(kept_groups) < len(report.groups)
+    )
+    report.findings, report.imbalance, report.groups = findings, imbalance, kept_groups
+    return dropped
 
 
 def without_waiting(m: PhaseMatrices, sync: set[str]) -> list[Matrix]:

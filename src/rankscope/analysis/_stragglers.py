@@ -33,9 +33,8 @@ import numpy.typing as npt
 from .._text import format_ranks
 from ._cause import causes_of
 from ._chance import binomial_tail, steps_needed
-from ._cost import Costs, estimate_costs
+from ._cost import drop_the_cheap, estimate_costs
 from ._findings import (
-    Cost,
     RankPhase,
     StragglerFinding,
     StragglerReport,
@@ -299,7 +298,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     costs = None
     if report.findings or report.imbalance:
         costs = estimate_costs(timeline, report, hosts, gpus, pipeline)
-        if _drop_the_cheap(report, costs, options.min_saving * _step_ms(m)):
+        if drop_the_cheap(report, costs, options.min_saving * _step_ms(m)):
             found = report.findings or report.imbalance
             costs = estimate_costs(timeline, report, hosts, gpus, pipeline) if found else None
     if costs is not None:
@@ -337,51 +336,6 @@ def _first_above(row: Row, onset: int) -> int:
     best can fall a sample or two before the change)."""
     later = np.flatnonzero(row.above[onset:])
     return onset + int(later[0]) if len(later) else onset
-
-
-def _drop_the_cheap(report: StragglerReport, costs: Costs, floor_ms: float) -> bool:
-    """Leave out of `report` what fixing would save less than `floor_ms` a step: a slow
-    finding (outside a group that is worth it, and losing less than that a step itself)
-    with the findings that wait for it, a wait priced on its own, an uneven phase, a slow
-    group. A busy machine's noise is found now and then; what it
-    costs is what tells it from a fault. True where anything was left out."""
-
-    def cheap(cost: Cost | None) -> bool:
-        return cost is not None and cost.step_ms_saved < floor_ms
-
-    kept_groups = [g for g, c in zip(report.groups, costs.groups, strict=True) if not cheap(c)]
-    grouped = {r for g in kept_groups for r in g.slow}
-    # A slow rank whose own excess is worth it stands whatever its price: the price of a
-    # run whose collectives were not found (records that do not say) can be far too low.
-    gone = {
-        (f.rank, f.phase)
-        for f, c in zip(report.findings, costs.each, strict=True)
-        if f.role == "slow"
-        and cheap(c)
-        and f.rank not in grouped
-        and f.lost_ms / max(f.steps, 1) < floor_ms
-    }
-    # A wait priced on its own (no slow finding is its cause) goes by its price alone:
-    # its collective was found, so the price is the model's word on it (a clean gloo
-    # pipeline's first stage, 2.8 ms a step in its sends, would have saved 0 ms).
-    gone |= {
-        (f.rank, f.phase)
-        for f, c, of in zip(report.findings, costs.each, costs.of, strict=True)
-        if f.role == "waits" and of is None and cheap(c)
-    }
-    findings = [
-        f
-        for f, of in zip(report.findings, costs.of, strict=True)
-        if (f.rank, f.phase) not in gone and of not in gone
-    ]
-    imbalance = [u for u, c in zip(report.imbalance, costs.imbalance, strict=True) if not cheap(c)]
-    dropped = (
-        len(findings) < len(report.findings)
-        or len(imbalance) < len(report.imbalance)
-        or len(kept_groups) < len(report.groups)
-    )
-    report.findings, report.imbalance, report.groups = findings, imbalance, kept_groups
-    return dropped
 
 
 def _waiting_since_the_cause(
