@@ -89,6 +89,8 @@ class Outcome:
     waiters: bool | None = None
     price: float | None = None
     saving: float | None = None
+    by_median: float | None = None
+    """The saving by medians: a busy machine's bursts swing a mean by more than a fault."""
     error: str | None = None
 
     @property
@@ -98,12 +100,12 @@ class Outcome:
         return self.price / self.saving
 
 
-def _saving(run: Path, since: int) -> float:
+def _saving(run: Path, since: int, of: Any = np.mean) -> float:
     steps = np.asarray(json.loads((run / "truth.json").read_text())["step_ms"])
     before, after = steps[_WARM:since], steps[max(since, _WARM) :]
     if not len(before):  # a fault from the start: against the same run's clean twin
         return float("nan")
-    return float(np.mean(after) - np.mean(before))
+    return float(of(after) - of(before))
 
 
 def _said(report: dict[str, Any]) -> list[str]:
@@ -129,6 +131,7 @@ def judge(
         return out
     f = job.fault
     out.saving = _saving(run, f.since) if f.since > _WARM else None
+    out.by_median = _saving(run, f.since, np.median) if f.since > _WARM else None
     if twin is not None:  # what balancing saves: the step against the balanced twin's
         out.saving = _mean_step(run, f.since) - _mean_step(twin, f.since)
     if out.saving is None and clean_step_ms is not None:
@@ -208,9 +211,12 @@ def _print(o: Outcome) -> None:
     price = "not priced" if o.price is None else f"{o.price:.1f} ms"
     saving = "?" if o.saving is None else f"{o.saving:.1f} ms"
     waiters = "-" if o.waiters is None else ("right" if o.waiters else "WRONG")
+    median = ""
+    if o.by_median and o.price is not None:
+        median = f" (by medians {o.by_median:.1f} ms, {o.price / o.by_median:.2f}x)"
     print(
         f"{o.job:11} fault named={'right' if o.named else 'WRONG'} onset={o.onset} "
-        f"waiters={waiters} price={price} saving={saving} ratio={ratio}"
+        f"waiters={waiters} price={price} saving={saving} ratio={ratio}{median}"
     )
     print(f"{'':17} said: {'; '.join(o.findings) or 'nothing'}")
 
