@@ -76,13 +76,13 @@ def test_a_file_with_a_bad_line_keeps_its_other_records_and_names_the_line(
     assert db.skipped == [f"{path}:5: step, start_ns and depth must be integers >= 0"]
 
 
-def test_the_collectives_a_phase_issued_read_alike_whole_and_line_by_line(tmp_path: Path) -> None:
+def test_collectives_and_time_on_cpu_read_alike_whole_and_line_by_line(tmp_path: Path) -> None:
     # rank 0's file is read whole; rank 1's has a bad line, so it is read line by line.
     record = (
         '{{"v":1,"rank":{rank},"step":{step},"phase":"{phase}","kind":"compute",'
         '"start_ns":{start},"cpu_ms":1.0,"gpu_ms":null,"depth":0,"error":false{coll}}}'
     )
-    counts = {"forward": ',"coll":0', "backward": ',"coll":3', "optimizer": ""}
+    counts = {"forward": ',"coll":0,"oncpu_ms":0.5', "backward": ',"coll":3', "optimizer": ""}
     (tmp_path / "timings").mkdir()
     for rank in range(2):
         lines = [
@@ -94,12 +94,14 @@ def test_the_collectives_a_phase_issued_read_alike_whole_and_line_by_line(tmp_pa
             lines.insert(1, "not json")
         (tmp_path / "timings" / f"rank-{rank:05d}.jsonl").write_text("\n".join(lines) + "\n")
     db = open_run_database(tmp_path)
-    _, rows = db.query("select rank, phase, min(coll), max(coll) from timings group by all")
-    got = {(r, p): (lo, hi) for r, p, lo, hi in rows}
+    _, rows = db.query(
+        "select rank, phase, min(coll), max(coll), max(oncpu_ms) from timings group by all"
+    )
+    got = {(r, p): (lo, hi, oncpu) for r, p, lo, hi, oncpu in rows}
     for rank in range(2):
-        assert got[rank, "forward"] == (0, 0)
-        assert got[rank, "backward"] == (3, 3)
-        assert got[rank, "optimizer"] == (None, None)  # the record does not say
+        assert got[rank, "forward"] == (0, 0, 0.5)
+        assert got[rank, "backward"] == (3, 3, None)
+        assert got[rank, "optimizer"] == (None, None, None)  # the record does not say
     assert len(db.skipped) == 1
 
 

@@ -18,6 +18,7 @@ from rankscope.analysis._stragglers import (
     _late_by_own_work,
     _medians_without,
     _slow_at_its_best,
+    ends_in_collective,
     find_stragglers,
     format_ranks,
     ratio_text,
@@ -473,3 +474,23 @@ def test_rows_worked_out_together_equal_rows_worked_out_one_by_one(seed: int) ->
             assert together[r].share(onset) == alone.share(onset)
             assert together[r].lost(onset) == alone.lost(onset)
     assert {together[r].onset(0.5) for r in range(8)} - {None, 0}  # onsets part-way, too
+
+
+@pytest.mark.parametrize(("last", "ends_in_it"), [("a different rank", True), ("rank 1", False)])
+def test_a_phase_that_issued_a_collective_is_work_only_where_one_rank_leaves_it_last(
+    last: str, ends_in_it: bool
+) -> None:
+    # Ranks enter together and leave 3 ms apart in a 4 ms phase that issued a collective.
+    # A different rank last each time is a busy machine's late wake-ups after it (a tiny
+    # DDP backward on two shared cores): the phase still ends in it. Rank 1 last every
+    # time is its own work after the collective (an FSDP forward): the phase is work.
+    from dataclasses import replace
+
+    from .test_cost import _matrices
+
+    steps = list(range(12))
+    late = [(s % 4 if last == "a different rank" else 1) for s in steps]
+    forward = [[4.0 + (3.0 if late[s] == r else 0.0) for s in steps] for r in range(4)]
+    m = _matrices({"data": ("data", [[2.0] * 12] * 4), "forward": ("compute", forward)}, steps)
+    m = replace(m, issued={"data": False, "forward": True})
+    assert ("forward" in ends_in_collective(m)) is ends_in_it

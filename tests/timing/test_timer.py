@@ -39,6 +39,7 @@ RECORD_KEYS = {
     "gpu_ms",
     "depth",
     "error",
+    "oncpu_ms",
 }
 PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
 
@@ -135,6 +136,43 @@ def test_records_follow_schema_v1(tmp_path: Path) -> None:
     assert kinds["allreduce"] == "comm"
     assert kinds["forward"] == "compute"
     assert kinds["step"] == "step"
+
+
+def test_a_phase_says_how_long_its_thread_ran_on_a_cpu(tmp_path: Path) -> None:
+    # A sleep is off the CPU; work that ran 10 ms of CPU time holds them, however busy
+    # the machine (the loop counts the thread's CPU time, not the wall clock).
+    import time
+
+    prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+    with prof:
+        with prof.phase("sleep"):
+            time.sleep(0.02)
+        with prof.phase("work"):
+            began = time.thread_time_ns()
+            while time.thread_time_ns() - began < 10_000_000:
+                pass
+        prof.step()
+    got = {r["phase"]: r for r in read_records(tmp_path)}
+    assert got["sleep"]["cpu_ms"] >= 20 and got["sleep"]["oncpu_ms"] < 5
+    assert 10 <= got["work"]["oncpu_ms"] <= got["work"]["cpu_ms"] + 0.5
+    assert got["step"]["oncpu_ms"] >= got["work"]["oncpu_ms"]
+
+
+def test_a_span_left_on_another_thread_says_no_time_on_cpu(tmp_path: Path) -> None:
+    config = TimerConfig(enable=True, every_n_steps=1)
+    info = RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, host="h")
+    timer = PhaseTimer(config, str(tmp_path), info, clock=None)
+    assert timer.start() is True
+    here = timer.enter("here", "compute", None, ranged=False)
+    away = timer.enter("away", "compute", None, ranged=False)
+    assert here is not None and away is not None
+    elsewhere = threading.Thread(target=timer.exit, args=(away, False))
+    elsewhere.start()
+    elsewhere.join()
+    timer.exit(here, False)
+    timer.stop()
+    got = {r["phase"]: r for r in read_records(tmp_path)}
+    assert "oncpu_ms" in got["here"] and "oncpu_ms" not in got["away"]  # a thread's own clock
 
 
 def test_step_record_spans_the_phases_of_its_step(tmp_path: Path) -> None:

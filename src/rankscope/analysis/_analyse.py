@@ -125,7 +125,9 @@ def stragglers_in(
     judged = run.matrices if m is None else m
 
     def read_values(phases: set[str]) -> Any:
-        known = read_phase_values(run.root, judged.ranks, judged.steps, phases & run.records.valued)
+        known = read_phase_values(
+            run.root, judged.ranks, judged.steps, phases & run.records.valued, timed=phases
+        )
         known.health = read_health(run.root, tokens_of(run.records.attempts))
         known.notes += known.health.skipped
         return known

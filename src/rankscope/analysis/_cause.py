@@ -71,6 +71,7 @@ def causes_of(
         if f.role == "slow":
             slow_in.setdefault(f.phase, set()).add(f.rank)
     out: list[Cause | None] = []
+    settled: set[int] = set()
     for f in findings:
         if f.role != "slow":
             out.append(None)
@@ -80,6 +81,7 @@ def causes_of(
             gpu = gpu_health(health, f.rank, m.ranks, f.since_step, m.steps[-1])
         if gpu is not None and gpu.slows(threshold):
             out.append(_with_ecc(Cause("machine", gpu.machine()), gpu))
+            settled.add(len(out) - 1)  # its GPU says why: where its CPU time went says nothing more
             continue
         data = _data_driven(m, f, threshold, values)
         if isinstance(data, Cause):
@@ -94,7 +96,56 @@ def causes_of(
             out.append(_with_ecc(_unclear(f, steady_f, data, gpu), gpu))
             continue
         out.append(_with_ecc(_machine(f, steady_f, data, gpu), gpu))
-    return out
+    return [
+        cause if cause is None or i in settled else _with_cpu(cause, _on_cpu(m, f, values))
+        for i, (f, cause) in enumerate(zip(findings, out, strict=True))
+    ]
+
+
+_ON_CPU = 0.5
+"""A slow rank's extra time is its work where the thread ran on a CPU for this share of
+it or more; else it was off the CPU."""
+
+
+def _on_cpu(m: PhaseMatrices, f: StragglerFinding, values: PhaseValues | None) -> str | None:
+    """How much of a slow rank's extra time in its phase its thread ran on a CPU (the
+    records' "oncpu_ms"), in words; None where the records do not say, or the phase is
+    read on device time (where the host's time is not the work)."""
+    oncpu = values.oncpu.get(f.phase) if values is not None else None
+    if oncpu is None or f.phase not in m.phases:
+        return None
+    p = m.index(f.phase)
+    if m.clocks[p] != "host" or f.rank not in m.ranks:
+        return None
+    r = m.ranks.index(f.rank)
+    since = np.asarray(m.steps) >= f.since_step
+    wall, cpu = m.ms[p][:, since], oncpu[:, since]
+    others = np.delete(np.arange(len(m.ranks)), r)
+    with quiet():
+        extra_wall = wall[r] - nanmedian(wall[others], axis=0)
+        extra_cpu = cpu[r] - nanmedian(cpu[others], axis=0)
+    known = np.isfinite(extra_wall) & np.isfinite(extra_cpu)
+    if known.sum() < 3:
+        return None
+    lost = float(np.median(extra_wall[known]))
+    if lost <= 0:
+        return None
+    share = min(1.0, max(0.0, float(np.median(extra_cpu[known])) / lost))
+    if share >= _ON_CPU:
+        return (
+            f"its thread ran on a CPU for {share:.0%} of its extra time: more work, or slower cores"
+        )
+    return (
+        f"its thread was off the CPU for {1 - share:.0%} of its extra time: it slept, "
+        "waited (a loader's queue, I/O, a GPU sync, a lock) or was kept off a core"
+    )
+
+
+def _with_cpu(cause: Cause, said: str | None) -> Cause:
+    """`cause`, saying where the slow rank's extra time went: on the CPU or off it."""
+    if said is None:
+        return cause
+    return Cause(cause.kind, f"{cause.text}; {said}", cause.could_be)
 
 
 def _with_ecc(cause: Cause, gpu: GpuHealth | None) -> Cause:

@@ -75,6 +75,8 @@ _CONCLUSIVE = 0.05
 # A phase that issued a collective ends in it unless its exits spread by more than
 # this share of its time (and twice its entries) at most steps: work follows the collective.
 _APART = 0.25
+# ...on this many steps or more (fewer cannot overturn what the records say).
+_OVERTURN = 5
 # A late rank is late by its own work when it made at least this share of its lateness
 # after the ranks were last together (the step began, or they left a collective).
 _EXPLAINED = 0.5
@@ -477,10 +479,13 @@ def clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Vector:
 
 
 def _leave_apart(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
-    """Ranks leave the phase much further apart than they entered it, at most steps: its
-    collective comes first and work follows (FSDP's all-gathers open a forward), so the
-    phase does not end in it. A busy machine's late wake-ups after a collective spread
-    the exits by a little, never by `_APART` of the phase at most steps."""
+    """Ranks leave the phase much further apart than they entered it, at most steps, and
+    the same rank leaves last at most of those: its collective comes first and one rank's
+    work after it is longer (FSDP's all-gathers open a forward; one rank's compute after
+    them is slow), so the phase does not end in it. What the records say (a collective
+    was issued) is overturned only on `_OVERTURN` such steps or more. A busy machine's
+    late wake-ups after a collective spread the exits too, by more than `_APART` of a
+    0.1 ms DDP backward, but a different rank's each time."""
     with quiet():
         entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
         left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
@@ -488,8 +493,11 @@ def _leave_apart(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
     known = np.isfinite(entered) & np.isfinite(left) & np.isfinite(typical)
     if not known.any():
         return False
-    apart = (left[known] > 2 * entered[known]) & (left[known] > _APART * typical[known])
-    return bool(apart.mean() >= 0.5)
+    apart = known & (left > 2 * entered) & (left > _APART * typical)
+    if apart.sum() < _OVERTURN or apart.sum() < 0.5 * known.sum():
+        return False
+    last = np.argmax(np.where(np.isfinite(leave[:, apart]), leave[:, apart], -np.inf), axis=0)
+    return bool(np.bincount(last).max() >= 0.5 * len(last))
 
 
 def _ends_together(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:

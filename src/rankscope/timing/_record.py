@@ -20,15 +20,18 @@ class Span:
     """One timed phase (or step), from entry until it is written. `meta` is JSON text."""
 
     __slots__ = (
+        "c0",
         "coll",
         "cpu_ns",
         "depth",
         "dev_end",
         "dev_start",
         "error",
+        "ident",
         "kind",
         "meta",
         "nvtx",
+        "oncpu_ns",
         "phase",
         "range",
         "raw_meta",
@@ -65,6 +68,11 @@ class Span:
         # Collectives issued so far at entry (timing/_collectives.py), then in the span; -1:
         # not counted (no process group, or one that cannot say).
         self.coll = -1
+        # The thread's CPU time at entry, then in the span; -1: not read (a span left on
+        # another thread than the one that entered it: a thread's clock is its own).
+        self.c0 = 0
+        self.ident = 0
+        self.oncpu_ns = -1
 
 
 def format_record(rank: int, span: Span, gpu_ms: float | None, dropped: int) -> str:
@@ -84,6 +92,10 @@ def format_record(rank: int, span: Span, gpu_ms: float | None, dropped: int) -> 
         # How many collectives the phase issued: the analysis reads "ranks wait for each
         # other here" from it (docs/run-directory.md).
         line += f',"coll":{span.coll}'
+    if span.oncpu_ns >= 0:
+        # How long the thread ran on a CPU in the span: the rest it slept, waited or was
+        # kept off a core (docs/run-directory.md).
+        line += f',"oncpu_ms":{span.oncpu_ns / 1e6!r}'
     if span.thread is not None:
         line += f',"thread":{_quoted(span.thread)}'
     if span.meta:

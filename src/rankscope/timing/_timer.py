@@ -212,6 +212,8 @@ class PhaseTimer:
                 span.coll = issued
             self._depth.set(depth + 1)
             span.start_ns = time.time_ns()
+            span.ident = ident
+            span.c0 = time.thread_time_ns()
             span.t0 = time.perf_counter_ns()
             return span
         except Exception as exc:
@@ -221,8 +223,11 @@ class PhaseTimer:
     def exit(self, span: Span, error: bool) -> None:
         """Close a span from enter(); `error` says the phase raised."""
         t1 = time.perf_counter_ns()
+        c1 = time.thread_time_ns()
         try:
             span.cpu_ns = t1 - span.t0
+            if threading.get_ident() == span.ident:
+                span.oncpu_ns = max(0, c1 - span.c0)
             span.error = error
             if span.coll >= 0:
                 issued = self._collectives.now()
@@ -315,12 +320,16 @@ class PhaseTimer:
         if self._clock is not None:
             span.dev_start = self._clock.mark()
         span.start_ns = time.time_ns()
+        span.ident = threading.get_ident()
+        span.c0 = time.thread_time_ns()
         span.t0 = time.perf_counter_ns()
         self._step_span = span
         return True
 
     def _finish(self, span: Span, error: bool) -> None:
         span.cpu_ns = time.perf_counter_ns() - span.t0
+        if threading.get_ident() == span.ident:
+            span.oncpu_ns = max(0, time.thread_time_ns() - span.c0)
         span.error = error
         if self._clock is not None and span.dev_start is not None:
             span.dev_end = self._clock.mark()

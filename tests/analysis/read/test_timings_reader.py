@@ -226,6 +226,9 @@ def _timer_line(
     span.start_ns = kw.get("start_ns", 1_790_000_000_000_000_000 + step)
     span.cpu_ns = cpu_ns
     span.error = kw.get("error", False)
+    span.coll = kw.get("coll", -1)
+    oncpu = kw.get("oncpu_ns")
+    span.oncpu_ns = -1 if oncpu is None else oncpu
     return format_record(rank, span, gpu_ms, 0)
 
 
@@ -241,6 +244,8 @@ def _columns(timings: Any) -> tuple[Any, ...]:
         [None if math.isnan(v) else v for v in timings.gpu_ms.tolist()],
         timings.depth.tolist(),
         timings.error.tolist(),
+        timings.coll.tolist(),
+        [None if math.isnan(v) else v for v in timings.oncpu_ms.tolist()],
         timings.skipped,
     )
 
@@ -266,8 +271,8 @@ def test_the_timers_own_lines_are_read_as_columns(
     got = _columns(read_rank_timings(path))
     assert got == expected
     assert got[0] == ["forward", "bäckward \u2603", 'q"uote\\']
-    assert got[-2][12:15] == [True, True, True]  # step 4 raised
-    assert sum(got[-2]) == 3
+    assert got[-4][12:15] == [True, True, True]  # step 4 raised
+    assert sum(got[-4]) == 3
 
 
 TIMER_LINE = st.builds(
@@ -281,6 +286,8 @@ TIMER_LINE = st.builds(
     start_ns=st.integers(0, 2**63 - 1),
     meta=st.sampled_from([None] * 9 + ['{"k":[1,2]}']),
     error=st.booleans(),
+    coll=st.sampled_from([-1, 0, 3]),
+    oncpu_ns=st.none() | st.integers(0, 10**15),
 )
 
 
@@ -329,3 +336,26 @@ def test_integers_past_int64_are_skipped_on_both_paths(
     assert _columns(got) == _columns(_timings._read_any_lines(path.read_bytes(), 0, path))
     assert len(got) == (2 if usable else 1)
     assert bool(got.skipped) is not usable
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["timer-layout", "line-by-line"])
+def test_a_phases_time_on_cpu_is_read_and_a_bad_one_is_none(tmp_path: Path, fast: bool) -> None:
+    lines = [
+        _timer_line(0, 0, "compute", 2_000_000, None, oncpu_ns=1_500_000),
+        _timer_line(0, 0, "sleep", 20_000_000, None, oncpu_ns=0),
+        _timer_line(0, 0, "older", 3_000_000, None),  # an older rankscope: no oncpu_ms
+    ]
+    if not fast:  # values no timer writes: the whole file is read line by line
+        lines += [
+            json.dumps(_record(0, 1, f"bad-{i}", oncpu_ms=bad)) + "\n"
+            for i, bad in enumerate(["1", True, -1.0, 10**400, None, [1]])
+        ]
+    path = _write(tmp_path, 0, [x.rstrip("\n") for x in lines])
+    got = read_rank_timings(path)
+    oncpu = {
+        got.names[p]: v for p, v in zip(got.phase.tolist(), got.oncpu_ms.tolist(), strict=True)
+    }
+    assert oncpu["compute"] == 1.5 and oncpu["sleep"] == 0.0
+    assert math.isnan(oncpu["older"])
+    assert len(got) == len(lines)  # every record stands, with or without the time
+    assert all(math.isnan(v) for name, v in oncpu.items() if name.startswith("bad-"))

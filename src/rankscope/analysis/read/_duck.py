@@ -45,6 +45,7 @@ COLUMNS = {
     "error": "JSON",
     "attempt": "JSON",
     "coll": "JSON",
+    "oncpu_ms": "JSON",
 }
 _INT = ("rank", "step", "start_ns", "depth")
 _FLOAT = ("cpu_ms", "gpu_ms")
@@ -62,6 +63,12 @@ _CAST = ",\n        ".join(
     + [
         "CASE WHEN regexp_full_match(CAST(coll AS VARCHAR), '0|[1-9][0-9]{0,17}') "
         "THEN CAST(CAST(coll AS VARCHAR) AS BIGINT) END AS coll"
+    ]
+    # The thread's CPU time in the phase: a finite time >= 0, or none.
+    + [
+        "CASE WHEN left(CAST(oncpu_ms AS VARCHAR), 1) BETWEEN '0' AND '9' "
+        "AND isfinite(try_cast(CAST(oncpu_ms AS VARCHAR) AS DOUBLE)) "
+        "THEN try_cast(CAST(oncpu_ms AS VARCHAR) AS DOUBLE) END AS oncpu_ms"
     ]
 )
 _STRING = "left(CAST({0} AS VARCHAR), 1) = '\"'"
@@ -94,7 +101,8 @@ def lines_sql(files: str = "$files", columns: str = "$columns", extra: str = "")
     FROM read_json({files}, format = 'newline_delimited', ignore_errors = true,
                    filename = true, columns = {columns})
 ), lines AS (
-    SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth, coll, attempt{extra},
+    SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth, coll, oncpu_ms,
+        attempt{extra},
         coalesce((v IS NULL OR CAST(v AS VARCHAR) = '1') AND rank >= 0 AND {_WHOLE}, false)
             AS known,
         coalesce({_RECORD}, false) AS record,

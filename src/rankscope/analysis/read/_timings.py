@@ -56,7 +56,8 @@ _NUM = rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
 _TIMER_LINE = re.compile(
     rb'^\{"v":1,"rank":' + _UINT + rb',"step":' + _UINT + rb',"phase":"(.*?)","kind":"(.*?)",'
     rb'"start_ns":' + _UINT + rb',"cpu_ms":(' + _NUM + rb'),"gpu_ms":(null|' + _NUM + rb"),"
-    rb'"depth":' + _UINT + rb',"error":(true|false)(?:,"coll":' + _UINT + rb")?\}\n",
+    rb'"depth":' + _UINT + rb',"error":(true|false)(?:,"coll":' + _UINT + rb")?"
+    rb'(?:,"oncpu_ms":(' + _NUM + rb"))?\}\n",
     re.MULTILINE,
 )
 # The line that opens an attempt (timing/_record.py format_attempt).
@@ -92,6 +93,8 @@ class RankTimings:
     error: Bools = field(default_factory=lambda: np.zeros(0, np.bool_))
     coll: Int64s = field(default_factory=lambda: np.zeros(0, np.int64))
     """Collectives the phase issued ("coll"), -1 where the record does not say."""
+    oncpu_ms: Floats = field(default_factory=lambda: np.zeros(0, np.float64))
+    """The thread's CPU time in the phase ("oncpu_ms"), NaN where the record does not say."""
     attempt: Int32s = field(default_factory=lambda: np.zeros(0, np.int32))
     """Which of `attempts` wrote each record."""
     attempts: list[AttemptMark] = field(default_factory=lambda: [AttemptMark()])
@@ -111,7 +114,18 @@ class RankTimings:
 
     def keep(self, rows: Bools) -> None:
         """Keep only the records where `rows` is True."""
-        names = ("step", "phase", "kind", "start_ns", "cpu_ms", "gpu_ms", "depth", "error", "coll")
+        names = (
+            "step",
+            "phase",
+            "kind",
+            "start_ns",
+            "cpu_ms",
+            "gpu_ms",
+            "depth",
+            "error",
+            "coll",
+            "oncpu_ms",
+        )
         for name in names:
             setattr(self, name, getattr(self, name)[rows])
         self.attempt = self.attempt[rows]
@@ -320,7 +334,9 @@ def _read_timer_lines(body: bytes, rank: int, path: Path) -> RankTimings | None:
     out = RankTimings(rank=rank, path=path)
     if not rows:
         return out
-    ranks, steps, phases, kinds, starts, cpu, gpu, depths, errors, coll = zip(*rows, strict=True)
+    ranks, steps, phases, kinds, starts, cpu, gpu, depths, errors, coll, oncpu = zip(
+        *rows, strict=True
+    )
     if set(ranks) != {str(rank).encode()}:
         return None  # the line-by-line reader says which lines
     if not (_fits(steps) and _fits(starts) and _fits(depths)):
@@ -351,7 +367,29 @@ def _read_timer_lines(body: bytes, rank: int, path: Path) -> RankTimings | None:
     out.cpu_ms, out.gpu_ms = cpu_ms, gpu_ms
     out.error = np.fromiter(map(len, errors), np.int8, len(errors)) == 4  # b"true"
     out.coll = np.fromiter((_count(c) for c in coll), np.int64, len(coll))
+    out.oncpu_ms = np.fromiter((_time(c) for c in oncpu), np.float64, len(oncpu))
     return out
+
+
+def _a_time(value: object) -> float:
+    """A time in ms another writer put in a record: a finite number >= 0 (not a bool), or
+    none (NaN), and the record stands without it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    try:
+        number = float(value)
+    except OverflowError:  # an int past any double
+        return math.nan
+    return number if math.isfinite(number) and number >= 0 else math.nan
+
+
+def _time(text: bytes) -> float:
+    """An "oncpu_ms" time from the timer's layout (b"" where the line has none); one that
+    is no finite time is none (NaN), and the record stands without it."""
+    if not text:
+        return math.nan
+    value = float(text)
+    return value if math.isfinite(value) and value >= 0 else math.nan
 
 
 def _count(text: bytes) -> int:
@@ -400,6 +438,7 @@ class _Columns:
     depth: list[int] = field(default_factory=list)
     error: list[bool] = field(default_factory=list)
     coll: list[int] = field(default_factory=list)
+    oncpu_ms: list[float] = field(default_factory=list)
     attempt: list[int] = field(default_factory=list)
     names: dict[str, int] = field(default_factory=dict)
     kinds: dict[str, int] = field(default_factory=dict)
@@ -437,6 +476,7 @@ class _Columns:
         coll = record.get("coll")
         # Another writer's count that is not one is no count: the record stands without it.
         self.coll.append(coll if type(coll) is int and 0 <= coll < _INT_MAX else -1)
+        self.oncpu_ms.append(_a_time(record.get("oncpu_ms")))
 
     def into(self, out: RankTimings) -> RankTimings:
         out.names, out.kinds = list(self.names), list(self.kinds)
@@ -449,6 +489,7 @@ class _Columns:
         out.depth = np.array(self.depth, np.int64)
         out.error = np.array(self.error, np.bool_)
         out.coll = np.array(self.coll, np.int64)
+        out.oncpu_ms = np.array(self.oncpu_ms, np.float64)
         out.attempt = np.array(self.attempt, np.int32)
         out.attempts = self.attempts or [AttemptMark()]
         out.interleaved = interleaved(self.chunks)

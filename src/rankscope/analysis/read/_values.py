@@ -36,9 +36,10 @@ WITH {lines_sql(extra=", meta")}, per_file AS (
     SELECT filename, count(DISTINCT attempt::VARCHAR) FILTER (WHERE known AND opens) AS attempts
     FROM lines GROUP BY filename
 )
-SELECT filename, rank, step, phase, CAST(meta AS VARCHAR) AS meta, per_file.attempts
+SELECT filename, rank, step, phase, CAST(meta AS VARCHAR) AS meta, oncpu_ms, per_file.attempts
 FROM lines JOIN per_file USING (filename)
-WHERE known AND record AND NOT error AND meta IS NOT NULL
+WHERE known AND record AND NOT error AND (meta IS NOT NULL OR oncpu_ms IS NOT NULL)
+    AND list_contains($phases, phase->>'$')
 """
 _MAX_FIELDS = 16
 """Value names kept per phase: a few (tokens, samples, sequence length), not free text."""
@@ -49,6 +50,9 @@ class PhaseValues:
     """Per phase, per value name, a [rank index, step index] matrix (NaN: none recorded)."""
 
     values: dict[str, dict[str, Matrix]] = field(default_factory=dict)
+    oncpu: dict[str, Matrix] = field(default_factory=dict)
+    """Per phase asked for, the ranks' CPU time in it ("oncpu_ms", summed over its runs in
+    a step; NaN where a record does not say)."""
     notes: list[str] = field(default_factory=list)
     health: RunHealth | None = None
     """The ranks' GPU and host health at their sampled steps (read/_health.py), where the
@@ -63,20 +67,23 @@ def read_phase_values(
     ranks: list[int],
     steps: list[int],
     phases: Collection[str],
+    timed: Collection[str] = (),
 ) -> PhaseValues:
     """The numeric meta values of `phases` at `ranks` x `steps` (those of the matrices the
-    analysis holds)."""
+    analysis holds), and the CPU time of `timed` (the phases of the slow findings)."""
     root = run_root(run_dir)
     out = PhaseValues()
-    if not phases:  # no phase to explain holds values (RunRecords.valued says which do)
+    if not phases and not timed:  # no phase to explain holds values (RunRecords.valued)
         return out
     rank_of = {str(entry.path): entry.rank for entry in RunDir(root).timings()}
     if not rank_of:
         return out
     con = connect()
     try:
+        asked = sorted(set(phases) | set(timed))
         rows = con.execute(
-            _QUERY, {"files": sorted(rank_of), "columns": {**COLUMNS, "meta": "JSON"}}
+            _QUERY,
+            {"files": sorted(rank_of), "columns": {**COLUMNS, "meta": "JSON"}, "phases": asked},
         ).fetchall()
     except Exception as exc:  # DuckDB's own errors: the values are extra, the rest stands
         out.notes.append(f"{root}: per-step values not read ({type(exc).__name__}: {exc})")
@@ -86,15 +93,21 @@ def read_phase_values(
     row_of = {rank: i for i, rank in enumerate(ranks)}
     col_of = {step: i for i, step in enumerate(steps)}
     restarted: set[str] = set()
-    for filename, rank, step, raw_phase, meta, attempts in rows:
+    for filename, rank, step, raw_phase, meta, oncpu, attempts in rows:
         phase = name_of(raw_phase)
-        if phase is None or phase not in phases or rank != rank_of.get(filename):
+        if phase is None or rank != rank_of.get(filename):
             continue
-        if attempts > 1:
-            restarted.add(filename)
+        if attempts > 1:  # (the CPU times go unsaid: the causes say nothing of them then)
+            if meta is not None and phase in phases:
+                restarted.add(filename)
             continue
         r, s = row_of.get(rank), col_of.get(step)
         if r is None or s is None:
+            continue
+        if phase in timed and oncpu is not None:
+            times = out.oncpu.setdefault(phase, np.full((len(ranks), len(steps)), np.nan))
+            times[r, s] = oncpu if math.isnan(times[r, s]) else times[r, s] + oncpu
+        if phase not in phases or meta is None:
             continue
         for name, value in _numbers(meta):
             matrices = out.values.setdefault(phase, {})
