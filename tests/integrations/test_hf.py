@@ -538,6 +538,7 @@ def _train_collating(rank: int, world_size: int, run_dir: Path, slow: bool) -> N
 SLOW_FROM, SLOW_STEPS = 16, 40
 
 
+@pytest.mark.serial  # a truth measured against the clock: other workers' load bends it
 @pytest.mark.slow
 def test_a_rank_slow_in_its_collator_is_named_with_its_waiters_and_priced(
     tmp_path: Path, gloo_ranks: GlooRanks

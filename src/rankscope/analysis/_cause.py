@@ -61,6 +61,7 @@ def causes_of(
     values: PhaseValues | None = None,
     hosts: Mapping[int, str] | None = None,
     groups: Mapping[int, Mapping[str, object]] | None = None,
+    gpus: bool | None = None,
 ) -> list[Cause | None]:
     """A cause for each slow finding (None for the ranks that wait). `steady`: the slow
     (rank, phase) pairs slow at their fastest steps too (find_stragglers knows). The
@@ -97,7 +98,7 @@ def causes_of(
             continue
         out.append(_with_ecc(_machine(f, steady_f, data, gpu), gpu))
     return [
-        cause if cause is None or i in settled else _with_cpu(cause, _on_cpu(m, f, values))
+        cause if cause is None or i in settled else _with_cpu(cause, _on_cpu(m, f, values, gpus))
         for i, (f, cause) in enumerate(zip(findings, out, strict=True))
     ]
 
@@ -107,7 +108,9 @@ _ON_CPU = 0.5
 it or more; else it was off the CPU."""
 
 
-def _on_cpu(m: PhaseMatrices, f: StragglerFinding, values: PhaseValues | None) -> str | None:
+def _on_cpu(
+    m: PhaseMatrices, f: StragglerFinding, values: PhaseValues | None, gpus: bool | None
+) -> str | None:
     """How much of a slow rank's extra time in its phase its thread ran on a CPU (the
     records' "oncpu_ms"), in words; None where the records do not say, or the phase is
     read on device time (where the host's time is not the work)."""
@@ -135,9 +138,10 @@ def _on_cpu(m: PhaseMatrices, f: StragglerFinding, values: PhaseValues | None) -
         return (
             f"its thread ran on a CPU for {share:.0%} of its extra time: more work, or slower cores"
         )
+    waits = "a loader's queue, I/O, a GPU sync, a lock" if gpus else "a loader's queue, I/O, a lock"
     return (
         f"its thread was off the CPU for {1 - share:.0%} of its extra time: it slept, "
-        "waited (a loader's queue, I/O, a GPU sync, a lock) or was kept off a core"
+        f"waited ({waits}) or was kept off a core"
     )
 
 

@@ -320,6 +320,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             values=known,
             hosts=hosts,
             groups=groups,
+            gpus=gpus,
         )
         report.findings = [
             replace(f, cost=c, cost_of=of, cause=why)
