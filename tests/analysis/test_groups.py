@@ -17,6 +17,7 @@ from rankscope.analysis import (
 )
 from rankscope.analysis._findings import cost_lines
 from rankscope.analysis.render._html import render_html
+from rankscope.cli import main
 from rankscope.testing._synthetic import Slowdown, Uneven, write_timings
 
 
@@ -62,12 +63,11 @@ def test_a_slow_stage_is_one_finding_priced_as_a_whole(tmp_path: Path) -> None:
     assert lines[0].endswith(
         "ranks 0-5 in backward lose this time waiting for it: the same cost, not a second cause"
     )
-    # Every finding and the one host that holds the group are that same fix: not again.
-    assert [line.split(" saves")[0] for line in lines] == [
-        "fixing pipeline_stage=3 in forward",
-        "fixing rank 7 in forward",
-        "fixing rank 6 in forward",
-    ]
+    # Every finding and the one host that holds the group are that same fix: not again;
+    # nor the group's ranks one by one (each frees little alone), in words or prices.
+    assert [line.split(" saves")[0] for line in lines] == ["fixing pipeline_stage=3 in forward"]
+    assert not any(line.startswith(("rank 6 ", "rank 7 ")) for line in said["summary"])
+    assert {(f["rank"], f["role"]) for f in said["findings"]} >= {(6, "slow"), (7, "slow")}
     assert said["groups"][0]["cost"]["step_ms_saved"] == group.cost.step_ms_saved
     why = [f.cause.text for f in report.findings if f.cause is not None]
     assert why and all(t.startswith("partitioning: ranks 6, 7 are slow") for t in why)
@@ -103,6 +103,11 @@ def test_the_report_page_shows_a_slow_group_and_uneven_data_with_their_prices(
     assert any(s.startswith("fixing pipeline_stage=3 in forward saves") for s in said), said
     assert any(s.startswith("ranks are unevenly loaded in optimizer") for s in said), said
     assert any(s.startswith("balancing optimizer across ranks saves") for s in said), said
+    # The group's ranks are its one finding: their rows one by one are in the JSON.
+    assert not any(s.startswith(("why rank 6", "why rank 7")) for s in said)
+    assert "2 rows of the slow groups&#x27; ranks, one by one" in page or (
+        "2 rows of the slow groups' ranks, one by one" in page
+    )
 
 
 def test_ranks_slow_together_are_a_group_not_uneven_data(tmp_path: Path) -> None:
@@ -114,3 +119,18 @@ def test_ranks_slow_together_are_a_group_not_uneven_data(tmp_path: Path) -> None
     assert [g.name for g in report.groups] == ["tp=3"]
     assert report.imbalance == []
     assert not any("unevenly" in line for line in report.summary)
+
+
+def test_the_terminal_lists_a_slow_groups_ranks_one_by_one_only_with_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slow = [Slowdown(6, "forward", 1.0), Slowdown(7, "forward", 1.0)]
+    write_timings(tmp_path, ranks=8, steps=40, slowdowns=slow, groups=_stage)
+    rows = re.compile(r"^\s+[67]\s+forward\s+slow\b", re.MULTILINE)
+    assert main(["stragglers", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline_stage=3 (ranks 6, 7) is slow in forward as a group" in out
+    assert not rows.search(out) and "why rank 6" not in out
+    assert "2 rows of the slow groups' ranks, one by one (--all, or --json)" in out
+    assert main(["stragglers", str(tmp_path), "--all"]) == 0
+    assert len(rows.findall(capsys.readouterr().out)) == 2

@@ -289,10 +289,11 @@ def sentences(report: StragglerReport) -> list[str]:
             f"it takes {FEWEST_STEPS} or more"
         )
     fit = model_fit(report)
+    grouped = {(r, p) for g in report.groups for r in g.slow for p in g.phases}
     for group in report.groups:
         out.append(_group_sentence(group, waiting, told, report.steps[0]))
     for f in report.findings:
-        if f.role != "slow":
+        if f.role != "slow" or (f.rank, f.phase) in grouped:  # its group's sentence says it
             continue
         since = "" if f.since_step == report.steps[0] else f" since step {f.since_step}"
         text = (
@@ -388,6 +389,18 @@ def _too_few(rows: list[Undecided]) -> str:
     )
 
 
+def in_groups(report: Mapping[str, Any]) -> set[tuple[Any, Any]]:
+    """The (rank, phase) pairs of a straggler report's (its to_dict()) slow groups: the
+    slow findings a group's one finding stands for."""
+    return {
+        (r, phase)
+        for g in as_list(report.get("groups"))
+        if isinstance(g, Mapping)
+        for r in as_list(g.get("slow"))
+        for phase in as_list(g.get("phases"))
+    }
+
+
 def cost_lines(report: Mapping[str, Any], limit: int = 5) -> list[str]:
     """What fixing the findings of a straggler report (its to_dict()) would save, in
     words: each slow group, each slow finding (the first `limit` of each; a rank that
@@ -402,18 +415,20 @@ def cost_lines(report: Mapping[str, Any], limit: int = 5) -> list[str]:
     uneven = [u for u in as_list(report.get("imbalance")) if isinstance(u, Mapping)]
     lines: list[tuple[str, Mapping[str, Any]]] = []
     units: list[Mapping[str, Any]] = []  # the fixes "every finding" is made of
-    grouped = {
-        (r, phase)
-        for g in groups
-        for r in as_list(g.get("slow"))
-        for phase in as_list(g.get("phases"))
-    }
+    grouped = in_groups(report)
     for g in groups[:limit]:
         if g.get("cost"):
             what = f"fixing {g.get('group')} in {' and '.join(map(str, as_list(g.get('phases'))))}"
             lines.append((cost_text(g["cost"], what) + _waiting_for_group(findings, g), g["cost"]))
     units += [g["cost"] for g in groups if g.get("cost")]
-    slow = [f for f in findings if f.get("role") == "slow" and f.get("cost")]
+    # A slow group's ranks are its one finding: their own rows price about nothing alone.
+    slow = [
+        f
+        for f in findings
+        if f.get("role") == "slow"
+        and f.get("cost")
+        and (f.get("rank"), f.get("phase")) not in grouped
+    ]
     for f in slow[:limit]:
         what = f"fixing rank {f.get('rank')} in {f.get('phase')}"
         lines.append((cost_text(f["cost"], what) + _waiting(findings, f), f["cost"]))

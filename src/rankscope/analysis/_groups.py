@@ -68,8 +68,8 @@ class SlowGroup:
             which += f", {format_ranks(self.slow)} of them slow"
         return (
             f"{self.name} ({which}) is slow in {self.phase_words} as a group "
-            f"({ratio_text(self.ratio)} vs the other ranks{since}): its ranks are found one by one "
-            "below, and only fixing the group frees the step"
+            f"({ratio_text(self.ratio)} vs the other ranks{since}): one finding for its ranks "
+            "(each rank's own row: --all, --json), as only fixing the group frees the step"
         )
 
     def to_dict(self) -> dict[str, Any]:

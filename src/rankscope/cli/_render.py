@@ -22,7 +22,7 @@ from rich.text import Text
 
 from .._text import format_ranks
 from ..analysis._evidence import evidence_line
-from ..analysis._findings import cost_lines
+from ..analysis._findings import cost_lines, in_groups
 from ..analysis._kernels import KernelReport
 from ..analysis._stragglers import StragglerReport
 from ..analysis.render._format import SENTENCE, TERMINAL, seconds_text
@@ -300,11 +300,19 @@ def stragglers(
     _costs(said)  # a report with uneven data alone has costs too
     if found.findings:
         rows = said["findings"]
+        grouped = in_groups(said) if limit is not None else set()
+        # A slow group's ranks are its one finding; their own rows with --all (or --json).
+        members = [r for r in rows if r["role"] == "slow" and (r["rank"], r["phase"]) in grouped]
+        rows = [r for r in rows if not (r["role"] == "slow" and (r["rank"], r["phase"]) in grouped)]
         _causes(rows, found.notes)
         _evidence(rows)
         _console.print(_findings_table(rows, found.reference, limit))
         if limit is not None and len(rows) > limit:
             _console.print(f"  ... {len(rows) - limit} more findings (--all, or --json)")
+        if members:
+            _console.print(
+                f"  ... {len(members)} rows of the slow groups' ranks, one by one (--all, or --json)"
+            )
     else:
         _causes([], found.notes)
     if found.sync_phases:

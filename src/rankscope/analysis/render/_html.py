@@ -29,7 +29,7 @@ from importlib import resources
 from typing import Any
 
 from ..._text import format_ranks, number_ranges, printable
-from .._findings import cost_lines
+from .._findings import cost_lines, in_groups
 from ._breakdown import breakdown_section
 from ._charts import charts_section
 from ._collectives import collectives_section
@@ -277,9 +277,21 @@ def _stragglers(
     reference = as_text(stragglers.get("reference")) or "median"
     out = head + f'<p class="rule">Rule: {_rule(stragglers)}.</p>\n'
     out += _costs(stragglers)  # in the order `rankscope stragglers` says them
-    out += _causes(findings) + evidence_list(findings)
-    if findings:
-        out += _findings_table(findings, hosts, reference)
+    # A slow group's ranks are its one finding: their own rows are in the JSON.
+    grouped = in_groups(stragglers)
+    shown = [
+        f
+        for f in findings
+        if not (f.get("role") == "slow" and (f.get("rank"), f.get("phase")) in grouped)
+    ]
+    out += _causes(shown) + evidence_list(shown)
+    if shown:
+        out += _findings_table(shown, hosts, reference)
+    if len(shown) < len(findings):
+        out += (
+            f'<p class="more">{len(findings) - len(shown)} rows of the slow groups\' ranks, '
+            "one by one: <code>rankscope report --json</code></p>\n"
+        )
     return out
 
 
