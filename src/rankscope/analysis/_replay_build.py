@@ -144,10 +144,14 @@ class _Builder:
             if not template:
                 return "a stage has no records"
             templates.append(template)
+            # A rank that ran the same ops in a little other order (two that start
+            # together, a send issued early) is read in the stage's order: each op is
+            # its phase's n-th run either way.
+            runs = Counter(template)
             for c in range(n_s):
-                ok[c] &= all(seq.get(r * n_s + c) == template for r in ranks)
+                ok[c] &= all(Counter(seq.get(r * n_s + c, ())) == runs for r in ranks)
         if not ok.any():
-            return "no sampled step where each stage's ranks ran the same phases in one order"
+            return "no sampled step where each stage's ranks ran the same phases"
         cols = np.flatnonzero(ok).tolist()
         shape = (len(cols), len(self.stages[0]))
         ms = [np.zeros((len(t), *shape)) for t in templates]
@@ -156,9 +160,10 @@ class _Builder:
         for s, ranks in enumerate(self.stages):
             for d, r in enumerate(ranks):
                 for i, c in enumerate(cols):
-                    a, b = span[r * n_s + c]
-                    ms[s][:, i, d] = self.ms[a:b]
-                    start[s][:, i, d], end[s][:, i, d] = self.start[a:b], self.end[a:b]
+                    a = span[r * n_s + c][0]
+                    at = a + _in_order(seq[r * n_s + c], templates[s])
+                    ms[s][:, i, d] = self.ms[at]
+                    start[s][:, i, d], end[s][:, i, d] = self.start[at], self.end[at]
         # A phase that ends in a collective is a comm op here where it is declared comm or
         # runs once a step: a per-microbatch work phase is not a collective, though its
         # ranks may leave it together by chance (the device timeline of two stages).
@@ -414,6 +419,17 @@ def _collective_own(ops: list[list[Op]], ms: list[Floats]) -> dict[tuple[int, in
                 least = ms[s][j].min(axis=1)
                 out[op.key] = np.minimum(out.get(op.key, least), least)
     return out
+
+
+def _in_order(ran: tuple[int, ...], template: tuple[int, ...]) -> npt.NDArray[np.int64]:
+    """Where each op of `template` lies in `ran` (the same ops in another order): the
+    n-th run of a phase in one is its n-th run in the other."""
+    if ran == template:
+        return np.arange(len(ran))
+    where: dict[int, list[int]] = {}
+    for i, p in enumerate(ran):
+        where.setdefault(p, []).append(i)
+    return np.asarray([where[p][k] for p, k in zip(template, _runs(template), strict=True)])
 
 
 def _runs(template: tuple[int, ...]) -> list[int]:
