@@ -149,7 +149,10 @@ class _Builder:
             # its phase's n-th run either way.
             runs = Counter(template)
             for c in range(n_s):
-                ok[c] &= all(Counter(seq.get(r * n_s + c, ())) == runs for r in ranks)
+                ok[c] &= all(
+                    (ran := seq.get(r * n_s + c, ())) == template or Counter(ran) == runs
+                    for r in ranks
+                )
         if not ok.any():
             return "no sampled step where each stage's ranks ran the same phases"
         cols = np.flatnonzero(ok).tolist()
