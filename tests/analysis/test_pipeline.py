@@ -330,3 +330,33 @@ def test_a_rank_that_runs_its_stages_ops_in_a_little_other_order_is_still_replay
     (group,) = report.groups
     assert group.cost is not None
     assert group.cost.step_ms_saved == pytest.approx(truth, rel=0.05)
+
+
+MEGATRON = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "runs"
+
+
+@pytest.fixture(scope="module")
+def megatron_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Megatron-LM 1F1B run the machine holds (see its README), extracted."""
+    import tarfile
+
+    archive = MEGATRON / "megatron-1f1b-16ranks.tar.gz"
+    if not archive.is_file():
+        pytest.skip(f"no real Megatron run at {archive}")
+    root = tmp_path_factory.mktemp("megatron")
+    with tarfile.open(archive) as tar:
+        tar.extractall(root, filter="data")
+    return root / "megatron-1f1b-16ranks"
+
+
+def test_a_real_megatron_runs_batched_send_recv_calls_are_replayed(megatron_run: Path) -> None:
+    # Its 1F1B steady state sends and receives in one call (pp_send_forward_recv_backward,
+    # pp_send_backward_recv_forward): a recv whose data leaves for the next stage as it is
+    # reached. Taken as a recv alone, its send never came, and nothing was replayed.
+    run = read_timed_run(megatron_run)
+    sync = set(ends_in_collective(run.matrices.on_timeline(), run.meta.hosts))
+    built = build_replay(run.matrices.on_timeline(), sync, run.meta.groups)
+    assert isinstance(built, Replay), built
+    assert built.key == "pipeline_stage"
+    batched = {run.matrices.phases[op.phase] for stage in built.ops for op in stage if op.batched}
+    assert batched == {"pp_send_forward_recv_backward", "pp_send_backward_recv_forward"}

@@ -25,7 +25,9 @@ and some phase runs more than once a step (microbatches), the step is replayed:
 - A send either hands its data over and goes on (the data leaves when the send ends),
   or, where its runs take far longer than its least (gloo's and NCCL's send waits for
   its recv to be posted), ends its own time after both it and its recv were reached
-  (the data leaves when the send is reached).
+  (the data leaves when the send is reached). A call that sends and receives at once
+  (Megatron's send_forward_recv_backward) is a recv whose data leaves when it is
+  reached.
 - Any other phase that ends in a collective and that every stage runs as often ends,
   on every rank, its own time (the least any rank spent in it that step: the last to
   arrive waits for no one) after the last rank reached it.
@@ -81,6 +83,9 @@ class Op:
     """A send that waits for its recv: that recv."""
     key: tuple[int, int] | None = None
     """A collective's (phase, which run of it in the step)."""
+    batched: bool = False
+    """A recv that is a send too, in one call (Megatron's send_forward_recv_backward):
+    its data leaves when it is reached; it ends when its recv's data is there."""
 
 
 @dataclass(eq=False)
@@ -252,7 +257,7 @@ class _Run:
         """When the data of the send (or flowing op) at `source` left: as it was reached
         where the send waits for its recv, as it ended where not; None before then."""
         u, k = source
-        if self.r.ops[u][k].peer is not None:
+        if self.r.ops[u][k].peer is not None or self.r.ops[u][k].batched:
             return self.reached(u, k) if self.at[u] >= k else None
         return self.end[u][k] if self.at[u] > k else None
 

@@ -335,8 +335,8 @@ class _Builder:
             ops = []
             for j, p in enumerate(template):
                 at = (s, j)
-                if at in recvs:
-                    ops.append(Op(p, "recv", source=recvs[at]))
+                if at in recvs:  # a send and a recv in one call is a recv that sends too
+                    ops.append(Op(p, "recv", source=recvs[at], batched=at in sends))
                 elif at in gated:
                     ops.append(Op(p, "gated", source=gated[at]))
                 elif at in sends:
@@ -386,7 +386,8 @@ class _Builder:
                 if op.role != "recv" or op.source is None or self.m.clocks[op.phase] != "host":
                     continue
                 u, k = op.source
-                left = start[u][k] if replay.ops[u][k].peer is not None else end[u][k]
+                source = replay.ops[u][k]
+                left = start[u][k] if source.peer is not None or source.batched else end[u][k]
                 waited = replay.ms[s][j] > 2 * replay.own[op.phase] + 0.01
                 seen.setdefault(op.phase, []).append((end[s][j] - left)[waited] / 1e6)
         out = {}
