@@ -60,6 +60,23 @@ def check_rank_args(rank: object, world_size: object) -> None:
         raise ConfigError("rank", rank, f"a rank below world_size={world_size}")
 
 
+def enter_phase(run: Profiler, name: str, kind: str) -> AbstractContextManager[Any]:
+    """`run`'s phase `name`, entered: a hook opens it, a later hook leaves it."""
+    phase = run.phase(name, kind)
+    phase.__enter__()
+    return phase
+
+
+def leave_phase(phase: AbstractContextManager[Any] | None, exception: BaseException | None) -> None:
+    """Leave `phase` (if any); with `exception`, its record says it ended in an error."""
+    if phase is None:
+        return
+    if exception is None:
+        phase.__exit__(None, None, None)
+    else:
+        phase.__exit__(type(exception), exception, exception.__traceback__)
+
+
 class CallbackRun:
     """What a framework callback holds between its hooks: one run, at most one open phase.
 
@@ -97,18 +114,12 @@ class CallbackRun:
         """Close the phase that is open (if any) and enter `name`."""
         self._close()
         if self._run is not None:
-            phase = self._run.phase(name, kind)
-            phase.__enter__()
-            self._phase = phase
+            self._phase = enter_phase(self._run, name, kind)
 
     def _close(self, exception: BaseException | None = None) -> None:
         """Leave the open phase; with `exception`, its record says it ended in an error."""
         phase, self._phase = self._phase, None
-        if phase is not None:
-            if exception is None:
-                phase.__exit__(None, None, None)
-            else:
-                phase.__exit__(type(exception), exception, exception.__traceback__)
+        leave_phase(phase, exception)
 
     def _finish(self, interrupted: bool, exception: BaseException | None = None) -> None:
         """End the run: close the open phase, stop the profiler (saving an open window)."""

@@ -69,7 +69,7 @@ except ImportError as exc:
 
 from .._profiler import Profiler
 from ..config._config import PathLike, ProfileConfig
-from ._common import CallbackRun, first_step, guarded
+from ._common import CallbackRun, enter_phase, first_step, guarded, leave_phase
 
 if not hasattr(TrainerCallback, "on_pre_optimizer_step"):
     # The event that separates the optimizer from forward/backward came in 4.45.
@@ -286,17 +286,11 @@ class RankscopeCallback(TrainerCallback, CallbackRun):  # type: ignore[misc]
         """Enter `name` nested in the open phase where that is `inside` (else nothing)."""
         self._unnest()
         if self._run is not None and self._open_name == inside:
-            phase = self._run.phase(name, kind)
-            phase.__enter__()
-            self._nested = phase
+            self._nested = enter_phase(self._run, name, kind)
 
     def _unnest(self, exception: BaseException | None = None) -> None:
         phase, self._nested = self._nested, None
-        if phase is not None:
-            if exception is None:
-                phase.__exit__(None, None, None)
-            else:
-                phase.__exit__(type(exception), exception, exception.__traceback__)
+        leave_phase(phase, exception)
 
     def _quietly(self, where: str, action: Callable[[], None]) -> None:
         """Run `action` from inside the Trainer's own code: a fault turns rankscope off."""
@@ -385,11 +379,10 @@ class _Counted:
             )
         try:
             return next(self._iterator)
-        except BaseException:
+        except StopIteration:  # the epoch's end: no more batches, and the all-gather follows
             self._left = 0
-            self.done()
             raise
-        finally:
+        finally:  # a fault: get_batch_samples' wrapper closes it on the way out
             self._left -= 1
             if self._left <= 0:
                 self.done()
