@@ -25,7 +25,7 @@ from ._stragglers import find_stragglers
 from .read._engine import RunRecords, read_run_records
 from .read._health import read_health, tokens_of
 from .read._run import RunMeta, read_run_meta
-from .read._values import read_phase_values
+from .read._values import read_cpu_times, read_phase_values
 
 __all__ = ["StragglerAnalysis", "TimedRun", "analyse_stragglers", "read_timed_run", "stragglers_in"]
 
@@ -125,9 +125,7 @@ def stragglers_in(
     judged = run.matrices if m is None else m
 
     def read_values(phases: set[str]) -> Any:
-        known = read_phase_values(
-            run.root, judged.ranks, judged.steps, phases & run.records.valued, timed=phases
-        )
+        known = read_phase_values(run.root, judged.ranks, judged.steps, phases & run.records.valued)
         known.health = read_health(run.root, tokens_of(run.records.attempts))
         known.notes += known.health.skipped
         return known
@@ -140,6 +138,11 @@ def stragglers_in(
         values=read_values if values else None,
         gpus=run.meta.gpus,
         shared_cores=run.meta.shared_cores,
+        cpu_times=(
+            (lambda phases, of: read_cpu_times(run.root, judged.ranks, judged.steps, phases, of))
+            if values
+            else None
+        ),
     )
     report.notes[:0] = run.notes
     if m is None and evidence and report.findings:

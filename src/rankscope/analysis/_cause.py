@@ -62,6 +62,7 @@ def causes_of(
     hosts: Mapping[int, str] | None = None,
     groups: Mapping[int, Mapping[str, object]] | None = None,
     gpus: bool | None = None,
+    oncpu: Mapping[str, npt.NDArray[np.float64]] | None = None,
 ) -> list[Cause | None]:
     """A cause for each slow finding (None for the ranks that wait). `steady`: the slow
     (rank, phase) pairs slow at their fastest steps too (find_stragglers knows). The
@@ -98,7 +99,7 @@ def causes_of(
             continue
         out.append(_with_ecc(_machine(f, steady_f, data, gpu), gpu))
     return [
-        cause if cause is None or i in settled else _with_cpu(cause, _on_cpu(m, f, values, gpus))
+        cause if cause is None or i in settled else _with_cpu(cause, _on_cpu(m, f, oncpu, gpus))
         for i, (f, cause) in enumerate(zip(findings, out, strict=True))
     ]
 
@@ -109,12 +110,15 @@ it or more; else it was off the CPU."""
 
 
 def _on_cpu(
-    m: PhaseMatrices, f: StragglerFinding, values: PhaseValues | None, gpus: bool | None
+    m: PhaseMatrices,
+    f: StragglerFinding,
+    times: Mapping[str, npt.NDArray[np.float64]] | None,
+    gpus: bool | None,
 ) -> str | None:
     """How much of a slow rank's extra time in its phase its thread ran on a CPU (the
     records' "oncpu_ms"), in words; None where the records do not say, or the phase is
     read on device time (where the host's time is not the work)."""
-    oncpu = values.oncpu.get(f.phase) if values is not None else None
+    oncpu = times.get(f.phase) if times is not None else None
     if oncpu is None or f.phase not in m.phases:
         return None
     p = m.index(f.phase)

@@ -93,6 +93,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     values: Callable[[set[str]], PhaseValues] | None = None,
     gpus: bool | None = None,
     shared_cores: bool = False,
+    cpu_times: Callable[[set[str], set[int]], Mapping[str, Matrix]] | None = None,
 ) -> StragglerReport:
     """Name the persistently slow (rank, phase) pairs of `m` and the ranks that wait for
     them, what fixing them would save (analysis/_cost.py) and why each slow rank is slow
@@ -110,6 +111,8 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     costs in GPU-hours, rank-hours otherwise. `shared_cores` (some host ran more ranks
     than it has CPUs, from the meta files): ranks taking turns on cores spread any phase,
     so a phase's spread alone does not say uneven data (analysis/_imbalance.py).
+    `cpu_times(phases, ranks)` (read/_values.py read_cpu_times) gives the slow findings'
+    phases' CPU times, of their ranks and some others: where their extra time went.
     """
     if not isinstance(m, PhaseMatrices):
         raise TypeError(
@@ -312,6 +315,8 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         ]
         slow = {f.phase for f in report.findings if f.role == "slow"}
         known = values(slow) if values is not None and slow else None
+        slow_ranks = {f.rank for f in report.findings if f.role == "slow"}
+        oncpu = cpu_times(slow, slow_ranks) if cpu_times is not None and slow else None
         causes = causes_of(
             m,
             report.findings,
@@ -321,6 +326,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             hosts=hosts,
             groups=groups,
             gpus=gpus,
+            oncpu=oncpu,
         )
         report.findings = [
             replace(f, cost=c, cost_of=of, cause=why)

@@ -18,6 +18,7 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,20 +28,32 @@ from ._duck import COLUMNS, connect, lines_sql, name_of
 from ._health import RunHealth
 from ._run import run_root
 
-__all__ = ["PhaseValues", "read_phase_values"]
+__all__ = ["PhaseValues", "read_cpu_times", "read_phase_values"]
 
 Matrix = npt.NDArray[np.float64]
 
-_QUERY = f"""
-WITH {lines_sql(extra=", meta")}, per_file AS (
+_PER_FILE = """, per_file AS (
     SELECT filename, count(DISTINCT attempt::VARCHAR) FILTER (WHERE known AND opens) AS attempts
     FROM lines GROUP BY filename
-)
-SELECT filename, rank, step, phase, CAST(meta AS VARCHAR) AS meta, oncpu_ms, per_file.attempts
+)"""
+_QUERY = f"""
+WITH {lines_sql(extra=", meta")}{_PER_FILE}
+SELECT filename, rank, step, phase, CAST(meta AS VARCHAR) AS meta, per_file.attempts
 FROM lines JOIN per_file USING (filename)
-WHERE known AND record AND NOT error AND (meta IS NOT NULL OR oncpu_ms IS NOT NULL)
+WHERE known AND record AND NOT error AND meta IS NOT NULL
     AND list_contains($phases, phase->>'$')
 """
+_TIMES = f"""
+WITH {lines_sql()}{_PER_FILE}
+SELECT filename, rank, step, phase, oncpu_ms, per_file.attempts
+FROM lines JOIN per_file USING (filename)
+WHERE known AND record AND NOT error AND oncpu_ms IS NOT NULL
+    AND list_contains($phases, phase->>'$')
+"""
+_PEERS = 16
+"""Other ranks' files read beside a slow rank's for its CPU times: their median is what
+its own is held against, and reading every rank's file for it took 1.2 s more of a 1.9 s
+analysis of 1024 ranks."""
 _MAX_FIELDS = 16
 """Value names kept per phase: a few (tokens, samples, sequence length), not free text."""
 
@@ -50,9 +63,6 @@ class PhaseValues:
     """Per phase, per value name, a [rank index, step index] matrix (NaN: none recorded)."""
 
     values: dict[str, dict[str, Matrix]] = field(default_factory=dict)
-    oncpu: dict[str, Matrix] = field(default_factory=dict)
-    """Per phase asked for, the ranks' CPU time in it ("oncpu_ms", summed over its runs in
-    a step; NaN where a record does not say)."""
     notes: list[str] = field(default_factory=list)
     health: RunHealth | None = None
     """The ranks' GPU and host health at their sampled steps (read/_health.py), where the
@@ -67,47 +77,31 @@ def read_phase_values(
     ranks: list[int],
     steps: list[int],
     phases: Collection[str],
-    timed: Collection[str] = (),
 ) -> PhaseValues:
     """The numeric meta values of `phases` at `ranks` x `steps` (those of the matrices the
-    analysis holds), and the CPU time of `timed` (the phases of the slow findings)."""
+    analysis holds)."""
     root = run_root(run_dir)
     out = PhaseValues()
-    if not phases and not timed:  # no phase to explain holds values (RunRecords.valued)
+    if not phases:  # no phase to explain holds values (RunRecords.valued says which do)
         return out
     rank_of = {str(entry.path): entry.rank for entry in RunDir(root).timings()}
-    if not rank_of:
-        return out
-    con = connect()
     try:
-        asked = sorted(set(phases) | set(timed))
-        rows = con.execute(
-            _QUERY,
-            {"files": sorted(rank_of), "columns": {**COLUMNS, "meta": "JSON"}, "phases": asked},
-        ).fetchall()
+        rows = _query(_QUERY, rank_of, phases)
     except Exception as exc:  # DuckDB's own errors: the values are extra, the rest stands
         out.notes.append(f"{root}: per-step values not read ({type(exc).__name__}: {exc})")
         return out
-    finally:
-        con.close()
     row_of = {rank: i for i, rank in enumerate(ranks)}
     col_of = {step: i for i, step in enumerate(steps)}
     restarted: set[str] = set()
-    for filename, rank, step, raw_phase, meta, oncpu, attempts in rows:
+    for filename, rank, step, raw_phase, meta, attempts in rows:
         phase = name_of(raw_phase)
-        if phase is None or rank != rank_of.get(filename):
+        if phase is None or phase not in phases or rank != rank_of.get(filename):
             continue
-        if attempts > 1:  # (the CPU times go unsaid: the causes say nothing of them then)
-            if meta is not None and phase in phases:
-                restarted.add(filename)
+        if attempts > 1:
+            restarted.add(filename)
             continue
         r, s = row_of.get(rank), col_of.get(step)
         if r is None or s is None:
-            continue
-        if phase in timed and oncpu is not None:
-            times = out.oncpu.setdefault(phase, np.full((len(ranks), len(steps)), np.nan))
-            times[r, s] = oncpu if math.isnan(times[r, s]) else times[r, s] + oncpu
-        if phase not in phases or meta is None:
             continue
         for name, value in _numbers(meta):
             matrices = out.values.setdefault(phase, {})
@@ -123,6 +117,56 @@ def read_phase_values(
             f"(e.g. {Path(min(restarted)).name})"
         )
     return out
+
+
+def read_cpu_times(
+    run_dir: str | os.PathLike[str],
+    ranks: list[int],
+    steps: list[int],
+    phases: Collection[str],
+    of: Collection[int],
+) -> dict[str, Matrix]:
+    """Per phase of `phases`, the thread CPU time its records say ("oncpu_ms", summed over
+    its runs in a step) at `ranks` x `steps`: of the ranks `of` and up to `_PEERS` others,
+    spread over the run (NaN elsewhere). A file of several attempts, or a DuckDB error,
+    gives none: the causes then say nothing of CPU time."""
+    rank_of = {str(entry.path): entry.rank for entry in RunDir(run_root(run_dir)).timings()}
+    others = sorted({r for r in rank_of.values() if r not in of})
+    picked = set(of) | set(others[:: max(1, math.ceil(len(others) / _PEERS))])
+    try:
+        rows = _query(_TIMES, {f: r for f, r in rank_of.items() if r in picked}, phases)
+    except Exception:  # the CPU times are extra
+        return {}
+    row_of = {rank: i for i, rank in enumerate(ranks)}
+    col_of = {step: i for i, step in enumerate(steps)}
+    out: dict[str, Matrix] = {}
+    for filename, rank, step, raw_phase, oncpu, attempts in rows:
+        phase = name_of(raw_phase)
+        r, s = row_of.get(rank), col_of.get(step)
+        if phase is None or phase not in phases or rank != rank_of.get(filename):
+            continue
+        if attempts > 1 or r is None or s is None:
+            continue
+        times = out.setdefault(phase, np.full((len(ranks), len(steps)), np.nan))
+        times[r, s] = oncpu if math.isnan(times[r, s]) else times[r, s] + oncpu
+    return out
+
+
+def _query(sql: str, rank_of: dict[str, int], phases: Collection[str]) -> list[tuple[Any, ...]]:
+    """`sql`'s rows over the timings files `rank_of` names, for `phases`."""
+    if not rank_of:
+        return []
+    con = connect()
+    try:
+        params = {
+            "files": sorted(rank_of),
+            "columns": {**COLUMNS, "meta": "JSON"},
+            "phases": sorted(phases),
+        }
+        rows: list[tuple[Any, ...]] = con.execute(sql, params).fetchall()
+        return rows
+    finally:
+        con.close()
 
 
 def _numbers(meta: str) -> list[tuple[str, float]]:
