@@ -263,6 +263,19 @@ def test_a_rank_is_slow_at_its_best_only_when_its_fast_steps_are_slow(
     assert _slow_at_its_best(d, 2, np.arange(_STEPS), 1.10) is expected
 
 
+def test_over_a_few_steps_a_rank_as_fast_as_the_others_at_one_is_not_slow_at_its_best() -> None:
+    # A clean demo run on a busy 2-core machine (four ranks): the scheduler held rank 0
+    # off its core at 5 of the last 6 sampled steps. Its sixth step was as fast as the
+    # others'; a tenth percentile drawn between that step and a slow one called it slow.
+    rng = np.random.default_rng(1)
+    d = 2.8 * rng.lognormal(0.0, 0.02, size=(4, 30))
+    d[0, 24:] = [7.0, 6.5, 2.8, 7.7, 6.2, 6.9]
+    last = np.arange(24, 30)
+    assert not _slow_at_its_best(d, 0, last, 1.10)
+    d[0, 26] = 6.0  # slowed at all six: slow at its best
+    assert _slow_at_its_best(d, 0, last, 1.10)
+
+
 @pytest.mark.parametrize(
     ("late", "made", "expected"),
     [
