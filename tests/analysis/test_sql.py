@@ -82,7 +82,11 @@ def test_collectives_and_time_on_cpu_read_alike_whole_and_line_by_line(tmp_path:
         '{{"v":1,"rank":{rank},"step":{step},"phase":"{phase}","kind":"compute",'
         '"start_ns":{start},"cpu_ms":1.0,"gpu_ms":null,"depth":0,"error":false{coll}}}'
     )
-    counts = {"forward": ',"coll":0,"oncpu_ms":0.5', "backward": ',"coll":3', "optimizer": ""}
+    counts = {
+        "forward": ',"coll":0,"oncpu_ms":0.5,"runq_ms":0.25',
+        "backward": ',"coll":3',
+        "optimizer": "",
+    }
     (tmp_path / "timings").mkdir()
     for rank in range(2):
         lines = [
@@ -95,13 +99,14 @@ def test_collectives_and_time_on_cpu_read_alike_whole_and_line_by_line(tmp_path:
         (tmp_path / "timings" / f"rank-{rank:05d}.jsonl").write_text("\n".join(lines) + "\n")
     db = open_run_database(tmp_path)
     _, rows = db.query(
-        "select rank, phase, min(coll), max(coll), max(oncpu_ms) from timings group by all"
+        "select rank, phase, min(coll), max(coll), max(oncpu_ms), max(runq_ms) from timings "
+        "group by all"
     )
-    got = {(r, p): (lo, hi, oncpu) for r, p, lo, hi, oncpu in rows}
+    got = {(r, p): tuple(rest) for r, p, *rest in rows}
     for rank in range(2):
-        assert got[rank, "forward"] == (0, 0, 0.5)
-        assert got[rank, "backward"] == (3, 3, None)
-        assert got[rank, "optimizer"] == (None, None, None)  # the record does not say
+        assert got[rank, "forward"] == (0, 0, 0.5, 0.25)
+        assert got[rank, "backward"] == (3, 3, None, None)
+        assert got[rank, "optimizer"] == (None, None, None, None)  # the record does not say
     assert len(db.skipped) == 1
 
 

@@ -8,6 +8,8 @@ import contextlib
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,6 +42,7 @@ RECORD_KEYS = {
     "depth",
     "error",
     "oncpu_ms",
+    "runq_ms",  # Linux: this machine's kernel counts each thread's wait for a CPU
 }
 PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
 
@@ -158,6 +161,46 @@ def test_a_phase_says_how_long_its_thread_ran_on_a_cpu(tmp_path: Path) -> None:
     assert got["step"]["oncpu_ms"] >= got["work"]["oncpu_ms"]
 
 
+@pytest.mark.skipif(
+    not Path("/proc/thread-self/schedstat").exists() or not hasattr(os, "sched_setaffinity"),
+    reason="needs Linux's per-thread scheduler counts",
+)
+def test_a_phase_says_how_long_its_thread_waited_for_a_cpu(tmp_path: Path) -> None:
+    # This process and a busy one on one core: the phase's thread is ready to run for
+    # its whole loop, and waits for the core about as long as it runs on it. A sleep is
+    # off the CPU without waiting for one.
+    import time
+
+    core = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    busy = subprocess.Popen(
+        [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
+    )
+    try:
+        os.sched_setaffinity(0, {core})
+        prof = Profiler(timer_config(tmp_path, every_n_steps=1), rank=0, world_size=1)
+        with prof:
+            with prof.phase("sleep"):
+                time.sleep(0.05)
+            with prof.phase("work"):
+                began = time.thread_time_ns()
+                while time.thread_time_ns() - began < 100_000_000:
+                    pass
+            prof.step()
+    finally:
+        os.sched_setaffinity(0, before)
+        busy.kill()
+        busy.wait()
+    got = {r["phase"]: r for r in read_records(tmp_path)}
+    work, sleep = got["work"], got["sleep"]
+    assert work["runq_ms"] > 20  # its share of the core: about 100 ms
+    # What it did not run, it waited for; never more than its time off the CPU.
+    assert work["oncpu_ms"] + work["runq_ms"] <= work["cpu_ms"] + 0.01
+    assert work["oncpu_ms"] + work["runq_ms"] >= 0.9 * work["cpu_ms"]
+    assert sleep["runq_ms"] < 0.5 * sleep["cpu_ms"]
+    assert got["step"]["runq_ms"] >= work["runq_ms"]
+
+
 def test_a_span_left_on_another_thread_says_no_time_on_cpu(tmp_path: Path) -> None:
     config = TimerConfig(enable=True, every_n_steps=1)
     info = RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, host="h")
@@ -173,6 +216,7 @@ def test_a_span_left_on_another_thread_says_no_time_on_cpu(tmp_path: Path) -> No
     timer.stop()
     got = {r["phase"]: r for r in read_records(tmp_path)}
     assert "oncpu_ms" in got["here"] and "oncpu_ms" not in got["away"]  # a thread's own clock
+    assert "runq_ms" not in got["away"]
 
 
 def test_step_record_spans_the_phases_of_its_step(tmp_path: Path) -> None:

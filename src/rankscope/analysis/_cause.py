@@ -34,7 +34,7 @@ from .._text import format_ranks
 from ._findings import Cause, StragglerFinding, ratio_text
 from ._gpu_health import GpuHealth, gpu_health
 from ._matrix import PhaseMatrices, nanmedian, quiet
-from .read._values import PhaseValues
+from .read._values import CpuTimes, PhaseValues
 
 __all__ = ["PERSISTENT_SHARE", "causes_of"]
 
@@ -62,7 +62,7 @@ def causes_of(
     hosts: Mapping[int, str] | None = None,
     groups: Mapping[int, Mapping[str, object]] | None = None,
     gpus: bool | None = None,
-    oncpu: Mapping[str, npt.NDArray[np.float64]] | None = None,
+    cpu: CpuTimes | None = None,
 ) -> list[Cause | None]:
     """A cause for each slow finding (None for the ranks that wait). `steady`: the slow
     (rank, phase) pairs slow at their fastest steps too (find_stragglers knows). The
@@ -99,38 +99,41 @@ def causes_of(
             continue
         out.append(_with_ecc(_machine(f, steady_f, data, gpu), gpu))
     return [
-        cause if cause is None or i in settled else _with_cpu(cause, _on_cpu(m, f, oncpu, gpus))
+        cause if cause is None or i in settled else _with_cpu(cause, _on_cpu(m, f, cpu, gpus))
         for i, (f, cause) in enumerate(zip(findings, out, strict=True))
     ]
 
 
 _ON_CPU = 0.5
 """A slow rank's extra time is its work where the thread ran on a CPU for this share of
-it or more; else it was off the CPU."""
+it or more; a wait for a CPU where it waited for one this long; else it was off the CPU."""
 
 
 def _on_cpu(
     m: PhaseMatrices,
     f: StragglerFinding,
-    times: Mapping[str, npt.NDArray[np.float64]] | None,
+    times: CpuTimes | None,
     gpus: bool | None,
 ) -> str | None:
-    """How much of a slow rank's extra time in its phase its thread ran on a CPU (the
-    records' "oncpu_ms"), in words; None where the records do not say, or the phase is
-    read on device time (where the host's time is not the work)."""
-    oncpu = times.get(f.phase) if times is not None else None
-    if oncpu is None or f.phase not in m.phases:
+    """Where a slow rank's extra time in its phase went, in words: on a CPU (the records'
+    "oncpu_ms"), waiting for one ("runq_ms"), or off it; None where the records do not
+    say, or the phase is read on device time (where the host's time is not the work)."""
+    oncpu = times.oncpu.get(f.phase) if times is not None else None
+    if times is None or oncpu is None or f.phase not in m.phases:
         return None
     p = m.index(f.phase)
     if m.clocks[p] != "host" or f.rank not in m.ranks:
         return None
     r = m.ranks.index(f.rank)
     since = np.asarray(m.steps) >= f.since_step
+    runq = times.runq.get(f.phase)
     wall, cpu = m.ms[p][:, since], oncpu[:, since]
+    queued = runq[:, since] if runq is not None else np.full_like(wall, np.nan)
     others = np.delete(np.arange(len(m.ranks)), r)
     with quiet():
         extra_wall = wall[r] - nanmedian(wall[others], axis=0)
         extra_cpu = cpu[r] - nanmedian(cpu[others], axis=0)
+        extra_queued = queued[r] - nanmedian(queued[others], axis=0)
     known = np.isfinite(extra_wall) & np.isfinite(extra_cpu)
     if known.sum() < 3:
         return None
@@ -138,14 +141,34 @@ def _on_cpu(
     if lost <= 0:
         return None
     share = min(1.0, max(0.0, float(np.median(extra_cpu[known])) / lost))
+    with_queue = known & np.isfinite(extra_queued)
+    queue = None
+    if with_queue.sum() >= 3:
+        queue = min(1.0, max(0.0, float(np.median(extra_queued[with_queue])) / lost))
+    return _where_it_went(share, queue, gpus)
+
+
+def _where_it_went(share: float, queue: float | None, gpus: bool | None) -> str:
+    """The words for a slow rank's extra time: `share` of it on a CPU, `queue` of it
+    waiting for one (None: not recorded)."""
     if share >= _ON_CPU:
         return (
             f"its thread ran on a CPU for {share:.0%} of its extra time: more work, or slower cores"
         )
     waits = "a loader's queue, I/O, a GPU sync, a lock" if gpus else "a loader's queue, I/O, a lock"
+    if queue is None:
+        return (
+            f"its thread was off the CPU for {1 - share:.0%} of its extra time: it slept, "
+            f"waited ({waits}) or was kept off a core"
+        )
+    if queue >= _ON_CPU:
+        return (
+            f"its thread waited for a CPU for {queue:.0%} of its extra time: other processes "
+            "held its cores (its loader's workers, other ranks, another job)"
+        )
     return (
-        f"its thread was off the CPU for {1 - share:.0%} of its extra time: it slept, "
-        f"waited ({waits}) or was kept off a core"
+        f"its thread was off the CPU, and not waiting for one, for "
+        f"{max(0.0, 1 - share - queue):.0%} of its extra time: it slept or waited ({waits})"
     )
 
 

@@ -56,6 +56,12 @@ TABLES: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
                 "DOUBLE",
                 "the thread's CPU time in it; NULL where the record does not say",
             ),
+            (
+                "runq_ms",
+                "DOUBLE",
+                "the thread's wait for a CPU in it (ready to run, its cores busy); NULL where "
+                "the record does not say",
+            ),
             ("attempt", "BIGINT", "the run's attempt (1-based) that wrote it"),
             ("used", "BOOLEAN", "the analysis uses it (the latest attempt of its step)"),
         ],
@@ -264,7 +270,8 @@ def _timings(db: RunDatabase, root: Path, workers: int | None) -> None:
             "INSERT INTO _line_by_line SELECT * REPLACE "
             "(CASE WHEN isnan(gpu_ms) THEN NULL ELSE gpu_ms END AS gpu_ms, "
             "CASE WHEN coll < 0 THEN NULL ELSE coll END AS coll, "
-            "CASE WHEN isnan(oncpu_ms) THEN NULL ELSE oncpu_ms END AS oncpu_ms) FROM _rows"
+            "CASE WHEN isnan(oncpu_ms) THEN NULL ELSE oncpu_ms END AS oncpu_ms, "
+            "CASE WHEN isnan(runq_ms) THEN NULL ELSE runq_ms END AS runq_ms) FROM _rows"
         )
         db.con.unregister("_rows")
     if not fast:
@@ -275,7 +282,7 @@ def _timings(db: RunDatabase, root: Path, workers: int | None) -> None:
         f"""CREATE VIEW timings AS
         WITH {lines_sql(files, _literal_struct(COLUMNS))}
         SELECT lines.rank, step, phase->>'$' AS phase, kind->>'$' AS kind, start_ns, cpu_ms,
-            gpu_ms, depth, error, coll, oncpu_ms, _fast_files.attempt, true AS used
+            gpu_ms, depth, error, coll, oncpu_ms, runq_ms, _fast_files.attempt, true AS used
         FROM lines JOIN _fast_files USING (filename)
         WHERE known AND record
         UNION ALL SELECT * FROM _line_by_line"""
@@ -302,6 +309,7 @@ def _rows_of(timings: RankTimings, run_attempt: Any) -> dict[str, Any]:
         "error": timings.error,
         "coll": timings.coll.astype(np.int64),  # -1: none; NULL in the table
         "oncpu_ms": timings.oncpu_ms,  # NaN: none; NULL in the table
+        "runq_ms": timings.runq_ms,  # NaN: none; NULL in the table
         "attempt": np.asarray(run_attempt, np.int64)[own] + 1,
         "used": np.ones(n, np.bool_) if used is None else used,
     }

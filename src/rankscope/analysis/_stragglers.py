@@ -51,7 +51,8 @@ from ._replay import Replay
 from ._replay_build import build_replay
 from ._rows import Row, rows_of
 from ._scopes import scopes_of
-from .read._values import PhaseValues
+from ._turns import CpuReads, let_turns_go
+from .read._values import CpuTimes, PhaseValues
 
 __all__ = [
     "StragglerFinding",
@@ -93,7 +94,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     values: Callable[[set[str]], PhaseValues] | None = None,
     gpus: bool | None = None,
     shared_cores: bool = False,
-    cpu_times: Callable[[set[str], set[int]], Mapping[str, Matrix]] | None = None,
+    cpu_times: Callable[[set[str], set[int]], CpuTimes] | None = None,
 ) -> StragglerReport:
     """Name the persistently slow (rank, phase) pairs of `m` and the ranks that wait for
     them, what fixing them would save (analysis/_cost.py) and why each slow rank is slow
@@ -110,7 +111,8 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     there is a slow rank. `gpus` (the ranks ran on GPUs, from the meta files) words the
     costs in GPU-hours, rank-hours otherwise. `shared_cores` (some host ran more ranks
     than it has CPUs, from the meta files): ranks taking turns on cores spread any phase,
-    so a phase's spread alone does not say uneven data (analysis/_imbalance.py).
+    so a phase's spread alone does not say uneven data (analysis/_imbalance.py), and a
+    rank slow only by waiting for a CPU there is no finding (analysis/_turns.py).
     `cpu_times(phases, ranks)` (read/_values.py read_cpu_times) gives the slow findings'
     phases' CPU times, of their ranks and some others: where their extra time went.
     """
@@ -269,6 +271,17 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
                 report.findings.append(finding)
             else:
                 unconfirmed.append(finding)
+    reads = CpuReads(cpu_times)
+    if shared_cores:  # ranks taking turns on the cores: a wait for one is no one's fault
+        unconfirmed = let_turns_go(
+            m,
+            report,
+            unconfirmed,
+            reads,
+            threshold=threshold,
+            min_persistence=min_persistence,
+            floor=floor,
+        )
     # An excess the rank sheds at its fastest steps comes and goes, as a busy machine's
     # does: it stands only where the others are found waiting for this rank.
     waited_for = {f.waits_for[0] for f in report.findings if f.waits_for}
@@ -316,7 +329,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         slow = {f.phase for f in report.findings if f.role == "slow"}
         known = values(slow) if values is not None and slow else None
         slow_ranks = {f.rank for f in report.findings if f.role == "slow"}
-        oncpu = cpu_times(slow, slow_ranks) if cpu_times is not None and slow else None
+        cpu = reads(slow, slow_ranks)
         causes = causes_of(
             m,
             report.findings,
@@ -326,7 +339,7 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             hosts=hosts,
             groups=groups,
             gpus=gpus,
-            oncpu=oncpu,
+            cpu=cpu,
         )
         report.findings = [
             replace(f, cost=c, cost_of=of, cause=why)

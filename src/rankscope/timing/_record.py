@@ -33,8 +33,10 @@ class Span:
         "nvtx",
         "oncpu_ns",
         "phase",
+        "q0",
         "range",
         "raw_meta",
+        "runq_ns",
         "start_ns",
         "step",
         "t0",
@@ -73,6 +75,10 @@ class Span:
         self.c0 = 0
         self.ident = 0
         self.oncpu_ns = -1
+        # The thread's wait for a CPU so far at entry (timing/_runqueue.py), then in the
+        # span; -1: not read (another thread, or a host that cannot say).
+        self.q0 = -1
+        self.runq_ns = -1
 
 
 def format_record(rank: int, span: Span, gpu_ms: float | None, dropped: int) -> str:
@@ -96,6 +102,9 @@ def format_record(rank: int, span: Span, gpu_ms: float | None, dropped: int) -> 
         # How long the thread ran on a CPU in the span: the rest it slept, waited or was
         # kept off a core (docs/run-directory.md).
         line += f',"oncpu_ms":{span.oncpu_ns / 1e6!r}'
+    if span.runq_ns >= 0:
+        # How long of that it was ready to run and waited for a core: a busy host.
+        line += f',"runq_ms":{span.runq_ns / 1e6!r}'
     if span.thread is not None:
         line += f',"thread":{_quoted(span.thread)}'
     if span.meta:

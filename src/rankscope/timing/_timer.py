@@ -23,6 +23,7 @@ from ._device_writer import FLUSH_RECORDS as _FLUSH_RECORDS
 from ._device_writer import DeviceTimeWriter, Ready
 from ._health import GpuSource, HealthSampler, gpu_source
 from ._record import STEP_PHASE, Span, format_attempt, format_record, meta_json, safe_str
+from ._runqueue import RunQueueWait
 from ._sampling import is_sampled
 
 __all__ = ["AUTO", "PhaseTimer"]
@@ -34,6 +35,11 @@ AUTO: Any = object()
 
 _STOP_TIMEOUT_S = 30.0  # how long stop() waits for the background writer (a stuck disk)
 _HEALTH_STOP_S = 5.0  # and for the health sampler: a stuck NVML call holds no record back
+
+
+_NO_WAIT_NS = 20_000
+"""A span off the CPU for less than this has waited for one no longer: its wait is said as
+0 without a second read of the counter (about 1 us)."""
 
 
 class PhaseTimer:
@@ -81,6 +87,7 @@ class PhaseTimer:
         self._profiler_enabled = torch.autograd._profiler_enabled
         self._record_function = torch.profiler.record_function
         self._collectives = CollectiveCount(torch)
+        self._runq: RunQueueWait | None = None  # opened by start(), on the thread that times
         # The depth of the next phase, per thread and per asyncio task: coroutines that
         # run interleaved on one thread must not see each other's nesting.
         self._depth: contextvars.ContextVar[int] = contextvars.ContextVar(
@@ -119,6 +126,7 @@ class PhaseTimer:
             self._file = open_append(self._run_dir, self.path)
             self._end_torn_line()
             self._end = os.fstat(self._file.fileno()).st_size
+            self._runq = RunQueueWait()
         except OSError as exc:
             self.fault(f"cannot open {self.path} ({exc.strerror or exc})")
             return False
@@ -213,6 +221,9 @@ class PhaseTimer:
             self._depth.set(depth + 1)
             span.start_ns = time.time_ns()
             span.ident = ident
+            runq = self._runq
+            if thread is None and runq is not None and runq.fd >= 0:
+                span.q0 = runq.now()
             span.c0 = time.thread_time_ns()
             span.t0 = time.perf_counter_ns()
             return span
@@ -228,6 +239,7 @@ class PhaseTimer:
             span.cpu_ns = t1 - span.t0
             if threading.get_ident() == span.ident:
                 span.oncpu_ns = max(0, c1 - span.c0)
+                self._waited(span)
             span.error = error
             if span.coll >= 0:
                 issued = self._collectives.now()
@@ -321,6 +333,9 @@ class PhaseTimer:
             span.dev_start = self._clock.mark()
         span.start_ns = time.time_ns()
         span.ident = threading.get_ident()
+        runq = self._runq
+        if runq is not None and runq.fd >= 0 and span.ident == self._owner:
+            span.q0 = runq.now()
         span.c0 = time.thread_time_ns()
         span.t0 = time.perf_counter_ns()
         self._step_span = span
@@ -330,10 +345,27 @@ class PhaseTimer:
         span.cpu_ns = time.perf_counter_ns() - span.t0
         if threading.get_ident() == span.ident:
             span.oncpu_ns = max(0, time.thread_time_ns() - span.c0)
+            self._waited(span)
         span.error = error
         if self._clock is not None and span.dev_start is not None:
             span.dev_end = self._clock.mark()
         self._queue(span)
+
+    def _waited(self, span: Span) -> None:
+        """The span's wait for a CPU (timing/_runqueue.py), where it was read at its entry:
+        only on the thread that opened the file, which the span entered and left on."""
+        runq = self._runq
+        if span.q0 < 0 or runq is None or runq.fd < 0:
+            return
+        off = span.cpu_ns - max(0, span.oncpu_ns)
+        if off < _NO_WAIT_NS:
+            span.runq_ns = 0  # it ran all along: what it can have waited is under 20 us
+            return
+        q1 = runq.now()
+        if q1 >= 0:
+            # A wait for a core just outside the span (between its clock and this read)
+            # is counted here too: never more than the span's time off the CPU.
+            span.runq_ns = max(0, min(q1 - span.q0, off))
 
     def _queue(self, span: Span) -> bool:
         """Hold a finished span; True when so many wait that they should be written now."""
@@ -431,6 +463,9 @@ class PhaseTimer:
         self._close()
 
     def _close(self) -> None:
+        runq, self._runq = self._runq, None
+        if runq is not None:
+            runq.close()
         file, self._file = self._file, None
         if file is not None:
             with contextlib.suppress(OSError):

@@ -229,6 +229,8 @@ def _timer_line(
     span.coll = kw.get("coll", -1)
     oncpu = kw.get("oncpu_ns")
     span.oncpu_ns = -1 if oncpu is None else oncpu
+    runq = kw.get("runq_ns")
+    span.runq_ns = -1 if runq is None else runq
     return format_record(rank, span, gpu_ms, 0)
 
 
@@ -246,6 +248,7 @@ def _columns(timings: Any) -> tuple[Any, ...]:
         timings.error.tolist(),
         timings.coll.tolist(),
         [None if math.isnan(v) else v for v in timings.oncpu_ms.tolist()],
+        [None if math.isnan(v) else v for v in timings.runq_ms.tolist()],
         timings.skipped,
     )
 
@@ -271,8 +274,8 @@ def test_the_timers_own_lines_are_read_as_columns(
     got = _columns(read_rank_timings(path))
     assert got == expected
     assert got[0] == ["forward", "bäckward \u2603", 'q"uote\\']
-    assert got[-4][12:15] == [True, True, True]  # step 4 raised
-    assert sum(got[-4]) == 3
+    assert got[9][12:15] == [True, True, True]  # step 4 raised
+    assert sum(got[9]) == 3
 
 
 TIMER_LINE = st.builds(
@@ -288,6 +291,7 @@ TIMER_LINE = st.builds(
     error=st.booleans(),
     coll=st.sampled_from([-1, 0, 3]),
     oncpu_ns=st.none() | st.integers(0, 10**15),
+    runq_ns=st.none() | st.integers(0, 10**15),
 )
 
 
@@ -341,21 +345,25 @@ def test_integers_past_int64_are_skipped_on_both_paths(
 @pytest.mark.parametrize("fast", [True, False], ids=["timer-layout", "line-by-line"])
 def test_a_phases_time_on_cpu_is_read_and_a_bad_one_is_none(tmp_path: Path, fast: bool) -> None:
     lines = [
-        _timer_line(0, 0, "compute", 2_000_000, None, oncpu_ns=1_500_000),
-        _timer_line(0, 0, "sleep", 20_000_000, None, oncpu_ns=0),
-        _timer_line(0, 0, "older", 3_000_000, None),  # an older rankscope: no oncpu_ms
+        _timer_line(0, 0, "compute", 2_000_000, None, oncpu_ns=1_500_000, runq_ns=250_000),
+        _timer_line(0, 0, "sleep", 20_000_000, None, oncpu_ns=0, runq_ns=0),
+        _timer_line(0, 0, "older", 3_000_000, None),  # an older rankscope: neither time
+        _timer_line(0, 0, "no-queue", 3_000_000, None, oncpu_ns=1_000_000),  # not Linux
     ]
     if not fast:  # values no timer writes: the whole file is read line by line
         lines += [
-            json.dumps(_record(0, 1, f"bad-{i}", oncpu_ms=bad)) + "\n"
+            json.dumps(_record(0, 1, f"bad-{i}", oncpu_ms=bad, runq_ms=bad)) + "\n"
             for i, bad in enumerate(["1", True, -1.0, 10**400, None, [1]])
         ]
     path = _write(tmp_path, 0, [x.rstrip("\n") for x in lines])
     got = read_rank_timings(path)
-    oncpu = {
-        got.names[p]: v for p, v in zip(got.phase.tolist(), got.oncpu_ms.tolist(), strict=True)
-    }
+    names = [got.names[p] for p in got.phase.tolist()]
+    oncpu = dict(zip(names, got.oncpu_ms.tolist(), strict=True))
+    runq = dict(zip(names, got.runq_ms.tolist(), strict=True))
     assert oncpu["compute"] == 1.5 and oncpu["sleep"] == 0.0
-    assert math.isnan(oncpu["older"])
-    assert len(got) == len(lines)  # every record stands, with or without the time
+    assert runq["compute"] == 0.25 and runq["sleep"] == 0.0
+    assert math.isnan(oncpu["older"]) and math.isnan(runq["older"])
+    assert oncpu["no-queue"] == 1.0 and math.isnan(runq["no-queue"])
+    assert len(got) == len(lines)  # every record stands, with or without the times
     assert all(math.isnan(v) for name, v in oncpu.items() if name.startswith("bad-"))
+    assert all(math.isnan(v) for name, v in runq.items() if name.startswith("bad-"))

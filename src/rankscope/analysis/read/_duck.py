@@ -46,6 +46,7 @@ COLUMNS = {
     "attempt": "JSON",
     "coll": "JSON",
     "oncpu_ms": "JSON",
+    "runq_ms": "JSON",
 }
 _INT = ("rank", "step", "start_ns", "depth")
 _FLOAT = ("cpu_ms", "gpu_ms")
@@ -64,11 +65,12 @@ _CAST = ",\n        ".join(
         "CASE WHEN regexp_full_match(CAST(coll AS VARCHAR), '0|[1-9][0-9]{0,17}') "
         "THEN CAST(CAST(coll AS VARCHAR) AS BIGINT) END AS coll"
     ]
-    # The thread's CPU time in the phase: a finite time >= 0, or none.
+    # The thread's CPU time and its wait for a CPU in the phase: a finite time >= 0, or none.
     + [
-        "CASE WHEN left(CAST(oncpu_ms AS VARCHAR), 1) BETWEEN '0' AND '9' "
-        "AND isfinite(try_cast(CAST(oncpu_ms AS VARCHAR) AS DOUBLE)) "
-        "THEN try_cast(CAST(oncpu_ms AS VARCHAR) AS DOUBLE) END AS oncpu_ms"
+        f"CASE WHEN left(CAST({c} AS VARCHAR), 1) BETWEEN '0' AND '9' "
+        f"AND isfinite(try_cast(CAST({c} AS VARCHAR) AS DOUBLE)) "
+        f"THEN try_cast(CAST({c} AS VARCHAR) AS DOUBLE) END AS {c}"
+        for c in ("oncpu_ms", "runq_ms")
     ]
 )
 _STRING = "left(CAST({0} AS VARCHAR), 1) = '\"'"
@@ -102,7 +104,7 @@ def lines_sql(files: str = "$files", columns: str = "$columns", extra: str = "")
                    filename = true, columns = {columns})
 ), lines AS (
     SELECT filename, phase, kind, rank, step, start_ns, cpu_ms, gpu_ms, depth, coll, oncpu_ms,
-        attempt{extra},
+        runq_ms, attempt{extra},
         coalesce((v IS NULL OR CAST(v AS VARCHAR) = '1') AND rank >= 0 AND {_WHOLE}, false)
             AS known,
         coalesce({_RECORD}, false) AS record,

@@ -57,7 +57,8 @@ _TIMER_LINE = re.compile(
     rb'^\{"v":1,"rank":' + _UINT + rb',"step":' + _UINT + rb',"phase":"(.*?)","kind":"(.*?)",'
     rb'"start_ns":' + _UINT + rb',"cpu_ms":(' + _NUM + rb'),"gpu_ms":(null|' + _NUM + rb"),"
     rb'"depth":' + _UINT + rb',"error":(true|false)(?:,"coll":' + _UINT + rb")?"
-    rb'(?:,"oncpu_ms":(' + _NUM + rb"))?\}\n",
+    rb'(?:,"oncpu_ms":(' + _NUM + rb"))?"
+    rb'(?:,"runq_ms":(' + _NUM + rb"))?\}\n",
     re.MULTILINE,
 )
 # The line that opens an attempt (timing/_record.py format_attempt).
@@ -95,6 +96,8 @@ class RankTimings:
     """Collectives the phase issued ("coll"), -1 where the record does not say."""
     oncpu_ms: Floats = field(default_factory=lambda: np.zeros(0, np.float64))
     """The thread's CPU time in the phase ("oncpu_ms"), NaN where the record does not say."""
+    runq_ms: Floats = field(default_factory=lambda: np.zeros(0, np.float64))
+    """The thread's wait for a CPU in the phase ("runq_ms"), NaN where the record does not say."""
     attempt: Int32s = field(default_factory=lambda: np.zeros(0, np.int32))
     """Which of `attempts` wrote each record."""
     attempts: list[AttemptMark] = field(default_factory=lambda: [AttemptMark()])
@@ -125,6 +128,7 @@ class RankTimings:
             "error",
             "coll",
             "oncpu_ms",
+            "runq_ms",
         )
         for name in names:
             setattr(self, name, getattr(self, name)[rows])
@@ -334,7 +338,7 @@ def _read_timer_lines(body: bytes, rank: int, path: Path) -> RankTimings | None:
     out = RankTimings(rank=rank, path=path)
     if not rows:
         return out
-    ranks, steps, phases, kinds, starts, cpu, gpu, depths, errors, coll, oncpu = zip(
+    ranks, steps, phases, kinds, starts, cpu, gpu, depths, errors, coll, oncpu, runq = zip(
         *rows, strict=True
     )
     if set(ranks) != {str(rank).encode()}:
@@ -368,6 +372,7 @@ def _read_timer_lines(body: bytes, rank: int, path: Path) -> RankTimings | None:
     out.error = np.fromiter(map(len, errors), np.int8, len(errors)) == 4  # b"true"
     out.coll = np.fromiter((_count(c) for c in coll), np.int64, len(coll))
     out.oncpu_ms = np.fromiter((_time(c) for c in oncpu), np.float64, len(oncpu))
+    out.runq_ms = np.fromiter((_time(c) for c in runq), np.float64, len(runq))
     return out
 
 
@@ -384,7 +389,7 @@ def _a_time(value: object) -> float:
 
 
 def _time(text: bytes) -> float:
-    """An "oncpu_ms" time from the timer's layout (b"" where the line has none); one that
+    """An "oncpu_ms" or "runq_ms" time from the timer's layout (b"" where the line has none); one that
     is no finite time is none (NaN), and the record stands without it."""
     if not text:
         return math.nan
@@ -439,6 +444,7 @@ class _Columns:
     error: list[bool] = field(default_factory=list)
     coll: list[int] = field(default_factory=list)
     oncpu_ms: list[float] = field(default_factory=list)
+    runq_ms: list[float] = field(default_factory=list)
     attempt: list[int] = field(default_factory=list)
     names: dict[str, int] = field(default_factory=dict)
     kinds: dict[str, int] = field(default_factory=dict)
@@ -477,6 +483,7 @@ class _Columns:
         # Another writer's count that is not one is no count: the record stands without it.
         self.coll.append(coll if type(coll) is int and 0 <= coll < _INT_MAX else -1)
         self.oncpu_ms.append(_a_time(record.get("oncpu_ms")))
+        self.runq_ms.append(_a_time(record.get("runq_ms")))
 
     def into(self, out: RankTimings) -> RankTimings:
         out.names, out.kinds = list(self.names), list(self.kinds)
@@ -490,6 +497,7 @@ class _Columns:
         out.error = np.array(self.error, np.bool_)
         out.coll = np.array(self.coll, np.int64)
         out.oncpu_ms = np.array(self.oncpu_ms, np.float64)
+        out.runq_ms = np.array(self.runq_ms, np.float64)
         out.attempt = np.array(self.attempt, np.int32)
         out.attempts = self.attempts or [AttemptMark()]
         out.interleaved = interleaved(self.chunks)

@@ -28,7 +28,7 @@ from ._duck import COLUMNS, connect, lines_sql, name_of
 from ._health import RunHealth
 from ._run import run_root
 
-__all__ = ["PhaseValues", "read_cpu_times", "read_phase_values"]
+__all__ = ["CpuTimes", "PhaseValues", "read_cpu_times", "read_phase_values"]
 
 Matrix = npt.NDArray[np.float64]
 
@@ -45,7 +45,7 @@ WHERE known AND record AND NOT error AND meta IS NOT NULL
 """
 _TIMES = f"""
 WITH {lines_sql()}{_PER_FILE}
-SELECT filename, rank, step, phase, oncpu_ms, per_file.attempts
+SELECT filename, rank, step, phase, oncpu_ms, runq_ms, per_file.attempts
 FROM lines JOIN per_file USING (filename)
 WHERE known AND record AND NOT error AND oncpu_ms IS NOT NULL
     AND list_contains($phases, phase->>'$')
@@ -119,37 +119,54 @@ def read_phase_values(
     return out
 
 
+@dataclass
+class CpuTimes:
+    """Per phase, ranks x steps (NaN where not read): where a phase's time went."""
+
+    oncpu: dict[str, Matrix] = field(default_factory=dict)
+    """The thread's time on a CPU ("oncpu_ms")."""
+    runq: dict[str, Matrix] = field(default_factory=dict)
+    """The thread's wait for a CPU ("runq_ms"): ready to run, its cores busy."""
+
+
 def read_cpu_times(
     run_dir: str | os.PathLike[str],
     ranks: list[int],
     steps: list[int],
     phases: Collection[str],
     of: Collection[int],
-) -> dict[str, Matrix]:
-    """Per phase of `phases`, the thread CPU time its records say ("oncpu_ms", summed over
-    its runs in a step) at `ranks` x `steps`: of the ranks `of` and up to `_PEERS` others,
-    spread over the run (NaN elsewhere). A file of several attempts, or a DuckDB error,
-    gives none: the causes then say nothing of CPU time."""
+) -> CpuTimes:
+    """Per phase of `phases`, the thread CPU time and wait for a CPU its records say
+    ("oncpu_ms", "runq_ms", summed over its runs in a step) at `ranks` x `steps`: of the
+    ranks `of` and up to `_PEERS` others, spread over the run (NaN elsewhere). A file of
+    several attempts, or a DuckDB error, gives none: the analysis then says nothing of
+    CPU time."""
     rank_of = {str(entry.path): entry.rank for entry in RunDir(run_root(run_dir)).timings()}
     others = sorted({r for r in rank_of.values() if r not in of})
     picked = set(of) | set(others[:: max(1, math.ceil(len(others) / _PEERS))])
+    out = CpuTimes()
     try:
         rows = _query(_TIMES, {f: r for f, r in rank_of.items() if r in picked}, phases)
     except Exception:  # the CPU times are extra
-        return {}
+        return out
     row_of = {rank: i for i, rank in enumerate(ranks)}
     col_of = {step: i for i, step in enumerate(steps)}
-    out: dict[str, Matrix] = {}
-    for filename, rank, step, raw_phase, oncpu, attempts in rows:
+    shape = (len(ranks), len(steps))
+    for filename, rank, step, raw_phase, oncpu, runq, attempts in rows:
         phase = name_of(raw_phase)
         r, s = row_of.get(rank), col_of.get(step)
         if phase is None or phase not in phases or rank != rank_of.get(filename):
             continue
         if attempts > 1 or r is None or s is None:
             continue
-        times = out.setdefault(phase, np.full((len(ranks), len(steps)), np.nan))
-        times[r, s] = oncpu if math.isnan(times[r, s]) else times[r, s] + oncpu
+        _add(out.oncpu.setdefault(phase, np.full(shape, np.nan)), r, s, oncpu)
+        if runq is not None:
+            _add(out.runq.setdefault(phase, np.full(shape, np.nan)), r, s, runq)
     return out
+
+
+def _add(times: Matrix, r: int, s: int, value: float) -> None:
+    times[r, s] = value if math.isnan(times[r, s]) else times[r, s] + value
 
 
 def _query(sql: str, rank_of: dict[str, int], phases: Collection[str]) -> list[tuple[Any, ...]]:
