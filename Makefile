@@ -35,10 +35,15 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
 # The HTML report is tested in a real browser: Debian's chromium, installed once.
+# apt-get needs root: as another user it goes through sudo, where there is one.
 CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
 $(CHROMIUM):
 	@echo "==> installing chromium with apt-get for the HTML report's tests (once, a minute or two)"
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+	@if [ "$$(id -u)" != 0 ] && [ -z "$(SUDO)" ]; then \
+		echo "make test: installing chromium needs root (apt-get) and there is no sudo:" \
+			"run 'apt-get install chromium' as root once, then make test again" >&2; exit 2; fi
+	$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null
 
 # The tests on parallel workers (pytest-xdist, one per core with -n auto). Each file runs
 # whole on one worker (--dist loadfile), so a run that several of its tests read (a
@@ -49,9 +54,14 @@ $(CHROMIUM):
 # by grep: collecting every file again costs 14 s of imports, lightning's alone 4 s).
 TEST_WORKERS ?= auto
 SERIAL_FILES = $(shell grep -rl "pytest.mark.serial" tests --include="test_*.py")
+# Both parts run whatever the first one gave; make fails at the end if either failed.
 test: lint $(CHROMIUM)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
-	$(BIN)/python -m pytest -q -p no:xdist -m serial $(SERIAL_FILES)
+	@failed=0; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" || failed=1; \
+	echo "==> the serial tests, alone"; \
+	$(BIN)/python -m pytest -q -p no:xdist -m serial $(SERIAL_FILES) || failed=1; \
+	if [ $$failed -ne 0 ]; then echo "==> make test: some tests failed (above)"; fi; \
+	exit $$failed
 
 # On a machine with an NVIDIA GPU: the gpu-marked tests (they skip without CUDA), then the
 # timer's and the capture's benchmarks on the device.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -299,12 +300,21 @@ def _start_of(monkeypatch: pytest.MonkeyPatch, restart: int) -> None:
 
 
 def _profile(monkeypatch: pytest.MonkeyPatch, run: Path, hosts: list[str], slow: int) -> None:
-    """Each rank of len(hosts) in turn, on its host, with rank `slow` slow in forward."""
+    """The ranks of len(hosts), each on its host, with rank `slow` slow in forward.
+
+    Their steps take turns, one step of each rank at a time, as real ranks share the
+    same moments: ranks run one after another met different loads of a busy machine,
+    and under the test suite's load a rank that ran through a busy stretch was found
+    slow too (node-03 beside node-17, once)."""
     config = {"output_dir": str(run), "timer": {"enable": True, "every_n_steps": 1}}
-    for rank, host in enumerate(hosts):
-        monkeypatch.setattr(socket, "gethostname", lambda host=host: host)  # as if on `host`
-        with rankscope.Profiler(config, rank=rank, world_size=len(hosts)) as prof:
-            for _ in range(RESTART_STEPS):
+    with contextlib.ExitStack() as started:
+        profs = []
+        for rank, host in enumerate(hosts):
+            monkeypatch.setattr(socket, "gethostname", lambda host=host: host)  # as if on `host`
+            prof = rankscope.Profiler(config, rank=rank, world_size=len(hosts))
+            profs.append(started.enter_context(prof))
+        for _ in range(RESTART_STEPS):
+            for rank, prof in enumerate(profs):
                 with prof.phase("forward"):
                     # 2 ms, not 0: a busy machine's pause of a fraction of a millisecond
                     # is not an excess of many times a phase that takes a few microseconds.
