@@ -162,3 +162,23 @@ def test_the_demo_keeps_a_kineto_log_level_the_user_set() -> None:
     environ = {"KINETO_LOG_LEVEL": "2"}
     quiet_kineto(environ)
     assert environ == {"KINETO_LOG_LEVEL": "2"}
+
+
+def test_the_commands_it_prints_run_in_the_users_shell(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # `make demo` runs .venv/bin/rankscope without activating .venv: "rankscope ..." is
+    # not found by that shell, so the demo names the script beside its Python.
+    import sys
+
+    from rankscope.cli._render import command_name
+
+    beside = Path(sys.executable).parent / "rankscope"
+    assert beside.is_file()  # the development environment installs it
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing called rankscope on it
+    monkeypatch.chdir(beside.parent.parent)
+    assert command_name() == str(Path(beside.parent.name) / "rankscope")  # bin/rankscope
+    monkeypatch.chdir(tmp_path)
+    assert command_name() == str(beside)  # from elsewhere: the whole path
+    monkeypatch.setenv("PATH", str(beside.parent))
+    assert command_name() == "rankscope"  # an activated environment

@@ -635,19 +635,35 @@ def demo_end(job: Any, data: dict[str, Any], trained_s: float, total_s: float) -
         ("HTML report", f"{data['html']}  (open in a browser; works offline)"),
         ("timings", f"{_any_rank(timing_path(run, 0))}, one file per rank"),
     ]
+    me = command_name()
     traces = [trace.path for trace in RunDir(run).traces()]
     for i, trace in enumerate(traces):
         rows.append(("traces" if i == 0 else "", str(trace)))
     if traces:
         rows.append(("", "open one at https://ui.perfetto.dev ('Open trace file'; .gz as it is)"))
         pattern = traces[0].parent / f"*{TRACE_SUFFIX}{GZIP_SUFFIX}"
-        rows.append(("merge them", f"rankscope merge {pattern} -o {run / MERGED}"))
-    rows.append(("analyse again", f"rankscope report {run}   /   rankscope stragglers {run}"))
+        rows.append(("merge them", f"{me} merge {pattern} -o {run / MERGED}"))
+    rows.append(("analyse again", f"{me} report {run}   /   {me} stragglers {run}"))
     _console.print("\n[bold]Where everything is[/bold]")
     for label, text in rows:
         line = Text(f"  {label:<14} ")
         line.append(text)
         _console.print(line, soft_wrap=True)  # paths and commands stay whole, to copy
+
+
+def command_name() -> str:
+    """How this shell runs rankscope: `rankscope` where PATH finds it, else the script
+    beside this Python (`make demo` installs .venv/bin/rankscope without activating the
+    environment), relative to the working directory where it lies under it."""
+    if shutil.which("rankscope"):
+        return "rankscope"
+    beside = Path(sys.executable).parent / "rankscope"
+    if not beside.is_file():
+        return "rankscope"
+    try:
+        return str(beside.relative_to(Path.cwd()))
+    except ValueError:
+        return str(beside)
 
 
 def _any_rank(path: Path) -> str:
