@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..rundir._layout import RunDir
-from ._output import print_json, terminal
+from .._errors import RankscopeError
+from ..rundir._layout import RunDir, is_run_dir
+from ._output import not_over_run_data, print_json, terminal
 from ._progress import progress, stage
 
 __all__ = ["add_commands"]
@@ -85,6 +86,12 @@ def _demo(args: argparse.Namespace) -> int:
     )
     render = None if args.json else terminal("demo")
     out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    if is_run_dir(out):  # its ranks' files would mix with the earlier job's
+        raise RankscopeError(
+            f"--out {out} holds a run already (its timings, meta or traces): give the demo "
+            "a new folder"
+        )
+    not_over_run_data(out, "--out")
     if render is not None:
         render.demo_start(job, out)
     started = time.perf_counter()

@@ -11,7 +11,7 @@ from typing import Any
 from ..analysis._options import DiffOptions
 from ..rundir._layout import TRACES
 from ._options import add_options, json_option, options_from, positive
-from ._output import print_json, terminal
+from ._output import not_over_run_data, print_json, terminal
 
 __all__ = ["add_commands"]
 
@@ -48,6 +48,8 @@ def _diff(args: argparse.Namespace) -> int:
     from ..analysis.render._diff import write_diff_html
 
     render = None if args.json else terminal("diff")  # says which extra brings rich
+    if args.html is not None:
+        not_over_run_data(args.html, "--html")
     found = diff_runs(args.a, args.b, options_from(DiffOptions, args))
     data = found.to_dict()
     if args.html is not None:

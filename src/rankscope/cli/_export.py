@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ._options import command
+from ._output import not_over_run_data
 
 __all__ = ["add_commands"]
 
@@ -26,6 +27,7 @@ def add_commands(commands: Any) -> None:
 def _export(args: argparse.Namespace) -> int:
     from ..analysis._sql import open_run_database
 
+    not_over_run_data(args.parquet, "--parquet")
     db = open_run_database(args.run_dir)
     for line in db.skipped:
         print(f"skipped: {line}", file=sys.stderr)

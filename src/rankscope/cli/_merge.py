@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ._options import json_option
-from ._output import answer
+from ._output import answer, not_over_run_data
 from ._progress import Progress, stage
 
 __all__ = ["add_commands"]
@@ -25,6 +25,8 @@ def add_commands(commands: Any) -> None:
 
 def _merge(args: argparse.Namespace) -> int:
     from ..analysis import merge_traces
+
+    not_over_run_data(args.output, "-o")
 
     def work(update: Progress | None) -> Any:
         total = sum(p.stat().st_size for p in args.sources if p.is_file())

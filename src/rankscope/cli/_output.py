@@ -7,14 +7,28 @@ import json
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+from .._errors import RankscopeError
 from .._text import printable
+from ..rundir._layout import run_data_under
 from ._progress import Progress, progress
 
-__all__ = ["EXIT_BAD_INPUT", "answer", "print_json", "terminal"]
+__all__ = ["EXIT_BAD_INPUT", "answer", "not_over_run_data", "print_json", "terminal"]
 
 EXIT_BAD_INPUT = 2
+
+
+def not_over_run_data(path: Path, flag: str) -> None:
+    """Refuse an output `path` (given as `flag`) that would write over a run's data: the
+    job's records, meta files or traces are not rewritten by a command that reads them."""
+    run = run_data_under(path)
+    if run is not None:
+        raise RankscopeError(
+            f"{flag} {path} would write over the data of the run {run} (what the job "
+            "wrote there): write it outside the run's folders, or as its report.html"
+        )
 
 
 def print_json(data: Any) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from ..analysis._options import StragglerOptions
 from ..rundir._layout import REPORT, RunDir
 from ._options import add_options, command, json_option, options_from
-from ._output import answer
+from ._output import answer, not_over_run_data
 from ._progress import Progress
 
 __all__ = ["EXIT_NO_PAGE", "add_commands"]
@@ -33,6 +33,8 @@ def _report(args: argparse.Namespace) -> int:
     from ..analysis.render._page import write_page
 
     options = options_from(StragglerOptions, args)
+    if args.output is not None:
+        not_over_run_data(args.output, "-o")
     failed: list[str] = []
 
     def work(update: Progress | None) -> tuple[dict[str, Any], Path | None]:
