@@ -8,7 +8,6 @@ import functools
 import gc
 import inspect
 import json
-import logging
 import os
 import sys
 import threading
@@ -19,6 +18,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import ConfigError
+from ._log import get_logger
 from .config._config import ProfileConfig
 from .config._ranks import RankInfo, detect_rank_info, parse_ranks
 from .rundir._attempt import current_attempt
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Profiler", "annotate", "current"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

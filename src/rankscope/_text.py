@@ -7,7 +7,16 @@ import json
 import re
 from collections.abc import Iterable
 
-__all__ = ["closest", "format_ranks", "format_steps", "number_ranges", "printable", "shown"]
+__all__ = [
+    "closest",
+    "for_terminal",
+    "format_ranks",
+    "format_steps",
+    "number_ranges",
+    "one_line",
+    "printable",
+    "shown",
+]
 
 
 def number_ranges(numbers: Iterable[int], fold: int = 2, among: Iterable[int] | None = None) -> str:
@@ -83,6 +92,42 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def _escaped(found: re.Match[str]) -> str:
     code = ord(found.group())
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters and DEL: a terminal acts on them (clear the screen, move
+the cursor, set the window title, begin a line), where a name should only be read."""
+_TERMINAL = re.compile("\x1b\\[[0-9;]*m|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _control(found: re.Match[str]) -> str:
+    char = found.group()
+    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+def one_line(text: str) -> str:
+    """`text` with every control character written out (`\\n`, `\\x1b`): a name from a
+    file (a phase, a host) shown as one line of plain text, which no terminal acts on and
+    no newline in it can make into a line of its own."""
+    if _CONTROLS.search(text) is None:  # nearly always
+        return text
+    return _CONTROLS.sub(_control, text)
+
+
+def for_terminal(text: str, styles: bool) -> str:
+    """Rendered output made safe for a terminal: control characters written out but the
+    line breaks and tabs of the layout, and, where `styles` (rich colours a terminal),
+    the colour sequences (ESC [ ... m) it writes."""
+    if _TERMINAL.search(text) is None:
+        return text
+
+    def escaped(found: re.Match[str]) -> str:
+        if styles and len(found.group()) > 1:
+            return found.group()  # a colour: nothing a terminal does but paint
+        return _control(found) if len(found.group()) == 1 else "\\x1b" + found.group()[1:]
+
+    return _TERMINAL.sub(escaped, text)
 
 
 def closest(word: str, names: Iterable[str]) -> str | None:

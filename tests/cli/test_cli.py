@@ -554,3 +554,48 @@ def test_sentences_wrap_at_word_boundaries_to_the_width_columns_gives(
     # A wrapped sentence's next lines keep its indent: the sentence reads as one block.
     (first,) = [i for i, line in enumerate(lines) if line.startswith("  why rank")]
     assert lines[first + 1].startswith("  ") and lines[first + 1][2] != " "
+
+
+_BASE_INSTALL = (
+    "import sys\n"
+    "for name in ('duckdb', 'rich', 'msgspec'):\n"
+    "    sys.modules[name] = None  # as pip install rankscope (no extra) leaves them\n"
+    "from rankscope.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "lacks"),
+    [
+        (["stragglers", "{run}"], "DuckDB and rich"),
+        (["stragglers", "{run}", "--json"], "DuckDB"),
+        (["report", "{run}", "--json"], "DuckDB"),
+        (["report", "{run}"], "DuckDB and rich"),
+        (["sql", "{run}", "select 1"], "DuckDB and rich"),
+    ],
+)
+def test_a_base_install_says_the_one_extra_and_writes_nothing(
+    tmp_path: Path, argv: list[str], lacks: str
+) -> None:
+    import subprocess
+
+    from rankscope.testing._synthetic import write_timings
+
+    run = tmp_path / "run"
+    write_timings(run, ranks=2, steps=8)
+    page = run / "report.html"
+    page.write_text("<p>a good report</p>")
+    done = subprocess.run(
+        [sys.executable, "-c", _BASE_INSTALL, *(a.format(run=run) for a in argv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"rankscope {argv[0]}: needs {lacks}, not installed: pip install 'rankscope[cli]'\n"
+    )
+    assert page.read_text() == "<p>a good report</p>"  # nothing written over

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import ConfigError
-from .._text import format_ranks, number_ranges
+from .._text import format_ranks, number_ranges, one_line
 from ._clocks import choose_clock
 from ._ops import OpsGatherer, StepOps
 from .read._engine import TIME_BASES, RunRecords
@@ -243,7 +243,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         ranks=ranks,
         steps=[int(s) for s in steps],
         phases=[names[p] for p in ranked],
-        kinds=[_kind_of(records.phases[names[p]].kinds) for p in ranked],
+        kinds=[one_line(_kind_of(records.phases[names[p]].kinds)) for p in ranked],
         depths=[records.phases[names[p]].depth for p in ranked],
         time=records.time,
         clocks=[clocks[p] for p in ranked],

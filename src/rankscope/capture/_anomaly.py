@@ -4,11 +4,11 @@ asks for their windows through its one door. (Not the hang watchdog: that is `wa
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .._log import get_logger
 from ..config._config import AutoTrigger
 from ._auto import SlowdownDetector, SlowSteps
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AnomalyWatch"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _NOTHING: tuple[SlowSteps, ...] = ()
 

@@ -8,7 +8,6 @@ door to it (`_requests`), who asks at run time (`_ondemand`), the anomaly watch
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 import time
@@ -17,6 +16,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from .._log import get_logger
 from .._torch import import_torch
 from ..config._config import TraceConfig
 from ..config._ranks import RankInfo
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_BACKLOG", "STOP_TIMEOUT_S", "TraceCapture"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _CYCLE_ENDS = (Action.NONE, Action.RECORD_AND_SAVE)
 

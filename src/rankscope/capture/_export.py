@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import socket
 import stat
 from collections.abc import Callable
 from typing import Any
 
+from .._log import get_logger
 from ..rundir._files import Folder, open_folder, write_atomic
 from ..rundir._layout import nsys_path, summary_path, temp_name, trace_path
 from ._finalize import RAW_NAME, FinalizeJob
@@ -27,7 +27,7 @@ from ._worker import TraceFinalizer
 
 __all__ = ["MAX_BACKLOG", "WindowExporter", "let_go"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 MAX_BACKLOG = 3
 """Windows waiting to be compressed, at most; a window that ends past it is not saved."""

@@ -3,12 +3,13 @@ part off and is said once; later ones are ignored."""
 
 from __future__ import annotations
 
-import logging
 import threading
+
+from .._log import get_logger
 
 __all__ = ["OneFault"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class OneFault:

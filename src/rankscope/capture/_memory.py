@@ -9,7 +9,6 @@ They are written inside RUN_DIR only, never through a link there (see `_files`).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import pickle
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from .._log import get_logger
 from .._torch import import_torch
 from ..config._ranks import RankInfo
 from ..rundir import _files
@@ -42,7 +42,7 @@ __all__ = [
     "write_atomic",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 MEMORY_DIR = MEMORY
 """The folder of RUN_DIR that holds one snapshot per window per rank (see memory_path)."""

@@ -9,10 +9,10 @@ written inside RUN_DIR only, never through a link (see `_files`).
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from typing import Any
 
+from .._log import get_logger
 from .._text import format_steps
 from ..rundir._files import append
 from ..rundir._layout import (
@@ -32,7 +32,7 @@ from ._trigger import SignalHook, Trigger, TriggerWatcher, install_signal_hook, 
 
 __all__ = ["SIGNAL", "OnDemand"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 SIGNAL = "SIGUSR2"
 

@@ -4,11 +4,11 @@ by the rank's StepPlan, or an NsysWindows with trace.tool="nsys"."""
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from .._log import get_logger
 from ..config._config import TraceConfig
 from ._export import let_go
 from ._nsys import NsysWindows
@@ -16,7 +16,7 @@ from ._schedule import Action, StepPlan
 
 __all__ = ["ProfilerMaker", "abandon", "disable_autograd_profiler"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _KINDS = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU"}
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import re
 import secrets
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
+from .._log import get_logger
 from ..config._config import TimerConfig, TraceConfig
 from ..config._ranks import RankSet, parse_ranks
 from ..rundir._files import open_folder, read_regular, write_atomic
@@ -69,7 +69,7 @@ __all__ = [
     "write_trigger",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 TRIGGER_VERSION = 1
 

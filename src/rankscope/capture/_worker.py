@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import queue
 import subprocess
 import sys
@@ -12,12 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from .._log import get_logger
 from ..rundir._files import read_json_object
 from ._finalize import FinalizeJob, discard, finalize
 
 __all__ = ["JobThread", "TraceFinalizer"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # Where `rankscope` itself lives, so the child finds the same copy even when it was
 # imported through a sys.path entry rather than installed.

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._text import printable
+from .._text import for_terminal, printable
 
 __all__ = ["SHOWN_SKIPPED", "ReaderGone", "SafeStdout", "skipped_lines"]
 
@@ -20,11 +20,15 @@ class ReaderGone(Exception):
 class SafeStdout:
     """sys.stdout (whichever it is at the time) for the terminal renderers: every text
     goes through `printable`, so no file's name can end a command in UnicodeEncodeError
-    (a byte that is not UTF-8 is written `\\xff`). A closed pipe is a ReaderGone."""
+    (a byte that is not UTF-8 is written `\\xff`), and through `for_terminal`, so no
+    name's escape sequence acts on the terminal. A closed pipe is a ReaderGone."""
 
     def write(self, text: str) -> int:
         try:
-            return sys.stdout.write(printable(text))
+            out = sys.stdout
+            # A name's control characters written out (no name clears the screen or
+            # sets the window title); rich's colours kept where they reach a terminal.
+            return out.write(for_terminal(printable(text), styles=_is_terminal(out)))
         except BrokenPipeError:
             raise ReaderGone from None
 
@@ -36,6 +40,13 @@ class SafeStdout:
 
     def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding
         return getattr(sys.stdout, name)
+
+
+def _is_terminal(out: Any) -> bool:
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 SHOWN_SKIPPED = 5

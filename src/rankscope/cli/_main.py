@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import importlib
 import logging
 import os
 import sys
@@ -151,6 +152,16 @@ def _run(argv: Sequence[str] | None) -> int:
         sys.stdout.write(parser.command_list())
         return 0
     _configure_logging(args.verbose)
+    missing = _missing_extras(args)
+    if missing:
+        # Said before any work, once, with the one extra that brings all of it: a base
+        # install's report wrote a page of "no timings were read" over a good one.
+        print(
+            f"rankscope {args.command}: needs {' and '.join(missing)}, not installed: "
+            "pip install 'rankscope[cli]'",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     command: Callable[[argparse.Namespace], int] = args.run
     try:
         return command(args)
@@ -159,6 +170,27 @@ def _run(argv: Sequence[str] | None) -> int:
             raise
         print(f"rankscope {args.command}: {_error_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+_READS_TIMINGS = frozenset({"stragglers", "report", "diff", "hosts", "export", "sql", "demo"})
+"""Commands that read timings, through DuckDB (the analysis extra)."""
+_PLAIN_OUTPUTS = ("json", "csv", "schema")
+"""Flags whose output is plain text: no terminal tables (rich) needed."""
+
+
+def _missing_extras(args: argparse.Namespace) -> list[str]:
+    """The packages of the `cli` extra the command needs and cannot import: DuckDB where it
+    reads timings, rich where it draws on the terminal."""
+    wanted = ["duckdb"] if args.command in _READS_TIMINGS else []
+    if args.command != "export" and not any(getattr(args, f, False) for f in _PLAIN_OUTPUTS):
+        wanted.append("rich")
+    missing = []
+    for name in wanted:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append({"duckdb": "DuckDB"}.get(name, name))
+    return missing
 
 
 def _error_line(exc: Exception) -> str:

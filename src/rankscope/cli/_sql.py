@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .._text import one_line
 from ..analysis.render._format import TERMINAL
 from ._output import EXIT_BAD_INPUT, print_json, terminal
 
@@ -69,7 +70,10 @@ def _sql(args: argparse.Namespace) -> int:
     elif args.csv:
         out = csv.writer(sys.stdout, lineterminator="\n")
         out.writerow(names)
-        out.writerows([_plain(v) for v in row] for row in rows)
+        # CSV holds any text, a newline quoted; on a terminal a value's control
+        # characters are written out, so that none acts on it.
+        shown = _shown if sys.stdout.isatty() else _plain
+        out.writerows([shown(v) for v in row] for row in rows)
     else:
         _table(names, rows)
     return 0
@@ -104,6 +108,11 @@ def _table(names: list[str], rows: list[tuple[Any, ...]]) -> None:
         console.print(f"{len(rows) - _SHOWN} more rows (--csv or --json prints them all)")
 
 
+def _shown(value: Any) -> Any:
+    plain = _plain(value)
+    return one_line(plain) if isinstance(plain, str) else plain
+
+
 def _cell(value: Any) -> str:
     """A value as the terminal table shows it: a float by the figures' rule (4 significant
     digits, render/_format.py), since sums of doubles read 2.1652899999999997, and NULL as
@@ -112,4 +121,4 @@ def _cell(value: Any) -> str:
         return TERMINAL.missing
     if isinstance(value, float) and math.isfinite(value):
         return TERMINAL.number(value)
-    return str(value)
+    return one_line(str(value))  # a name's newline or escape sequence is shown, not acted on

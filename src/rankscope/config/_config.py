@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import math
 import os
 import re
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from .._errors import ConfigError
+from .._log import get_logger
 from .._text import closest
 from . import _env
 from ._fields import CONFIG_DEST, NOT_GIVEN, ConfigField, dest, flag_name, leaf_fields
@@ -32,7 +32,7 @@ __all__ = [
     "TraceConfig",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 ACTIVITIES = ("cpu", "cuda", "xpu")
 """Activity names `TraceConfig.activities` accepts (torch.profiler.ProfilerActivity members)."""

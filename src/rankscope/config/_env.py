@@ -8,7 +8,6 @@ closest known one, rather than silently ignored.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigError
+from .._log import get_logger
 from .._text import closest
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
     "unknown_variables",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import atexit
 import functools
-import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from .._errors import ConfigError
+from .._log import get_logger
 from .._profiler import Profiler, _as_config
 from ..config._config import ProfileConfig
 
 __all__ = ["CallbackRun", "Interrupted", "check_rank_args", "first_step", "guarded"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 Hook = TypeVar("Hook", bound=Callable[..., None])
 

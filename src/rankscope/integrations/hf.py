@@ -51,7 +51,6 @@ interpreter exit, whichever comes first: the interrupted phase is recorded with
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -67,6 +66,7 @@ except ImportError as exc:
         'pip install "rankscope[hf]"'
     ) from exc
 
+from .._log import get_logger
 from .._profiler import Profiler
 from ..config._config import PathLike, ProfileConfig
 from ._common import CallbackRun, enter_phase, first_step, guarded, leave_phase
@@ -80,7 +80,7 @@ if not hasattr(TrainerCallback, "on_pre_optimizer_step"):
 
 __all__ = ["RankscopeCallback"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _BETWEEN_STEPS = "between_steps"
 _FORWARD_BACKWARD = "forward_backward"

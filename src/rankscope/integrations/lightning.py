@@ -43,7 +43,6 @@ recorded with ``"error": true``, an open trace window is saved).
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -57,13 +56,14 @@ except ImportError as exc:
     ) from exc
 
 from .._errors import ConfigError
+from .._log import get_logger
 from .._profiler import Profiler
 from ..config._config import PathLike, ProfileConfig
 from ._common import CallbackRun, first_step, guarded
 
 __all__ = ["RankscopeCallback"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 FORWARD = "forward"
 BACKWARD = "backward"

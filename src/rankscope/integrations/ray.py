@@ -46,6 +46,7 @@ except ImportError as exc:
     ) from exc
 
 from .._errors import ConfigError
+from .._log import get_logger
 from .._profiler import Profiler
 from ..config._config import ProfileConfig
 from ..rundir._layout import RunDir, timing_path
@@ -59,7 +60,7 @@ __all__ = [
     "stop_profiling",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # How long the driver waits for the actors' answers, counted from the call: a call
 # queues behind the actor's calls in flight, and stop_profile() waits up to 600 s for

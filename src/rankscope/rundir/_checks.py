@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
+from .._log import get_logger
 from ._attempt import Attempt
 from ._meta import differing_settings, flat_config, previous_attempt, rank_meta
 
 __all__ = ["say_config_differs", "say_other_job", "say_rank_zero_elsewhere"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def say_other_job(run_dir: str, attempt: Attempt) -> None:

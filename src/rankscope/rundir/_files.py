@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import logging
 import os
 import re
 import stat
@@ -38,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .._log import get_logger
 from ._layout import AUTO, MEMORY, META, NSYS, TIMINGS, TRACES, TRIGGERS, rank_name, temp_name
 
 __all__ = [
@@ -52,7 +52,7 @@ __all__ = [
     "write_atomic",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._log import get_logger
 from ..rundir._attempt import current_attempt
 from ..rundir._files import open_append
 from ..rundir._health import HEALTH_VERSION, THROTTLE_REASONS
@@ -34,7 +34,7 @@ from ._record import format_attempt
 
 __all__ = ["GpuSource", "HealthSampler", "gpu_source"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _PROC = Path("/proc")
 

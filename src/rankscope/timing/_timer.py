@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
 import os
 import threading
 import time
 from types import ModuleType
 from typing import Any
 
+from .._log import get_logger
 from .._torch import import_torch
 from ..config._config import TimerConfig
 from ..config._ranks import RankInfo
@@ -28,7 +28,7 @@ from ._sampling import is_sampled
 
 __all__ = ["AUTO", "PhaseTimer"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 AUTO: Any = object()
 """`clock=AUTO`: CUDA events where CUDA is available, else no device clock."""

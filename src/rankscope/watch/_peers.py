@@ -14,10 +14,10 @@ first file that holds one is named in one warning.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 
+from .._log import get_logger
 from ..config._ranks import RankInfo
 from ..rundir._attempt import current_attempt
 from ..rundir._layout import RunDir
@@ -26,7 +26,7 @@ from ._tails import TimingTail, read_heartbeat
 
 __all__ = ["PACE", "REFRESH_S", "PeerView"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 REFRESH_S = 2.0
 """How often the view reads the run directory, at most."""

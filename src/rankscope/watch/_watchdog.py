@@ -21,7 +21,6 @@ it, and never calls a collective.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import statistics
 import sys
@@ -31,6 +30,7 @@ import traceback
 from collections import deque
 from typing import Any
 
+from .._log import get_logger
 from ..config._config import HangConfig
 from ..config._ranks import RankInfo
 from ..rundir._attempt import current_attempt
@@ -40,7 +40,7 @@ from ._pulse import Pulse
 
 __all__ = ["Watchdog"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _VERSION = 1
 _STEPS_KEPT = 64  # step times the median is taken over

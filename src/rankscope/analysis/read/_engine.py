@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..._errors import ConfigError, TraceError
+from ..._text import one_line
 from ...rundir._layout import TIMINGS_FILES, RunDir, open_regular
 from .._options import TIME_BASES
 from .._parallel import file_size, ordered_map
@@ -139,7 +140,9 @@ class RunRecords:
     """Phases a record of which holds user values ("meta"), read by read/_values.py."""
 
     def phase(self, name: str) -> PhaseRecords:
-        return self.phases.setdefault(name, PhaseRecords())
+        # A name is shown, never acted on: its control characters written out (a newline
+        # in it would print a line of its own, an escape sequence clear a terminal).
+        return self.phases.setdefault(one_line(name), PhaseRecords())
 
     def add_rank(self, timings: RankTimings) -> None:
         """A rank read line by line (its attempts already resolved)."""

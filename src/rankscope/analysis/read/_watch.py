@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..._errors import TraceError
-from ..._text import shown
+from ..._text import one_line, shown
 from ...rundir._files import is_plain_name
 from ...rundir._layout import RankFile, RunDir, open_regular
 
@@ -358,7 +358,7 @@ def _text(
         raise _Bad(f"{key} is {shown(value)}, expected a string")
     if len(value) > limit:
         raise _Bad(f"{key} is a string of {len(value)} characters, expected at most {limit}")
-    return value
+    return one_line(value)  # shown, never acted on: a name's newline or escape written out
 
 
 def _name(data: dict[str, Any], key: str) -> str:
