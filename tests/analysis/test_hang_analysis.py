@@ -457,14 +457,33 @@ def test_a_finished_run_reports_no_hang(tmp_path: Path) -> None:
     assert found.notes == []  # stopped long ago is no news
 
 
+def test_a_fast_job_s_heartbeat_age_is_no_time_in_a_phase_and_no_pause(tmp_path: Path) -> None:
+    # 30 steps a second, a heartbeat every 4 s: each was written as the rank moved, inside
+    # a backward that had begun 10 ms before. 4 s later it has done 120 more steps.
+    from rankscope.analysis._top import top_rows
+
+    for rank in range(2):
+        opened = [phase("backward", "compute", 4.01)]
+        write_heartbeat(
+            tmp_path, heartbeat(rank, moved_ago=4.0, written_ago=4.0, open_phases=opened)
+        )
+    found, rows = top_rows(tmp_path, now_ns=NOW)
+    assert found.state == "running"
+    assert found.summary.endswith("without moving at its last heartbeat is 0 s (rank 0)")
+    assert [(row["phase"], row["for_s"], row["heartbeat_age_s"]) for row in rows] == [
+        ("backward", 0.0, 4.0),
+        ("backward", 0.0, 4.0),
+    ]
+
+
 def test_a_slow_rank_under_its_threshold_is_no_hang(tmp_path: Path) -> None:
     for rank in range(4):
         write_heartbeat(tmp_path, heartbeat(rank, moved_ago=100 if rank == 1 else 0.3))
     found = find_hangs(tmp_path, now_ns=NOW)
     assert found.state == "running" and found.findings == []
     assert found.summary == (
-        "no rank is stalled: 4 ranks running (0-3); the longest any has gone without moving "
-        "is 100 s (rank 1)"
+        "no rank is stalled: 4 ranks running (0-3); the longest any had gone without moving "
+        "at its last heartbeat is 99 s (rank 1)"  # moved 100 s ago, its heartbeat 1 s ago
     )
     # A job of long steps gets a longer threshold: 10 x its median step time...
     write_heartbeat(tmp_path, heartbeat(1, moved_ago=900, median=120.0))

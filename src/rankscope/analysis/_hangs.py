@@ -171,7 +171,8 @@ class HangReport:
     missing: list[int] = field(default_factory=list)
     earlier_launch: list[int] = field(default_factory=list)
     longest_unmoved: tuple[float, int] | None = None
-    """(seconds, rank): the running rank, not stalled, that went longest without moving."""
+    """(seconds, rank): the running rank, not stalled, that had gone longest without moving
+    when its last heartbeat was written."""
     stalls_ended: list[dict[str, Any]] = field(default_factory=list)
     older_hang_files: int = 0
     files_listed: int = 0
@@ -356,8 +357,13 @@ def _judge(
         unmoved = max(0, now - moved) / _NS
         if hang is None and unmoved <= threshold:
             report.running.append(rank)
-            if report.longest_unmoved is None or unmoved > report.longest_unmoved[0]:
-                report.longest_unmoved = (unmoved, rank)
+            # How long it had not moved when its heartbeat was written: past that nothing
+            # is known. A job of 30 steps a second moves between two heartbeats, and now
+            # less moved_ns would be the heartbeat's age, not a pause of the rank's.
+            seen = beat.written_ns if beat is not None else now
+            known = max(0, min(now, seen) - moved) / _NS
+            if report.longest_unmoved is None or known > report.longest_unmoved[0]:
+                report.longest_unmoved = (known, rank)
             continue
         stalled.append(
             HangFinding(
@@ -508,7 +514,10 @@ def _summary(report: HangReport) -> str:
         )
         longest = report.longest_unmoved
         if longest is not None:
-            text += f"; the longest any has gone without moving is {seconds_text(longest[0])} (rank {longest[1]})"
+            text += (
+                f"; the longest any had gone without moving at its last heartbeat is "
+                f"{seconds_text(longest[0])} (rank {longest[1]})"
+            )
         return text
     groups = report.groups()
     stuck = [g for g in groups if g["role"] == STUCK]

@@ -19,7 +19,8 @@ def top_rows(
 ) -> tuple[HangReport, list[dict[str, Any]]]:
     """The run's hang report, and a row per rank: `rank`, `host`, `role` (stuck, waits,
     running, stopped, missing), `step`, `phase`, `kind` (its innermost open phase), `for_s`
-    (in that phase, or since it last moved) and `heartbeat_age_s`. Sorted stuck first,
+    (in that phase, or since it last moved: until now for a stalled rank, until its
+    heartbeat was written for the others) and `heartbeat_age_s`. Sorted stuck first,
     then waiting, then by step (the slowest first), then by how long they sit where they are.
     """
     report = find_hangs(run_dir, now_ns=now_ns)
@@ -31,15 +32,19 @@ def top_rows(
             continue
         inner = beat.open[-1] if beat.open else None
         since = inner.since_ns if inner is not None else beat.moved_ns
+        role = roles.get(rank, "stopped" if beat.stopped else "running")
+        # A stalled rank sits where its heartbeat saw it until now; of a running one only
+        # its heartbeat's moment is known (a fast job has left that phase long since).
+        until = now if role in (STUCK, WAITS) else min(now, beat.written_ns)
         rows.append(
             {
                 "rank": rank,
                 "host": beat.host,
-                "role": roles.get(rank, "stopped" if beat.stopped else "running"),
+                "role": role,
                 "step": beat.step,
                 "phase": None if inner is None else inner.phase,
                 "kind": None if inner is None else inner.kind,
-                "for_s": round(max(0, now - since) / 1e9, 1),
+                "for_s": round(max(0, until - since) / 1e9, 1),
                 "heartbeat_age_s": round(max(0, now - beat.written_ns) / 1e9, 1),
             }
         )
