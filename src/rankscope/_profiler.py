@@ -65,6 +65,7 @@ class Profiler:
     """
 
     _peers: PeerView | None = None  # metrics()'s reader, from its first call to stop()
+    _flushes = 0  # the timer's flushes metrics()'s reader was told of
 
     def __init__(
         self,
@@ -220,6 +221,10 @@ class Profiler:
         timer = self._timing
         if timer is not None:
             self._sampling = timer.step()
+            peers = self._peers
+            if peers is not None and timer.flushes != self._flushes:
+                self._flushes = timer.flushes
+                peers.poke()  # the records it wrote: the figures' reader reads them now
         memory = self._recorder
         if memory is not None:
             memory.step()

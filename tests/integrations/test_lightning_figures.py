@@ -117,3 +117,35 @@ def test_a_logger_that_raises_on_the_figures_costs_one_warning_and_the_run_goes_
     assert callback.profiler is not None and callback.profiler.faults == []
     steps = {r["step"] for r in timing_records(tmp_path / "run", 0) if r["phase"] == "step"}
     assert steps == set(range(STEPS))
+
+
+def test_a_short_fit_logs_step_and_phase_figures_with_the_defaults_and_no_zero_heartbeats(
+    tmp_path: Path,
+) -> None:
+    # As a user runs it: the timer's own flush (every 10 steps), nothing waiting for the
+    # figures' reader. Its first read came at the first log, before any record was
+    # written, and the next one 2 s later: a fit this short logged no step figure at all,
+    # and "0 ranks with a heartbeat" while the rank ran.
+    config = ProfileConfig(
+        output_dir=tmp_path / "run", timer=TimerConfig(enable=True, every_n_steps=1)
+    )
+    logger = CSVLogger(tmp_path / "logs")
+    trainer = pl.Trainer(
+        max_steps=200,
+        accelerator="cpu",
+        devices=1,
+        logger=logger,
+        log_every_n_steps=5,
+        callbacks=[RankscopeCallback(config, environ={})],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
+    data = TensorDataset(torch.randn(1024, 8), torch.randn(1024, 1))
+    trainer.fit(TinyModule(), DataLoader(data, batch_size=4))
+    rows = _rows(logger)
+    assert any(r.get("rankscope/step_ms") for r in rows)
+    assert any(r.get("rankscope/phase_ms/forward") for r in rows)
+    beats = [r["rankscope/ranks/heartbeats"] for r in rows if r.get("rankscope/ranks/heartbeats")]
+    assert all(float(b) >= 1 for b in beats)  # left out until read, never a 0

@@ -26,7 +26,7 @@ def add_commands(commands: Any) -> None:
 def _merge(args: argparse.Namespace) -> int:
     from ..analysis import merge_traces
 
-    not_over_run_data(args.output, "-o")
+    not_over_run_data(args.output, "-o", inputs=list(args.sources))
 
     def work(update: Progress | None) -> Any:
         total = sum(p.stat().st_size for p in args.sources if p.is_file())

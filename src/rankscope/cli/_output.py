@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,21 @@ from typing import Any, TypeVar
 
 from .._errors import RankscopeError
 from .._text import printable
-from ..rundir._layout import run_data_under
+from ..rundir._layout import (
+    AUTO,
+    HANGS,
+    HEALTH,
+    LIVE,
+    MEMORY,
+    MERGED,
+    META,
+    NSYS,
+    REPORT,
+    TIMINGS,
+    TRACES,
+    TRIGGERS,
+    is_run_dir,
+)
 from ._progress import Progress, progress
 
 __all__ = ["EXIT_BAD_INPUT", "answer", "not_over_run_data", "print_json", "terminal"]
@@ -20,15 +35,47 @@ __all__ = ["EXIT_BAD_INPUT", "answer", "not_over_run_data", "print_json", "termi
 EXIT_BAD_INPUT = 2
 
 
-def not_over_run_data(path: Path, flag: str) -> None:
+_DATA = (META, TIMINGS, TRACES, TRIGGERS, LIVE, HANGS, HEALTH, AUTO, NSYS, MEMORY)
+"""A run directory's folders of data: what the job wrote, which no command writes over."""
+_OUTPUTS = (REPORT, MERGED)
+"""Files in a run directory's root that the commands write (and write again)."""
+
+
+def run_data_under(path: str | os.PathLike[str]) -> Path | None:
+    """The run directory whose data writing `path` would replace, or None: a file in one
+    of its data folders (timings, meta, traces, ...), or any file already in its root but
+    the pages the commands write there (report.html, the merged trace). `path` is
+    followed through links, as a write would be."""
+    target = Path(os.path.realpath(path))
+    for up in target.parents:
+        if not is_run_dir(up):
+            continue
+        inside = target.relative_to(up).parts
+        if inside[0] in _DATA and len(inside) > 1:
+            return up
+        if len(inside) == 1 and inside[0] not in _OUTPUTS and target.exists():
+            return up
+        return None
+    return None
+
+
+def not_over_run_data(path: Path, flag: str, inputs: list[Path] | None = None) -> None:
     """Refuse an output `path` (given as `flag`) that would write over a run's data: the
     job's records, meta files or traces are not rewritten by a command that reads them."""
     run = run_data_under(path)
-    if run is not None:
+    if run is not None and not any(_same_file(path, given) for given in inputs or []):
         raise RankscopeError(
             f"{flag} {path} would write over the data of the run {run} (what the job "
             "wrote there): write it outside the run's folders, or as its report.html"
         )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """`a` is `b` (the command's own check of its inputs says so in its words)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def print_json(data: Any) -> None:
@@ -87,7 +134,7 @@ def terminal(command: str) -> Any:
         from . import _render
     except ImportError as exc:
         raise ImportError(
-            f'terminal output needs rich: pip install "rankscope[cli]" (or use --json) ({exc})'
+            f"terminal output needs rich: pip install 'rankscope[cli]' (or use --json) ({exc})"
         ) from None
     return _render
 

@@ -80,7 +80,6 @@ __all__ = [
     "phase_window_name",
     "rank_name",
     "rank_of_file",
-    "run_data_under",
     "runs_in",
     "slow_phase_tag",
     "stall_name",
@@ -495,30 +494,6 @@ def is_run_dir(path: str | os.PathLike[str]) -> bool:
     """True when `path` holds a folder that only a run directory has."""
     root = Path(path)
     return any((root / part).is_dir() for part in (TRACES, TIMINGS, META, LIVE))
-
-
-_DATA = (META, TIMINGS, TRACES, TRIGGERS, LIVE, HANGS, HEALTH, AUTO, NSYS, MEMORY)
-"""A run directory's folders of data: what the job wrote, which no command writes over."""
-_OUTPUTS = (REPORT, MERGED)
-"""Files in a run directory's root that the commands write (and write again)."""
-
-
-def run_data_under(path: str | os.PathLike[str]) -> Path | None:
-    """The run directory whose data writing `path` would replace, or None: a file in one
-    of its data folders (timings, meta, traces, ...), or any file already in its root but
-    the pages the commands write there (report.html, the merged trace). `path` is
-    followed through links, as a write would be."""
-    target = Path(os.path.realpath(path))
-    for up in target.parents:
-        if not is_run_dir(up):
-            continue
-        inside = target.relative_to(up).parts
-        if inside[0] in _DATA and len(inside) > 1:
-            return up
-        if len(inside) == 1 and inside[0] not in _OUTPUTS and target.exists():
-            return up
-        return None
-    return None
 
 
 def runs_in(folder: str | os.PathLike[str]) -> list[Path]:

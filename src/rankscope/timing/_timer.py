@@ -114,6 +114,9 @@ class PhaseTimer:
         """Why a fault turned the timer off (None: it did not)."""
         self.enabled = False
         """True between a successful start() and stop(), unless a fault turned the timer off."""
+        self.flushes = 0
+        """How many times the records were handed to be written (metrics()'s reader reads
+        the file again after one)."""
 
     # -- lifecycle (training thread) ---------------------------------------------
 
@@ -382,6 +385,7 @@ class PhaseTimer:
             return False
 
     def _flush(self) -> None:
+        self.flushes += 1
         with self._lock:
             ready, self._ready = self._ready, []
             spans, self._pending = self._pending, []

@@ -136,7 +136,9 @@ def health_figures(beats: Iterable[Mapping[str, Any]], now_ns: int, since_ns: in
     """How many ranks are in a stall (their watchdog's hang), and how many went stale.
 
     A heartbeat last written before `since_ns` (about this launch's start) is an earlier
-    start's, left in the directory: it is not counted.
+    start's, left in the directory: it is not counted. Before any heartbeat of this launch
+    was read there are no figures (none, not 0: 0 ranks with a heartbeat reads as every
+    rank gone).
     """
     hung = stale = seen = 0
     for beat in beats:
@@ -150,6 +152,8 @@ def health_figures(beats: Iterable[Mapping[str, Any]], now_ns: int, since_ns: in
             hung += 1
         elif now_ns - written > STALE_NS:
             stale += 1
+    if not seen:
+        return {}
     return {
         f"{PREFIX}ranks/heartbeats": float(seen),
         f"{PREFIX}ranks/hung": float(hung),

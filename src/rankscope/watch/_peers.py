@@ -31,7 +31,7 @@ logger = get_logger(__name__)
 REFRESH_S = 2.0
 """How often the view reads the run directory, at most."""
 PACE = 40
-"""Between two reads the thread waits at least this many times as long as the last read
+"""Between two reads the thread waits at least this many times the CPU time the last read
 took, so it takes at most 1/PACE of a core: a read of 1024 ranks' files takes about
 0.1 s with the timer's defaults, 0.35 s timing every step (bench/live_figures.py)."""
 LAUNCH_SKEW_NS = 600 * 10**9
@@ -64,6 +64,8 @@ class PeerView:
         self._stopping = threading.Event()
         self._done = threading.Condition()
         self._begun = self._finished = 0  # refreshes begun and finished
+        self._rested = 0.0  # (monotonic s) the pace's end after the last read
+        self._poked = False  # new records since the last read began
         self._thread: threading.Thread | None = None
         self.enabled = True
         self.fault_reason: str | None = None
@@ -102,6 +104,14 @@ class PeerView:
             self._handed = upto
         return out
 
+    def poke(self) -> None:
+        """New records are in this rank's file (its timer wrote them): read them now rather
+        than at the next turn, where the pace allows (a short job's figures came only
+        from reads every REFRESH_S, after its first logs). Never waits."""
+        self._poked = True
+        if time.monotonic() >= self._rested:
+            self._wake.set()
+
     def wait_fresh(self, timeout: float = 10.0) -> bool:
         """Wait for a read of the directory that began after this call (tests and
         benchmarks: a log call never waits). False if `timeout` passed first."""
@@ -118,8 +128,9 @@ class PeerView:
         while not self._stopping.is_set():
             with self._done:
                 self._wake.clear()
+                self._poked = False
                 self._begun += 1
-            began = time.monotonic()
+            began = time.thread_time()
             try:
                 self.refresh()
             except Exception as exc:  # nothing may reach the job
@@ -129,7 +140,13 @@ class PeerView:
                 self._done.notify_all()
             if not self.enabled:
                 return
-            self._wake.wait(max(self._refresh_s, PACE * (time.monotonic() - began)))
+            # The pace counts the read's CPU time, what it takes from the job: a read that
+            # a busy machine kept waiting for a core took nothing meanwhile.
+            rest = PACE * (time.thread_time() - began)
+            self._rested = time.monotonic() + rest  # no poke wakes it before
+            if self._wake.wait(rest) or self._poked:
+                continue  # woken (stop, wait_fresh), or poked while it rested: read now
+            self._wake.wait(max(0.0, self._refresh_s - rest))
 
     def refresh(self) -> None:
         """Read what the ranks wrote since the last refresh and work the figures out."""
