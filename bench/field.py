@@ -9,7 +9,9 @@ the fault's onset less the mean step before it, in the same run; for uneven data
 mean step after the onset less that of a twin run given the same extra load spread
 evenly over the ranks (balancing spreads the load, it does not remove it). Printed per fault run:
 the slow rank, phase and onset named right or not, the waiting ranks named right or not,
-and the price over the measured saving; per clean run, every finding it got. The goal:
+and the price over the measured saving, with the saving's own noise: how far the same
+measure strays on the job's clean runs of the session (a price off by less than that is
+as near as the truth can tell); per clean run, every finding it got. The goal:
 every fault named with its waiters, every price 0.7-1.4x the saving, and no finding on a
 clean run.
 
@@ -19,6 +21,7 @@ clean run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -91,6 +94,10 @@ class Outcome:
     saving: float | None = None
     by_median: float | None = None
     """The saving by medians: a busy machine's bursts swing a mean by more than a fault."""
+    noise: float | None = None
+    """How far the same measure strays on the job's clean runs of this session (the
+    largest): what the measured saving itself cannot tell apart. On a quiet machine a
+    fraction of a millisecond; with the test suite beside it, several."""
     error: str | None = None
 
     @property
@@ -98,6 +105,18 @@ class Outcome:
         if self.price is None or not self.saving:
             return None
         return self.price / self.saving
+
+    @property
+    def verdict(self) -> str:
+        """ "right" (0.7-1.4x the saving), "within the truth's noise" (the price is as near
+        the saving as the clean runs stray from 0), or "OFF"."""
+        ratio = self.ratio
+        if ratio is not None and 0.7 <= ratio <= 1.4:
+            return "right"
+        price, saving, noise = self.price, self.saving, self.noise
+        if price is not None and saving is not None and noise is not None:
+            return "within the truth's noise" if abs(price - saving) <= noise else "OFF"
+        return "OFF"
 
 
 def _saving(run: Path, since: int, of: Any = np.mean) -> float:
@@ -169,11 +188,22 @@ def _mean_step(run: Path, since: int = _WARM) -> float:
     return float(np.mean(steps[max(since, _WARM) :]))
 
 
+def _noise(cleans: list[Path], since: int, twin: bool) -> float | None:
+    """The largest saving the fault's own measure finds on the clean runs: after the onset
+    less before it in one run, or (against a twin) one clean run's steps less another's."""
+    if twin or since <= _WARM:
+        means = [_mean_step(run, since) for run in cleans]
+        pairs = [abs(a - b) for a, b in itertools.pairwise(means)]
+        return max(pairs) if pairs else None
+    found = [abs(_saving(run, since)) for run in cleans]
+    return max(found) if found else None
+
+
 def run_job(gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool) -> list[Outcome]:
     steps = job.steps // 2 if quick else job.steps
     since = job.fault.since // 2 if quick else job.fault.since
     fault = replace(job.fault, since=since)
-    outcomes, clean_ms = [], []
+    outcomes, clean_ms, cleans = [], [], []
     for i in range(clean):
         run = root / f"{job.name}-clean-{i}"
         try:
@@ -182,6 +212,7 @@ def run_job(gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool) -> l
             outcomes.append(Outcome(job.name, False, error=str(exc).splitlines()[0]))
             continue
         clean_ms.append(_mean_step(run))
+        cleans.append(run)
         outcomes.append(judge(job, run, False, None))
     run = root / f"{job.name}-fault"
     try:
@@ -193,7 +224,9 @@ def run_job(gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool) -> l
             gloo.run(job.run, job.world, twin, balanced, init=not job.torchrun)
         sized = replace(job, fault=fault)
         clean_step = float(np.mean(clean_ms)) if clean_ms else None
-        outcomes.append(judge(sized, run, True, clean_step, twin))
+        judged = judge(sized, run, True, clean_step, twin)
+        judged.noise = _noise(cleans, since, twin is not None)
+        outcomes.append(judged)
     except RanksFailed as exc:
         outcomes.append(Outcome(job.name, True, error=str(exc)[-600:]))
     return outcomes
@@ -214,9 +247,11 @@ def _print(o: Outcome) -> None:
     median = ""
     if o.by_median and o.price is not None:
         median = f" (by medians {o.by_median:.1f} ms, {o.price / o.by_median:.2f}x)"
+    noise = "" if o.noise is None else f" +-{o.noise:.1f}"
     print(
         f"{o.job:11} fault named={'right' if o.named else 'WRONG'} onset={o.onset} "
-        f"waiters={waiters} price={price} saving={saving} ratio={ratio}{median}"
+        f"waiters={waiters} price={price} saving={saving}{noise} ratio={ratio}{median} "
+        f"price: {o.verdict}"
     )
     print(f"{'':17} said: {'; '.join(o.findings) or 'nothing'}")
 
@@ -232,7 +267,14 @@ def main() -> int:
     clean = args.clean if args.clean is not None else (1 if args.quick else 3)
     wanted = set(args.jobs.split(",")) if args.jobs else None
     jobs = [j for j in JOBS if wanted is None or j.name in wanted]
-    totals = {"clean runs": 0, "clean findings": 0, "faults named": 0, "faults": 0}
+    totals = {
+        "clean runs": 0,
+        "clean findings": 0,
+        "faults named": 0,
+        "faults": 0,
+        "prices right": 0,
+        "within noise": 0,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) if args.keep is None else args.keep
         root.mkdir(parents=True, exist_ok=True)
@@ -246,6 +288,8 @@ def main() -> int:
                 if o.fault:
                     totals["faults"] += 1
                     totals["faults named"] += bool(o.named)
+                    totals["prices right"] += o.verdict == "right"
+                    totals["within noise"] += o.verdict == "within the truth's noise"
                 else:
                     totals["clean runs"] += 1
                     totals["clean findings"] += len(o.findings)
