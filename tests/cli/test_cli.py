@@ -229,7 +229,9 @@ def test_without_rich_the_cli_names_the_extra_and_json_still_works(tmp_path: Pat
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert "json: 0" in done.stdout and "terminal: 2" in done.stdout
-    assert "rankscope kernels: needs rich, not installed: pip install 'rankscope[cli]'" in done.stderr
+    assert (
+        "rankscope kernels: needs rich, not installed: pip install 'rankscope[cli]'" in done.stderr
+    )
 
 
 def test_a_reader_that_goes_away_stops_the_command_quietly(tmp_path: Path) -> None:

@@ -175,7 +175,9 @@ def phase_matrices(timings: RunTimings, time: str = "host") -> PhaseMatrices:
     records = RunRecords(run_dir=timings.run_dir, time=time)
     for rank in sorted(timings.ranks):
         records.add_rank(timings.ranks[rank])
-    return matrices_of(records)
+    out = matrices_of(records)
+    timings.skipped.extend(records.skipped)  # the records counted once
+    return out
 
 
 def matrices_of(records: RunRecords) -> PhaseMatrices:
@@ -185,6 +187,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     so memory holds the records and one phase's copy besides the matrices. Where a
     top-level phase runs more than once in a rank's step (a pipeline's microbatches), the
     top-level records are kept besides, in order (`ops`)."""
+    records.drop_all_twins()
     ranks = sorted(records.ranks)
     rank_index = np.asarray(ranks, np.int64)
     every = [part[1] for phase in records.phases.values() for part in phase.parts]

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from ..._errors import TraceError
+from ._timings import MAX_MS
 
 __all__ = ["COLUMNS", "connect", "lines_sql", "name_of"]
 
@@ -81,8 +82,9 @@ _RECORD = " AND ".join(
     [
         "step >= 0 AND start_ns >= 0 AND depth >= 0",
         f"{_STRING.format('phase')} AND {_STRING.format('kind')}",
-        "cpu_ms_number AND isfinite(cpu_ms) AND cpu_ms >= 0",
-        "(gpu_ms_number IS NULL OR (gpu_ms_number AND isfinite(gpu_ms) AND gpu_ms >= 0))",
+        f"cpu_ms_number AND isfinite(cpu_ms) AND cpu_ms >= 0 AND cpu_ms <= {MAX_MS}",
+        "(gpu_ms_number IS NULL OR (gpu_ms_number AND isfinite(gpu_ms) AND gpu_ms >= 0 "
+        f"AND gpu_ms <= {MAX_MS}))",
     ]
 )
 _WHOLE = (

@@ -110,6 +110,30 @@ class PhaseRecords:
         self.parts.append(columns)
         self.depth = min(self.depth, depth)
 
+    def drop_twins(self) -> int:
+        """Keep one of the records that share a rank, step, start (to the ns) and time: the
+        same record written twice, which would count the phase twice in its step (and read as
+        a phase that runs twice: a pipeline). How many were dropped."""
+        if not self.parts:
+            return 0
+        rank, step, ms, start, host = self.take()
+        ordered = np.sort(start)
+        if not (ordered[1:] == ordered[:-1]).any():  # nearly always: no two starts alike
+            self.parts = [(rank, step, ms, start, host)]
+            return 0
+        key = np.stack((rank, step, start, ms.view(np.int64)))
+        _, first = np.unique(key, axis=1, return_index=True)
+        if len(first) == len(rank):
+            self.parts = [(rank, step, ms, start, host)]
+            return 0
+        keep = np.sort(first)
+        host_kept = ms[keep] if host is ms else host[keep]
+        ms_kept = ms[keep]
+        self.parts = [
+            (rank[keep], step[keep], ms_kept, start[keep], ms_kept if host is ms else host_kept)
+        ]
+        return len(rank) - len(keep)
+
     def take(self) -> tuple[Int64s, Int64s, Floats, Int64s, Floats]:
         """(rank, step, ms, start_ns, host ms), one entry per record; the parts are released."""
         parts, self.parts = self.parts, []
@@ -138,6 +162,17 @@ class RunRecords:
     """Each rank's latest step with a record."""
     valued: set[str] = field(default_factory=set)
     """Phases a record of which holds user values ("meta"), read by read/_values.py."""
+
+    def drop_all_twins(self) -> None:
+        """drop_twins of every phase, each said in `skipped`."""
+        for name, phase in self.phases.items():
+            twins = phase.drop_twins()
+            if twins:
+                self.skipped.append(
+                    f"{name}: {twins} record{'s' if twins != 1 else ''} the same as another "
+                    "(rank, step, start and time) counted once: a flush written twice, or a "
+                    "file copied into itself"
+                )
 
     def phase(self, name: str) -> PhaseRecords:
         # A name is shown, never acted on: its control characters written out (a newline

@@ -64,6 +64,9 @@ _TIMER_LINE = re.compile(
 # The line that opens an attempt (timing/_record.py format_attempt).
 _ATTEMPT_LINE = re.compile(rb'^\{"v":1,"rank":([0-9]+),"attempt":[^\n]*\n', re.MULTILINE)
 _INT_MAX = 2**63 - 1
+MAX_MS = 7 * 24 * 3600 * 1000.0
+"""The longest a record's phase can take (a week): 1.8e308 ms in a line is no time, and
+summed with others it made the step infinite and every saving 0."""
 _VERSIONS = (1,)
 """The record schema versions this reader knows."""
 
@@ -364,7 +367,12 @@ def _read_timer_lines(body: bytes, rank: int, path: Path) -> RankTimings | None:
     # gpu_ms can only come from null: the pattern admits no other word.)
     if not (np.isfinite(cpu_ms).all() and (np.isfinite(gpu_ms) | np.isnan(gpu_ms)).all()):
         return None
-    if (cpu_ms < 0).any() or (gpu_ms < 0).any():
+    if (
+        (cpu_ms < 0).any()
+        or (gpu_ms < 0).any()
+        or (cpu_ms > MAX_MS).any()
+        or (gpu_ms > MAX_MS).any()
+    ):
         return None  # a time below zero: the line-by-line reader says which lines
     out.names, out.kinds = names, kind_names
     out.phase, out.kind = phase, kind
@@ -599,7 +607,9 @@ def _problem(record: Any, rank: int) -> str | None:  # noqa: PLR0911 - a return 
         return "phase and kind must be strings"
     gpu_ms = record.get("gpu_ms")
     if not _is_number(record["cpu_ms"]) or not (gpu_ms is None or _is_number(gpu_ms)):
-        return "cpu_ms and gpu_ms must be finite numbers >= 0 (gpu_ms may be null)"
+        return (
+            f"cpu_ms and gpu_ms must be numbers from 0 to {MAX_MS:.0f} (a week; gpu_ms may be null)"
+        )
     return None
 
 
@@ -608,10 +618,10 @@ def _is_int(value: object) -> bool:
 
 
 def _is_number(value: object) -> bool:
-    """A finite time >= 0 (a value too large for a double is not one)."""
+    """A time from 0 to MAX_MS (a value too large for a double is not one)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
     try:
-        return math.isfinite(value) and value >= 0
+        return math.isfinite(value) and 0 <= value <= MAX_MS
     except OverflowError:  # an int past a double's range
         return False
