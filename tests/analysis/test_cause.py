@@ -66,6 +66,18 @@ def test_a_rank_slow_at_every_step_is_persistent_and_says_data_is_not_ruled_out(
     assert all(f.cause is None for f in found.findings if f.role == "waits")
 
 
+def test_a_loader_slow_at_every_step_is_its_own_loading_not_the_machine(tmp_path: Path) -> None:
+    # A CPU job's collator sleeping at every batch was called "the machine (or its
+    # device) more than the data".
+    write_timings(tmp_path, ranks=8, steps=40, slowdowns=[Slowdown(2, "host_to_device", 2.0)])
+    found = _found(tmp_path)
+    (slow,) = [f for f in found.findings if f.role == "slow"]
+    assert (slow.rank, slow.phase, slow.kind) == (2, "host_to_device", "data")
+    assert slow.cause is not None and slow.cause.kind == "persistent"
+    assert "its own loading (its storage, its loader's workers" in slow.cause.text
+    assert "the machine" not in slow.cause.text
+
+
 def test_a_stage_slow_together_is_partitioning_by_its_group(tmp_path: Path) -> None:
     slow = [Slowdown(r, "forward", 0.4) for r in (6, 7)]
     write_timings(tmp_path, ranks=8, steps=40, slowdowns=slow, ranks_per_host=8)

@@ -244,9 +244,17 @@ def _machine(
     data, ruled_out = evidence
     unsure: tuple[str, ...] = () if ruled_out else ("data-driven",)
     if f.share_above >= PERSISTENT_SHARE and steady:
+        # A loader's phase slow at every step is its own loading (a sleep, slow storage,
+        # too few workers), not the machine: only its batches' size is "the data" here.
+        where = (
+            "its own loading (its storage, its loader's workers, the files it reads) more "
+            "than the size of its batches"
+            if f.kind in _HOST_WORK
+            else "the machine (or its device) more than the data"
+        )
         text = (
             f"persistent: slow at {f.share_above:.0%} of sampled steps{since}, its fastest "
-            f"steps included: the machine (or its device) more than the data; {data}"
+            f"steps included: {where}; {data}"
         )
         return Cause("persistent", text, ("persistent", *unsure) if unsure else ())
     text = (

@@ -319,7 +319,11 @@ def test_a_phase_repeated_with_the_same_kind_sums_in_file_order(tmp_path: Path) 
     # (0.1 + 0.2) + 3.0 + 0.3 is not 0.1 + 0.2 + 0.3 + 3.0 in floating point: the engine
     # must add in the order the reference does.
     values = (0.1, 0.2, 3.0, 0.3, 1e16, 1.0, 1.0)
-    write(tmp_path, 0, [line(0, 0, "x", cpu_ms=v, start_ns=EPOCH_NS + i) for i, v in enumerate(values)])
+    write(
+        tmp_path,
+        0,
+        [line(0, 0, "x", cpu_ms=v, start_ns=EPOCH_NS + i) for i, v in enumerate(values)],
+    )
     agree(tmp_path)
 
 
