@@ -507,3 +507,27 @@ def test_a_phase_that_issued_a_collective_is_work_only_where_one_rank_leaves_it_
     m = _matrices({"data": ("data", [[2.0] * 12] * 4), "forward": ("compute", forward)}, steps)
     m = replace(m, issued={"data": False, "forward": True})
     assert ("forward" in ends_in_collective(m)) is ends_in_it
+
+
+@pytest.mark.parametrize("comm", [True, False])
+def test_ranks_on_several_hosts_without_a_comm_phase_are_told_their_clocks_are_not_measured(
+    tmp_path: Path, comm: bool
+) -> None:
+    # A plain DDP job across hosts: its all-reduce inside backward, no phase of kind comm
+    # to measure the hosts' clock offsets by. A 5 ms offset then made the waiting ranks
+    # vanish and the price fall 400x, with no word.
+    phases = DDP_PHASES if comm else tuple(p for p in DDP_PHASES if p.kind != "comm")
+    report = _analyse(
+        tmp_path,
+        ranks=4,
+        steps=40,
+        phases=phases,
+        ranks_per_host=2,
+        slowdowns=[Slowdown(1, "forward", 0.4)],
+    )
+    said = [n for n in report.notes if "no phase of kind comm measures how far apart" in n]
+    assert len(said) == (0 if comm else 1)
+    if said:
+        assert said[0].startswith("the ranks ran on 2 hosts")
+    one_host = _analyse(tmp_path / "one", ranks=4, steps=40, phases=phases, ranks_per_host=4)
+    assert not any("measures how far apart" in n for n in one_host.notes)

@@ -27,7 +27,14 @@ if TYPE_CHECKING:  # numpy, and the straggler analysis, only where timings are r
     from ._matrix import PhaseMatrices
     from .read._run import RunMeta
 
-__all__ = ["ALIGNMENTS", "Clock", "HostOffsets", "align_clocks", "host_clock_offsets"]
+__all__ = [
+    "ALIGNMENTS",
+    "Clock",
+    "HostOffsets",
+    "align_clocks",
+    "host_clock_offsets",
+    "unmeasured_clocks",
+]
 
 _YEAR_NS = 366 * 86_400 * 10**9
 _OFFSET_LIMIT_NS = 3_600 * 10**9
@@ -52,6 +59,24 @@ class HostOffsets:
     ranks' times. Empty where none could be estimated."""
     why_none: str | None = None
     """Why there are none, in words (where `ns` is empty)."""
+
+
+def unmeasured_clocks(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> str | None:
+    """A note where the ranks ran on several hosts and no phase of kind comm measures how
+    far apart their clocks are: who arrives last across hosts is then read on clocks that
+    may differ by milliseconds (NTP's usual), and a waiting rank can vanish with it."""
+    if not hosts or "comm" in m.kinds or m.on_device:
+        return None
+    spanned = {hosts[r] for r in m.ranks if r in hosts}
+    if len(spanned) < 2:
+        return None
+    return (
+        f"the ranks ran on {len(spanned)} hosts and no phase of kind comm measures how far "
+        "apart their clocks are: who arrives last across hosts (the ranks that wait, and "
+        "what they cost) is read on the hosts' clocks as they are, which NTP keeps within "
+        "milliseconds and a clock step moves by seconds; time a collective as a phase of "
+        'kind comm (prof.phase("sync", kind="comm")) to have the offsets measured'
+    )
 
 
 def host_clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str]) -> HostOffsets:

@@ -33,6 +33,7 @@ import numpy.typing as npt
 from .._text import format_ranks
 from ._cause import causes_of
 from ._chance import binomial_tail, steps_needed
+from ._collective_clocks import unmeasured_clocks
 from ._cost import drop_the_cheap, estimate_costs
 from ._findings import (
     RankPhase,
@@ -348,6 +349,9 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
         report.notes = costs.notes + (known.notes if known is not None else [])
         report.cost, report.host_costs = costs.all, costs.hosts
         report.model_step_ms = costs.model_step_ms
+    clocks = unmeasured_clocks(m, hosts)
+    if clocks is not None:
+        report.notes.append(clocks)
     report.summary = sentences(report)
     return report
 
