@@ -84,7 +84,10 @@ def test_the_figures_are_curves_in_tensorboard_next_to_the_loss(tmp_path: Path) 
     # first log's, its first step too, whose step record is written at its end).
     sampled = [p.value for p in board.Scalars("train/rankscope/sampled_steps")]
     assert sampled == [LOG_EVERY] * len(logged)
-    assert {"train/rankscope/ranks/compared", "train/rankscope/ranks/hung"} <= tags
+    assert "train/rankscope/ranks/compared" in tags
+    # The heartbeats' figures come once a heartbeat was read, never as 0 before.
+    if "train/rankscope/ranks/heartbeats" in tags:
+        assert all(p.value >= 1 for p in board.Scalars("train/rankscope/ranks/heartbeats"))
     # trainer.state.log_history holds them too, in the training logs.
     trained = [h for h in trainer.state.log_history if "loss" in h]
     assert [h["step"] for h in trained] == logged

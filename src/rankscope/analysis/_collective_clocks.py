@@ -8,7 +8,7 @@
 - Hosts' wall clocks differ by what NTP leaves. Where the window's ranks span hosts and
   the run has timings, each host's offset is taken off its ranks' times: the offset the
   straggler analysis estimates from when ranks leave comm phases, which all ranks leave
-  together (`_stragglers.clock_offsets`), over the whole run. Without timings, or without
+  together (`clock_offsets`), over the whole run. Without timings, or without
   a comm phase in them, hosts are compared on their wall clocks as written, and the
   output says so.
 """
@@ -32,6 +32,7 @@ __all__ = [
     "Clock",
     "HostOffsets",
     "align_clocks",
+    "clock_offsets",
     "host_clock_offsets",
     "unmeasured_clocks",
 ]
@@ -61,6 +62,40 @@ class HostOffsets:
     """Why there are none, in words (where `ns` is empty)."""
 
 
+def clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Any:
+    """Each rank's clock offset (ns), from collectives, which all ranks leave together.
+
+    Ranks on one host read one clock: they get one offset, the median of theirs, so a
+    rank that is merely slow to resume after a collective (an oversubscribed CPU) is not
+    taken for a rank whose clock is off. With every rank on one host, there is none.
+    """
+    import numpy as np
+
+    from ._matrix import nanmedian, quiet
+
+    deviations = []
+    for p, kind in enumerate(m.kinds):
+        if kind == "comm":
+            leave = m.end_ns[p]
+            with quiet():
+                deviations.append(leave - nanmedian(leave, 0))
+    if not deviations:
+        return np.zeros(len(m.ranks))
+    with quiet():
+        offset = np.nan_to_num(nanmedian(np.concatenate(deviations, 1), axis=1))
+    if hosts is None:
+        return offset
+    groups: dict[str, list[int]] = {}
+    for i, rank in enumerate(m.ranks):
+        groups.setdefault(hosts.get(rank, f"rank {rank}"), []).append(i)
+    if len(groups) == 1:
+        return np.zeros(len(m.ranks))
+    shared = np.zeros(len(m.ranks))
+    for members in groups.values():
+        shared[members] = np.median(offset[members])
+    return shared
+
+
 def unmeasured_clocks(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> str | None:
     """A note where the ranks ran on several hosts and no phase of kind comm measures how
     far apart their clocks are: who arrives last across hosts is then read on clocks that
@@ -80,15 +115,13 @@ def unmeasured_clocks(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> str 
 
 
 def host_clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str]) -> HostOffsets:
-    """Each host's clock offset from the run's timings (`_stragglers.clock_offsets`, the
+    """Each host's clock offset from the run's timings (`clock_offsets`, the
     median over a host's ranks). Empty, with the reason, where the timings hold no comm
     phase: those are what the offsets are measured at."""
     if "comm" not in m.kinds:
         return HostOffsets(
             why_none="the timings hold no phase of kind comm, whose ends measure the offsets"
         )
-    from ._stragglers import clock_offsets
-
     offsets = clock_offsets(m, hosts)
     per_host: dict[str, list[float]] = {}
     for i, rank in enumerate(m.ranks):

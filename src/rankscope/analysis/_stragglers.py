@@ -33,7 +33,7 @@ import numpy.typing as npt
 from .._text import format_ranks
 from ._cause import causes_of
 from ._chance import binomial_tail, steps_needed
-from ._collective_clocks import unmeasured_clocks
+from ._collective_clocks import clock_offsets, unmeasured_clocks
 from ._cost import drop_the_cheap, estimate_costs
 from ._findings import (
     RankPhase,
@@ -59,7 +59,6 @@ __all__ = [
     "StragglerFinding",
     "StragglerReport",
     "Undecided",
-    "clock_offsets",
     "ends_in_collective",
     "find_stragglers",
     "format_ranks",
@@ -470,36 +469,6 @@ def _arrivals(
         [s - offset[:, None] for s in m.start_ns],
         [e - offset[:, None] for e in m.end_ns],
     )
-
-
-def clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Vector:
-    """Each rank's clock offset (ns), from collectives, which all ranks leave together.
-
-    Ranks on one host read one clock: they get one offset, the median of theirs, so a
-    rank that is merely slow to resume after a collective (an oversubscribed CPU) is not
-    taken for a rank whose clock is off. With every rank on one host, there is none.
-    """
-    deviations = []
-    for p, kind in enumerate(m.kinds):
-        if kind == "comm":
-            leave = m.end_ns[p]
-            with quiet():
-                deviations.append(leave - nanmedian(leave, 0))
-    if not deviations:
-        return np.zeros(len(m.ranks))
-    with quiet():
-        offset = np.nan_to_num(nanmedian(np.concatenate(deviations, 1), axis=1))
-    if hosts is None:
-        return offset
-    groups: dict[str, list[int]] = {}
-    for i, rank in enumerate(m.ranks):
-        groups.setdefault(hosts.get(rank, f"rank {rank}"), []).append(i)
-    if len(groups) == 1:
-        return np.zeros(len(m.ranks))
-    shared = np.zeros(len(m.ranks))
-    for members in groups.values():
-        shared[members] = np.median(offset[members])
-    return shared
 
 
 def _leave_apart(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:

@@ -12,7 +12,6 @@ that agreement is never agreement about nothing.
 
 from __future__ import annotations
 
-import itertools
 import json
 import tempfile
 from collections.abc import Iterator
