@@ -279,8 +279,9 @@ def test_meta_and_timings_say_the_attempt_the_launcher_gave(
     said = meta["attempt"]
     assert (said["launcher"], said["job"], said["restart"]) == ("torchelastic", "job7", 2)
     first = json.loads((tmp_path / "timings" / "rank-00000.jsonl").read_text().splitlines()[0])
-    # The line also names the host the meta file names (outside the attempt's identity).
-    assert first == {"v": 1, "rank": 0, **said, "host": meta["host"]}
+    # The line also names the host and world size the meta file names (outside the
+    # attempt's identity).
+    assert first == {"v": 1, "rank": 0, **said, "host": meta["host"], "world": meta["world_size"]}
     run = read_timings(tmp_path)
     mark = run.ranks[0].attempts[0]
     assert (mark.restart, mark.host, mark.host_problem) == (2, meta["host"], None)
@@ -497,3 +498,54 @@ def test_number_ranges_among_the_numbers_that_could_be(
     numbers: list[int], among: list[int], said: str
 ) -> None:
     assert number_ranges(numbers, among=among) == said
+
+
+def _elastic_start(
+    monkeypatch: pytest.MonkeyPatch, run: Path, restart: int, forward_s: dict[int, float]
+) -> None:
+    """torchelastic's restart `restart` of one job, its ranks (the keys of `forward_s`)
+    taking their steps in turns, each sleeping its time in forward."""
+    import contextlib
+    import time
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+    monkeypatch.setattr(_attempt, "_current", None)
+    config = {"output_dir": str(run), "timer": {"enable": True, "every_n_steps": 1}}
+    world = len(forward_s)
+    with contextlib.ExitStack() as started:
+        profs = {
+            r: started.enter_context(rankscope.Profiler(config, rank=r, world_size=world))
+            for r in forward_s
+        }
+        for _ in range(16):
+            for rank, prof in profs.items():
+                with prof.phase("forward"):
+                    time.sleep(forward_s[rank])
+                prof.step()
+
+
+def test_an_elastic_restart_to_fewer_ranks_leaves_the_earlier_worlds_ranks_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 4 ranks, all slow (another shape of the job), then a restart on 3 ranks where rank
+    # 1 is slow. Mixed in, the old rank 3 was "slow in forward" beside the new ranks, and
+    # the report said a world of 4 with none missing.
+    run = tmp_path / "run"
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    _elastic_start(monkeypatch, run, 0, {r: 0.02 for r in range(4)})
+    _elastic_start(monkeypatch, run, 1, {0: 0.002, 1: 0.012, 2: 0.002})
+    assert main(["report", str(run), "--json", "--no-html"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    slow = {
+        (f["rank"], f["phase"]) for f in report["stragglers"]["findings"] if f["role"] == "slow"
+    }
+    assert slow == {(1, "forward")}
+    assert report["ranks"]["present"] == [0, 1, 2]
+    assert report["ranks"]["world_size"] == 3 and report["ranks"]["missing"] == []
+    attempts = report["attempts"]
+    assert attempts["ranks_beyond_the_world"] == [3]
+    assert "rank 3 ran only in an earlier attempt's larger world" in attempts["note"]
+    # The earlier world is there to be read whole.
+    assert main(["stragglers", str(run), "--json", "--attempt", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["ranks"] == [0, 1, 2, 3]

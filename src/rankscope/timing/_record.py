@@ -115,16 +115,21 @@ def format_record(rank: int, span: Span, gpu_ms: float | None, dropped: int) -> 
     return line + "}\n"
 
 
-def format_attempt(rank: int, attempt: dict[str, Any], host: str | None = None) -> str:
+def format_attempt(
+    rank: int, attempt: dict[str, Any], host: str | None = None, world: int | None = None
+) -> str:
     """The line that opens an attempt's records in a rank's file (no step, no phase).
 
     Records that follow it, up to the next such line, belong to that attempt; a file
     without one (written before attempts existed) holds one attempt. `host` is where
     this start runs (RankInfo.host): the meta file names only a rank's latest start's
     host, so an earlier attempt's host is known from this line alone. It is said after
-    the attempt's own fields and is no part of its identity (the token is).
+    the attempt's own fields and is no part of its identity (the token is); so is
+    `world`, the world size of this start (an elastic restart may have fewer ranks).
     """
     said = attempt if host is None else {**attempt, "host": host}
+    if world is not None:
+        said = {**said, "world": world}
     fields = json.dumps(said, separators=(",", ":"))[1:]
     return f'{{"v":{RECORD_VERSION},"rank":{rank},{fields}\n'
 

@@ -69,6 +69,7 @@ class PhaseTimer:
         self._config = config
         self._rank = rank_info.rank
         self._host = rank_info.host
+        self._world = rank_info.world_size
         self._run_dir = run_dir
         self.path = timing_path(run_dir, rank_info.rank)
         """Where this rank's records go: RUN_DIR/timings/rank-NNNNN.jsonl."""
@@ -444,7 +445,8 @@ class PhaseTimer:
 
     def _attempt_line(self) -> bytes:
         """The line that says which attempt wrote the records after it, and on which host."""
-        return format_attempt(self._rank, current_attempt().to_dict(), self._host).encode()
+        attempt = current_attempt().to_dict()
+        return format_attempt(self._rank, attempt, self._host, self._world).encode()
 
     def _end_torn_line(self) -> None:
         """A crash may have left half a line at the end: start ours on a line of their own."""

@@ -47,8 +47,12 @@ class AttemptMark:
     """Why the line's host was ignored ("12, not a host name"); None where it was not."""
     rendezvous: str | None = None
     """MASTER_ADDR:MASTER_PORT of the start's launch, where the line says (rundir/_attempt.py)."""
+    world: int | None = None
+    """The world size of the start, where the line says (no part of its identity either)."""
 
 
+_MAX_WORLD = 1 << 24
+"""Larger than any job: a world size past it is not believed."""
 HOST_MAX = 255
 """Longer than any host name: a file that says more names no host."""
 
@@ -73,7 +77,7 @@ def mark_of(record: dict[str, Any]) -> AttemptMark | str:
         return "an attempt line whose started_ns is not an integer >= 0"
     launcher, job, restart = record.get("launcher"), record.get("job"), record.get("restart")
     meeting = record.get("rendezvous")
-    host = record.get("host")
+    host, world = record.get("host"), record.get("world")
     problem = None if host is None else host_problem(host)
     return AttemptMark(
         token=token,
@@ -84,6 +88,9 @@ def mark_of(record: dict[str, Any]) -> AttemptMark | str:
         host=host if problem is None else None,
         host_problem=problem,
         rendezvous=meeting if isinstance(meeting, str) and 0 < len(meeting) <= 300 else None,
+        world=world
+        if isinstance(world, int) and _is_int(world) and 0 < world <= _MAX_WORLD
+        else None,
     )
 
 
@@ -109,6 +116,11 @@ class Attempts:
     """Records left out because another attempt's record of their step is used."""
     without: list[int] = field(default_factory=list)
     """Ranks with no record in the picked attempt."""
+    beyond: list[int] = field(default_factory=list)
+    """Ranks past the latest attempt's world (an elastic restart with fewer ranks): their
+    records are an earlier world's, left out where no attempt is asked for."""
+    world: int | None = None
+    """The latest attempt's world size, where its attempt lines say."""
     marks: list[dict[int, AttemptMark]] = field(default_factory=list)
     """Per attempt (0-based), each of its ranks' marks: what its attempt line said (its
     start, its host). Not in to_dict."""
@@ -134,6 +146,12 @@ class Attempts:
                 none = "has" if len(self.without) == 1 else "have"
                 tail += f"; {format_ranks(self.without)} {none} no records in it"
             return f"{head}; {tail}"
+        if self.beyond:
+            past = (
+                f"; {format_ranks(self.beyond)} ran only in an earlier attempt's larger world: "
+                f"left out, as the latest attempt ran {self.world} ranks (--attempt N reads them)"
+            )
+            head += past
         if not self.rerun_steps:
             return f"{head}; no step ran in more than one, so every record is used"
         ran = "twice" if self.times == 2 else f"{self.times} times"
@@ -152,6 +170,7 @@ class Attempts:
             "rerun_steps": number_ranges(self.rerun_steps),
             "records_left_out": self.dropped,
             "ranks_without": self.without,
+            "ranks_beyond_the_world": self.beyond,
             "concurrent": self.concurrent,
             "note": self.note,
         }
@@ -176,6 +195,15 @@ def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
     out.concurrent = sorted(together)
     if pick is None and together:
         pick = max(together)  # the records of jobs that ran at once are never mixed
+    worlds = {mark.world for _, mark in groups[-1] if mark.world is not None} if groups else set()
+    if pick is None and len(worlds) == 1:
+        # An elastic restart with fewer ranks: a rank past its world ran only before, in
+        # another shape of the job; mixed in, it read as slow against ranks it never met.
+        (out.world,) = worlds
+        for rank in sorted(r for r in ranks if r >= out.world):
+            out.dropped += len(ranks[rank])
+            out.beyond.append(rank)
+            del ranks[rank]
     rerun: set[int] = set()
     recorded: set[int] = set()
     for rank, timings in list(ranks.items()):

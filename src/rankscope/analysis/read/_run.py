@@ -194,6 +194,7 @@ def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
     meta: dict[int, dict[str, Any]] = {}
     skipped: list[str] = []
     sizes: set[int] = set()
+    latest: tuple[int, int] | None = None  # (started_ns, world size) of the latest start
     run = RunDir(root)
     for found in run.meta():
         path, rank = found.path, found.rank
@@ -231,9 +232,35 @@ def read_run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
                 )
             else:
                 sizes.add(size)
+                started = _started(data)
+                if started is not None and (latest is None or started > latest[0]):
+                    latest = (started, size)
     skipped.extend(run.left_out)  # a FIFO or a folder under a meta name
-    if len(sizes) > 1:
-        skipped.append(
-            f"{root / META}: the ranks disagree on the world size ({sorted(sizes)}); using the largest"
-        )
-    return RunMeta(root=root, meta=meta, world_size=max(sizes) if sizes else None, skipped=skipped)
+    world = _world(root, sizes, latest, skipped)
+    return RunMeta(root=root, meta=meta, world_size=world, skipped=skipped)
+
+
+def _world(
+    root: Path, sizes: set[int], latest: tuple[int, int] | None, skipped: list[str]
+) -> int | None:
+    """The run's world size from the sizes its meta files state. Where they disagree (an
+    elastic restart with fewer ranks leaves the ranks it dropped with the earlier start's
+    meta file), the latest start's: the job's world now; said in `skipped`."""
+    if not sizes:
+        return None
+    if len(sizes) == 1:
+        return next(iter(sizes))
+    world, which = max(sizes), "the largest"
+    if latest is not None:
+        world, which = latest[1], "the latest start's"
+    skipped.append(
+        f"{root / META}: the ranks disagree on the world size ({sorted(sizes)}); using {which}"
+    )
+    return world
+
+
+def _started(data: dict[str, Any]) -> int | None:
+    """When the start that wrote a meta file began (its attempt's started_ns), or None."""
+    attempt = data.get("attempt")
+    started = attempt.get("started_ns") if isinstance(attempt, dict) else None
+    return started if isinstance(started, int) and not isinstance(started, bool) else None
