@@ -246,3 +246,33 @@ def test_a_record_written_twice_counts_once(
     assert _told(got) == _told(want)
     assert got["cost"]["step_ms"] == pytest.approx(want["cost"]["step_ms"], rel=0.01)
     assert any("counted once" in s for s in got["skipped"])
+
+
+def test_a_line_longer_than_any_record_is_skipped_unread_by_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A 64 MB line (a record's meta gone wrong): parsed, a 1 GB one took 6 GB; DuckDB
+    # refused it (past 16-32 MB) with a traceback from sql and export.
+    from rankscope.analysis.read._timings import MAX_LINE
+
+    want, _ = _stragglers_json(_run(tmp_path / "clean"), capsys)
+    root = _run(tmp_path / "run")
+    path = _timings(root, 1)
+    lines = path.read_text().splitlines()
+    lines.insert(4, json.dumps({**json.loads(lines[3]), "meta": {"x": "a" * (MAX_LINE + 1)}}))
+    path.write_text("\n".join(lines) + "\n")
+    said = f"{path}:5: a line of {len(lines[4])} bytes, longer than any record (64 MB)"
+    got, _ = _stragglers_json(root, capsys)
+    assert _told(got) == _told(want)
+    assert [s for s in got["skipped"] if "longer than any record" in s] == [
+        f"{said}; skipped unread"
+    ]
+    counted = []
+    for run in (tmp_path / "clean", root):
+        assert main(["sql", str(run), "select count(*) as n from timings", "--json"]) == 0
+        out = capsys.readouterr()
+        counted.append(json.loads(out.out))
+    assert counted[0] == counted[1]  # every record but the long line's
+    assert said in out.err and "Traceback" not in out.err
+    assert main(["export", str(root), "--parquet", str(tmp_path / "pq")]) == 0
+    assert (tmp_path / "pq" / "timings.parquet").is_file()

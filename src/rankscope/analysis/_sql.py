@@ -217,6 +217,30 @@ def open_run_database(
 # -- timings -------------------------------------------------------------------
 
 
+_PER_FILE = f"""WITH {lines_sql()}
+SELECT filename,
+    count(*) FILTER (WHERE NOT (known AND (record OR opens))) AS bad,
+    count(DISTINCT attempt::VARCHAR) FILTER (WHERE known AND opens) AS opens,
+    count(*) FILTER (WHERE known AND record) AS records,
+    list(DISTINCT rank) FILTER (WHERE known) AS ranks
+FROM lines GROUP BY filename"""
+
+
+def _per_file(db: RunDatabase, files: list[Path]) -> list[tuple[Any, ...]]:
+    """Per file, what DuckDB makes of its lines. Where DuckDB refuses the batch (a line
+    past its object size), each file is asked alone: one it refuses is left out of the
+    answer, and so read line by line, which says what is wrong with it."""
+    try:
+        rows: list[tuple[Any, ...]] = db.con.execute(
+            _PER_FILE, {"files": [str(p) for p in files], "columns": COLUMNS}
+        ).fetchall()
+        return rows
+    except Exception:  # DuckDB's errors (imported where a database is opened)
+        if len(files) == 1:
+            return []
+    return [row for path in files for row in _per_file(db, [path])]
+
+
 def _timings(db: RunDatabase, root: Path, workers: int | None) -> None:
     run = RunDir(root)
     found = {entry.path: entry.rank for entry in run.timings()}
@@ -225,16 +249,7 @@ def _timings(db: RunDatabase, root: Path, workers: int | None) -> None:
     held: dict[Path, WholeFile | RankTimings | str] = {}
     slow: list[Path] = list(misnamed)
     if found:
-        per_file = db.con.execute(
-            f"""WITH {lines_sql()}
-            SELECT filename,
-                count(*) FILTER (WHERE NOT (known AND (record OR opens))) AS bad,
-                count(DISTINCT attempt::VARCHAR) FILTER (WHERE known AND opens) AS opens,
-                count(*) FILTER (WHERE known AND record) AS records,
-                list(DISTINCT rank) FILTER (WHERE known) AS ranks
-            FROM lines GROUP BY filename""",
-            {"files": [str(p) for p in sorted(found)], "columns": COLUMNS},
-        ).fetchall()
+        per_file = _per_file(db, sorted(found))
         seen = {
             Path(name): (bad, opens, records, ranks)
             for name, bad, opens, records, ranks in per_file
