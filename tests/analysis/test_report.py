@@ -238,3 +238,30 @@ def test_the_html_is_written_whole_or_not_at_all(tmp_path: Path, small_disk: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["report.html", small_disk.name, "taken"]
     )
+
+
+def test_a_run_of_thousands_of_phases_shows_the_step_the_found_and_the_longest(
+    tmp_path: Path,
+) -> None:
+    # 5,000 phase names made a 9-20 MB page. Shown: the step, the phase a finding names
+    # (however short), then the longest; the rest are counted.
+    from rankscope.analysis import render_html
+    from rankscope.testing._synthetic import PhaseSpec
+
+    phases = [PhaseSpec(f"phase_{i:04d}", "compute", 0.5 + i / 1000) for i in range(3000)]
+    phases.append(PhaseSpec("tiny", "compute", 0.2))
+    write_timings(
+        tmp_path, ranks=3, steps=16, phases=phases, slowdowns=[Slowdown(1, "tiny", 2000.0)]
+    )
+    report = build_report(tmp_path)
+    assert any(f["phase"] == "tiny" for f in report["stragglers"]["findings"])
+    shown = [p["name"] for p in report["phases"]]
+    assert len(shown) == report_module._MAX_PHASES
+    assert report["phases_left_out"] == 3001 + 1 - len(shown)  # the phases and the step
+    assert {"step", "tiny", "phase_2999", "phase_2961"} <= set(shown)
+    assert "phase_0000" not in shown  # the shortest, no finding
+    charts = [p["name"] for p in report["over_steps"]["phases"]]
+    assert set(charts) == set(shown) and "tiny" in report["breakdown"]["phases"]
+    page = render_html(report)
+    assert len(page.encode()) < 400_000
+    assert f"The run has {report['phases_left_out']} more phases" in page

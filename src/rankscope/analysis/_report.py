@@ -35,6 +35,7 @@ _MAX_COLUMNS = 120
 # Heatmap rows: every rank up to this many; beyond, the flagged ranks on rows of their
 # own, then groups of consecutive ranks, each row the slowest of its group at each step.
 _MAX_ROWS = 64
+_MAX_PHASES = 40  # phases the report shows (the step, those with a finding, the longest)
 _MAX_FLAGGED = 8  # flagged ranks given their own heatmap row, or drawn bold in a chart
 _FAINT_LINES = 8  # other ranks drawn as faint lines in a chart (evenly spaced by rank)
 _BAND = (10, 90)  # the percentiles of all ranks a chart's band spans
@@ -134,13 +135,15 @@ def _add_timings(
     report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
     report["time"] = m.time
     report["clock"] = clock_words(dict(zip(m.phases, m.clocks, strict=True)), m.untimed)
-    report["phases"] = _phase_stats(m)
     strag = stragglers.to_dict(table=False)
+    drawn = _drawn(m, strag)
+    report["phases"] = [row for p, row in enumerate(_phase_stats(m)) if p in drawn]
+    report["phases_left_out"] = len(m.phases) - len(drawn)
     for finding in strag["findings"]:
         del finding["ratios"]  # per step, per finding: the heatmap shows them
-    report["heatmaps"] = _heatmaps(m, strag["findings"])
-    report["over_steps"] = _over_steps(m, strag["findings"])
-    report["breakdown"] = _breakdown(m)
+    report["heatmaps"] = _heatmaps(m, strag["findings"], drawn)
+    report["over_steps"] = _over_steps(m, strag["findings"], drawn)
+    report["breakdown"] = _breakdown(m, drawn)
     report["stragglers"] = strag
     return host_clock_offsets(m, run.meta.hosts)
 
@@ -188,7 +191,27 @@ def _flagged(
     return out[:_MAX_FLAGGED]
 
 
-def _heatmaps(m: PhaseMatrices, findings: list[dict[str, Any]]) -> dict[str, Any]:
+def _drawn(m: PhaseMatrices, strag: dict[str, Any]) -> set[int]:
+    """The phases the report shows, at most _MAX_PHASES: the step, those a finding names,
+    then the rest by their median time a step, the longest first. 5,000 phase names made
+    a 20 MB page; `rankscope sql` holds every phase."""
+    named = {f["phase"] for f in strag["findings"]}
+    named |= {u["phase"] for u in strag.get("imbalance", [])}
+    named |= {p for g in strag.get("groups", []) for p in g["phases"]}
+    typical = []
+    for ms in m.ms:
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a phase no rank ran at a step
+            total = float(np.nansum(np.nanmedian(ms, axis=0)))
+        typical.append(total)
+    ranked = sorted(
+        range(len(m.phases)),
+        key=lambda p: (m.phases[p] != STEP, m.phases[p] not in named, -typical[p], p),
+    )
+    return set(ranked[:_MAX_PHASES])
+
+
+def _heatmaps(m: PhaseMatrices, findings: list[dict[str, Any]], drawn: set[int]) -> dict[str, Any]:
     """Per metric (step time, then each phase) a rows x columns matrix of ms, bounded by
     _MAX_ROWS and _MAX_COLUMNS: `rows` says which ranks each row holds."""
     bins = _bins(len(m.steps))
@@ -205,7 +228,7 @@ def _heatmaps(m: PhaseMatrices, findings: list[dict[str, Any]]) -> dict[str, Any
         ]
         row_is = "slowest"
     order = [m.index(STEP)] if STEP in m.phases else []
-    order += [p for p, name in enumerate(m.phases) if name != STEP]
+    order += [p for p, name in enumerate(m.phases) if name != STEP and p in drawn]
     metrics = []
     for p in order:
         values = m.ms[p]
@@ -239,13 +262,17 @@ def _bins(n_steps: int) -> int:
     return math.ceil(n_steps / _MAX_COLUMNS) if n_steps > _MAX_COLUMNS else 1
 
 
-def _over_steps(m: PhaseMatrices, findings: list[dict[str, Any]]) -> dict[str, Any]:
+def _over_steps(
+    m: PhaseMatrices, findings: list[dict[str, Any]], drawn: set[int]
+) -> dict[str, Any]:
     """Per phase, its time over the sampled steps: the ranks the findings name in it, a
     band of the other ranks (the 10th to 90th percentile and the median), and a few of them."""
     bins = _bins(len(m.steps))
     n_r = len(m.ranks)
     phases = []
     for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True)):
+        if p not in drawn:
+            continue
         values = _bin_columns(m.ms[p], bins) if bins > 1 else m.ms[p]
         flagged = _flagged(m, findings, phase)
         others = [i for i in range(n_r) if i not in flagged]
@@ -307,12 +334,12 @@ def _bin_columns(values: np.ndarray, bins: int) -> np.ndarray:
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def _breakdown(m: PhaseMatrices) -> dict[str, Any]:
-    """Per rank, the median time of each top-level phase over sampled steps."""
+def _breakdown(m: PhaseMatrices, drawn: set[int]) -> dict[str, Any]:
+    """Per rank, the median time of each top-level phase shown over sampled steps."""
     chosen = [
         p
         for p, (name, depth) in enumerate(zip(m.phases, m.depths, strict=True))
-        if name != STEP and depth == 0
+        if name != STEP and depth == 0 and p in drawn
     ]
     columns = []
     for p in chosen:

@@ -408,9 +408,16 @@ def _phases(report: Mapping[str, Any]) -> str:
         f'<td class="num">{HTML.ms_text(as_float(p.get("p90_ms")))}</td></tr>'
         for p in phases
     )
+    left = as_float(report.get("phases_left_out")) or 0
+    more = (
+        f" The run has {int(left)} more phases, shorter and without a finding: "
+        "<code>rankscope sql RUN_DIR</code> holds every one."
+        if left > 0
+        else ""
+    )
     return (
         head + '<p class="note">Across all ranks and sampled steps; "step" is the time between '
-        "step() calls.</p>\n"
+        f"step() calls.{more}</p>\n"
         '<table class="data">\n<tr><th>phase</th><th>kind</th><th>clock</th><th>records</th><th>median</th>'
         f"<th>90th percentile</th></tr>\n{rows}\n</table>"
     )
