@@ -590,3 +590,25 @@ def test_by_category_beside_cpu_only_traces_notes_them(run: Path) -> None:
     ]
     code, out, _ = _cli("kernels", run, "--by", "category", "--json")
     assert code == 0 and _strict(out)["notes"] == report.notes
+
+
+def test_a_gzip_trace_that_inflates_past_any_trace_is_refused_by_its_size(
+    tmp_path: Path, capsys: Any
+) -> None:
+    # A valid trace of one event repeated: gzip makes 100 MB of it about 200 KB (real
+    # traces compress 9-19x). Read whole, a 2 MB one took 47 s: it is refused at 64 MB.
+    from rankscope.cli import main
+    from rankscope.traces._stream import MAX_INFLATION
+
+    event = b'{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":0,"ts":1,"dur":1},'
+    path = tmp_path / "rank-00000.pt.trace.json.gz"
+    with gzip.open(path, "wb", compresslevel=9) as out:
+        out.write(b'{"traceEvents":[')
+        for _ in range(100):
+            out.write(event * 15_000)
+        out.write(event[:-1] + b"]}")
+    size = path.stat().st_size
+    assert 100 * 15_000 * len(event) > 64 << 20 > MAX_INFLATION * size  # past the floor
+    assert main(["kernels", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: inflates past 64 MB, {MAX_INFLATION}x its size ({size} bytes)" in err

@@ -115,7 +115,10 @@ def scan_batches(
         with open_regular(name) as raw:
             compressed = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
-            read = gzip.GzipFile(fileobj=raw).read if compressed else raw.read
+            read: Callable[[int], bytes] = raw.read
+            if compressed:
+                size = os.fstat(raw.fileno()).st_size
+                read = _bounded(gzip.GzipFile(fileobj=raw).read, size, name)
             return _Scanner(read, name, decoder).trace(visit)
     except FileNotFoundError:
         raise TraceError(f"{name}: no such file") from None
@@ -125,6 +128,32 @@ def scan_batches(
         raise TraceError(f"{name}: not valid JSON ({exc})") from None
     except OSError as exc:
         raise TraceError(f"{name}: cannot read ({exc.strerror or exc})") from None
+
+
+MAX_INFLATION = 100
+"""A gzip trace is read up to this many times its size (real ones: 9-19x), and at least
+_INFLATED_FLOOR: one that inflates further (a 2 MB gzip of a few GB) is refused, so the
+time a read takes follows the file's size, not what it claims to hold."""
+_INFLATED_FLOOR = 64 << 20
+
+
+def _bounded(read: Callable[[int], bytes], size: int, name: str) -> Callable[[int], bytes]:
+    """`read`, refusing past MAX_INFLATION times `size` bytes inflated."""
+    limit = max(_INFLATED_FLOOR, MAX_INFLATION * size)
+    done = 0
+
+    def bounded(n: int) -> bytes:
+        nonlocal done
+        chunk = read(n)
+        done += len(chunk)
+        if done > limit:
+            raise TraceError(
+                f"{name}: inflates past {limit >> 20} MB, {MAX_INFLATION}x its size "
+                f"({size} bytes): no trace compresses so far (real ones 9-19x); refused"
+            )
+        return chunk
+
+    return bounded
 
 
 class _Scanner:
