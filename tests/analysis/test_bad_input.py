@@ -612,3 +612,27 @@ def test_a_gzip_trace_that_inflates_past_any_trace_is_refused_by_its_size(
     assert main(["kernels", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: inflates past 64 MB, {MAX_INFLATION}x its size ({size} bytes)" in err
+
+
+def test_an_event_past_any_traces_is_refused_by_its_size_and_one_under_it_is_read(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A valid 2 GB event was "not valid JSON"; one of 300 MB took 23 s, read again at each
+    # MB it grew. The bound is 256 MB; here 4 MB, so that the test writes little.
+    from rankscope.cli import main
+    from rankscope.traces import _stream
+
+    monkeypatch.setattr(_stream, "_MAX_VALUE", 4 << 20)
+
+    def trace(path: Path, mb: int) -> Path:
+        head = '{"traceEvents":[{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":0,'
+        path.write_text(head + '"ts":1,"dur":1,"args":{"x":"' + "a" * (mb << 20) + '"}}]}')
+        return path
+
+    assert main(["kernels", str(trace(tmp_path / "a.pt.trace.json", 3)), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tables"][0]["items"][0]["name"] == "k"
+    big = trace(tmp_path / "b.pt.trace.json", 9)
+    assert main(["kernels", str(big)]) == 2
+    err = capsys.readouterr().err
+    assert f"{big}: an event or value of more than 4 MB, past any trace's: refused" in err
+    assert "not valid JSON" not in err

@@ -251,10 +251,10 @@ class _Scanner:
         if self._peek() is not None:
             raise self._error("not valid JSON (data after the trace)")
 
-    def _fill(self) -> bool:
+    def _fill(self, size: int = _CHUNK) -> bool:
         if self._eof:
             return False
-        data = self._read(_CHUNK)
+        data = self._read(size)
         if self._pos:
             self._buf = self._buf[self._pos :]
             self._distrust -= self._pos
@@ -299,10 +299,16 @@ class _Scanner:
             try:
                 value, end = _DECODER.raw_decode(self._buf, self._pos)
             except json.JSONDecodeError as exc:
-                # Most often the value runs past the chunk; read on and try again.
-                if len(self._buf) - self._pos > _MAX_VALUE:
-                    raise self._error(f"not valid JSON ({exc.msg})") from None
-                if not self._fill():
+                # Most often the value runs past the chunk; read on and try again, with
+                # twice as much text each time (trying every MB again read a value of
+                # hundreds of MB hundreds of times over).
+                held = len(self._buf) - self._pos
+                if held > _MAX_VALUE:
+                    raise self._error(
+                        f"an event or value of more than {_MAX_VALUE >> 20} MB, past any "
+                        "trace's: refused, not read on"
+                    ) from None
+                if not self._fill(max(_CHUNK, held)):
                     if exc.pos >= len(self._buf) - 1 or "Unterminated" in exc.msg:
                         raise self._error("truncated (the file ends inside the trace)") from None
                     raise self._error(f"not valid JSON ({exc.msg})") from None
