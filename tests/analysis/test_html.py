@@ -687,6 +687,10 @@ _CHARTS = """(() => [...document.querySelectorAll("#over-steps figure.chart")].m
   flagged: [...f.querySelectorAll("path.flagged")].map((p) => p.dataset.rank),
   faint: f.querySelectorAll("path.faint").length,
   onsets: [...f.querySelectorAll("line.onset")].map((l) => [l.dataset.step, l.getAttribute("x1")]),
+  tops: [...f.querySelectorAll("line.onset")].map((l) => Number(l.getAttribute("y1"))),
+  labels: [...f.querySelectorAll("text.onset-label")].map((t) => {
+    const b = t.getBBox(); return [b.x, b.y, b.x + b.width, b.y + b.height]; }),
+  width: f.querySelector("svg").viewBox.baseVal.width,
   ticks: [...f.querySelectorAll("text.tick")].map((t) => [t.textContent, t.getAttribute("x")]),
 })))()"""
 
@@ -713,6 +717,11 @@ def _check_pictures(browser: Chromium, rank: int, onset: int, phases: int) -> li
     assert h2d["phase"] == "host_to_device" and h2d["flagged"] == [str(rank)]
     assert [step for step, _ in h2d["onsets"]] == [str(onset)]
     assert all(c["onsets"] == [] for c in charts if c["phase"] != "host_to_device")
+    # "rank N from step S" sits in the margin above the plot, inside the drawing: on the
+    # plot it lay over the slow rank's line, at the top from the onset on.
+    ((left, top, right, bottom),) = h2d["labels"]
+    assert top >= 0 and bottom <= h2d["tops"][0] + 0.5, h2d["labels"]
+    assert left >= 0 and right <= h2d["width"], h2d["labels"]
     return charts
 
 

@@ -121,9 +121,14 @@ def _chart(phase: Mapping[str, Any], steps: list[int], n_ranks: int) -> str:
     for since, ranks in sorted(onsets.items()):
         col = max((i for i, s in enumerate(steps) if s <= since), default=0)
         x = scale.x(col)
+        # The label sits in the margin above the plot, where no line is drawn: inside it,
+        # it lay over the slow rank's line, which is at the top from the onset on.
+        late = x > (_W - _RIGHT) * 0.6
+        anchor = ' text-anchor="end"' if late else ""
         parts.append(
             f'<line class="onset" data-step="{since}" x1="{x:.1f}" x2="{x:.1f}" y1="{_TOP}" y2="{_H - _BOTTOM}"/>'
-            f'<text class="onset-label" x="{x + 3:.0f}" y="{_TOP + 10}">{esc(format_ranks(ranks))} from step {since}</text>'
+            f'<text class="onset-label" x="{x - 3 if late else x + 3:.0f}" y="{_TOP - 6}"{anchor}>'
+            f"{esc(format_ranks(ranks))} from step {since}</text>"
         )
     shown = len(faint)
     others = n_ranks - len(bold)
