@@ -531,3 +531,35 @@ def test_ranks_on_several_hosts_without_a_comm_phase_are_told_their_clocks_are_n
         assert said[0].startswith("the ranks ran on 2 hosts")
     one_host = _analyse(tmp_path / "one", ranks=4, steps=40, phases=phases, ranks_per_host=4)
     assert not any("measures how far apart" in n for n in one_host.notes)
+
+
+def test_a_hosts_clock_stepped_mid_run_is_followed_across_the_step(tmp_path: Path) -> None:
+    # NTP steps one host's clock by +2 s at step 20. One offset for the whole run put
+    # half the steps 2 s off, and the ranks that wait for the slow one vanished.
+    import json
+
+    def run(root: Path, stepped: bool) -> Any:
+        write_timings(
+            root, ranks=4, steps=40, ranks_per_host=2, slowdowns=[Slowdown(1, "forward", 0.4)]
+        )
+        if stepped:
+            for rank in (2, 3):  # the second host
+                path = root / "timings" / f"rank-{rank:05d}.jsonl"
+                lines = [json.loads(line) for line in path.read_text().splitlines()]
+                for record in lines:
+                    if record.get("step", -1) >= 20:
+                        record["start_ns"] += 2 * 10**9
+                path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        hosts = read_run_meta(root).hosts
+        return find_stragglers(phase_matrices(read_timings(root)), hosts=hosts)
+
+    want, got = run(tmp_path / "even", False), run(tmp_path / "stepped", True)
+    assert {(f.rank, f.role) for f in want.findings} == {
+        (1, "slow"),
+        (0, "waits"),
+        (2, "waits"),
+        (3, "waits"),
+    }
+    assert {(f.rank, f.role) for f in got.findings} == {(f.rank, f.role) for f in want.findings}
+    assert got.cost is not None and want.cost is not None
+    assert got.cost.step_ms == pytest.approx(want.cost.step_ms, rel=0.02)

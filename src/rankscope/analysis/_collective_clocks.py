@@ -90,10 +90,35 @@ def clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> Any:
         groups.setdefault(hosts.get(rank, f"rank {rank}"), []).append(i)
     if len(groups) == 1:
         return np.zeros(len(m.ranks))
-    shared = np.zeros(len(m.ranks))
+    # Per step, smoothed over the steps around it: a host whose clock was stepped
+    # mid-run (NTP, +2 s) is followed across the step, where one offset for the whole
+    # run put half its steps 2 s off and hid the ranks that waited.
+    with quiet():
+        per_step = nanmedian(np.stack(deviations), axis=0)  # ranks x steps
+    shared = np.zeros((len(m.ranks), len(m.steps)))
     for members in groups.values():
-        shared[members] = np.median(offset[members])
+        whole = float(np.median(offset[members]))
+        with quiet():
+            host = nanmedian(per_step[members], axis=0)
+        shared[members] = np.nan_to_num(_rolling_median(host), nan=whole)
     return shared
+
+
+_OFFSET_WINDOW = 9
+"""Steps a host's per-step clock offset is smoothed over (the median of them)."""
+
+
+def _rolling_median(values: Any) -> Any:
+    """The median of each step's `_OFFSET_WINDOW` neighbours (NaN ignored; NaN where all are)."""
+    import numpy as np
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from ._matrix import nanmedian, quiet
+
+    half = _OFFSET_WINDOW // 2
+    padded = np.concatenate((np.full(half, np.nan), values, np.full(half, np.nan)))
+    with quiet():
+        return nanmedian(sliding_window_view(padded, _OFFSET_WINDOW), axis=1)
 
 
 def unmeasured_clocks(m: PhaseMatrices, hosts: Mapping[int, str] | None) -> str | None:
@@ -122,8 +147,12 @@ def host_clock_offsets(m: PhaseMatrices, hosts: Mapping[int, str]) -> HostOffset
         return HostOffsets(
             why_none="the timings hold no phase of kind comm, whose ends measure the offsets"
         )
+    import numpy as np
+
     offsets = clock_offsets(m, hosts)
     per_host: dict[str, list[float]] = {}
+    if offsets.ndim == 2:  # per step: the host's offset over the run is their median
+        offsets = np.nan_to_num(np.median(offsets, axis=1))
     for i, rank in enumerate(m.ranks):
         host = hosts.get(rank)
         if host is not None:

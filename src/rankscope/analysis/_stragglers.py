@@ -465,10 +465,9 @@ def _arrivals(
                 before = before + d
         return arrive, leave
     offset = clock_offsets(m, hosts)
-    return (
-        [s - offset[:, None] for s in m.start_ns],
-        [e - offset[:, None] for e in m.end_ns],
-    )
+    if offset.ndim == 1:  # one offset a rank for the whole run
+        offset = offset[:, None]
+    return [s - offset for s in m.start_ns], [e - offset for e in m.end_ns]
 
 
 def _leave_apart(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:

@@ -251,10 +251,10 @@ class _Scanner:
         if self._peek() is not None:
             raise self._error("not valid JSON (data after the trace)")
 
-    def _fill(self, size: int = _CHUNK) -> bool:
+    def _fill(self, size: int | None = None) -> bool:
         if self._eof:
             return False
-        data = self._read(size)
+        data = self._read(size or _CHUNK)
         if self._pos:
             self._buf = self._buf[self._pos :]
             self._distrust -= self._pos
