@@ -572,3 +572,40 @@ def test_a_real_job_s_slow_rank_is_placed_on_the_host_its_meta_names(
         f"run run: every rank ran on {here}, so its slow ranks (rank {SLOW_RANK} in forward)"
         in data["summary"][-1]
     )
+
+
+def test_one_launch_on_a_host_whose_clock_is_15_minutes_off_is_one_attempt(
+    tmp_path: Path,
+) -> None:
+    # No launcher and no rendezvous say which starts are one launch: starts within ten
+    # minutes are. Host B's clock 15 minutes behind made its ranks a second attempt.
+    from rankscope.analysis import read_timings
+
+    part = tmp_path / "part"
+    write_timings(part, ranks=4, steps=12, slowdowns=[Slowdown(1, "forward", 0.5)])
+    started = 1_795_000_000 * 10**9
+    for rank in range(4):
+        source = timing_path(part, rank)
+        behind = 0 if rank < 2 else 900 * 10**9  # ranks 2, 3 on host B
+        attempt = _attempt(1, started - behind, launcher=False)
+        lines = [json.loads(line) for line in source.read_text().splitlines()]
+        lines = [record for record in lines if "attempt" not in record]  # its own line
+        for record in lines:
+            record["start_ns"] -= behind
+        target = timing_path(tmp_path / "run", rank)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        host = "node-a" if rank < 2 else "node-b"
+        target.write_text(
+            format_attempt(rank, attempt | {"attempt": f"tok{rank}"}, host)
+            + "".join(json.dumps(r) + "\n" for r in lines)
+        )
+    run = read_timings(tmp_path / "run")
+    assert run.attempts.count == 1, run.attempts.described
+    # A second start of the same ranks an hour later is a second attempt, as before.
+    for rank in range(4):
+        target = timing_path(tmp_path / "run", rank)
+        again = _attempt(2, started + 3600 * 10**9, launcher=False)
+        with open(target, "a", encoding="utf-8") as out:
+            out.write(format_attempt(rank, again | {"attempt": f"again{rank}"}, "node-a"))
+            out.write(timing_path(part, rank).read_text())
+    assert read_timings(tmp_path / "run").attempts.count == 2

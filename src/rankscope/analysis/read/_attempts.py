@@ -11,6 +11,7 @@ after a restart counts once, as it ran last; `pick` keeps one attempt instead.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,6 +259,7 @@ def run_attempts(
     marks.sort(key=lambda m: (m[2].started_ns is not None, m[2].started_ns or 0, m[1], m[0]))
     groups: list[list[tuple[int, AttemptMark]]] = []
     members: list[set[int]] = []  # each group's ranks
+    hosts: list[dict[str, int | None]] = []  # each group's hosts, and each one's first start
     first: list[int | None] = []  # each group's earliest start
     latest: dict[object, int] = {}  # a launcher's (job, restart), or None: its latest group
     of_rank = {rank: np.zeros(len(t.attempts), np.int64) for rank, t in ranks.items()}
@@ -266,17 +268,24 @@ def run_attempts(
         index = latest.get(key)
         if index is not None and (
             rank in members[index]  # a rank starts once per attempt
-            or not (key is not None or _near(first[index], mark.started_ns))
+            or not (
+                key is not None
+                or _near(hosts[index].get(mark.host or "", first[index]), mark.started_ns)
+                or _another_clock(first[index], mark, hosts[index])
+            )
         ):
             index = None
         if index is None:
             index = len(groups)
             groups.append([])
             members.append(set())
+            hosts.append({})
             first.append(mark.started_ns)
             latest[key] = index
         groups[index].append((rank, mark))
         members[index].add(rank)
+        if mark.host is not None:
+            hosts[index].setdefault(mark.host, mark.started_ns)
         of_rank[rank][own] = index
     return groups, of_rank
 
@@ -289,6 +298,20 @@ def _launch_key(mark: AttemptMark) -> object:
     if mark.rendezvous is not None:
         return ("rendezvous", mark.rendezvous, mark.restart)
     return None
+
+
+CLOCK_APART_NS = 3600 * 10**9
+"""Hosts' clocks a misconfigured NTP leaves this far apart at most (an hour)."""
+
+
+def _another_clock(first: int | None, mark: AttemptMark, hosts: Mapping[str, int | None]) -> bool:
+    """A start on a host the group does not hold yet, within an hour of it: the same launch
+    read on another host's clock (15 minutes off made one launch two attempts); the
+    host's later starts are then near its own first. A second start of a rank the group
+    holds is a new attempt whatever its clock (checked apart)."""
+    if first is None or mark.started_ns is None or mark.host is None or not hosts:
+        return False
+    return mark.host not in hosts and abs(mark.started_ns - first) < CLOCK_APART_NS
 
 
 def _near(first: int | None, started: int | None) -> bool:
