@@ -549,3 +549,39 @@ def test_an_elastic_restart_to_fewer_ranks_leaves_the_earlier_worlds_ranks_out(
     # The earlier world is there to be read whole.
     assert main(["stragglers", str(run), "--json", "--attempt", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["ranks"] == [0, 1, 2, 3]
+
+
+def test_a_stray_process_writing_one_ranks_file_at_once_does_not_hide_the_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A second process appended to rank 0's file while the 4-rank job ran (a stray
+    # notebook with the same output_dir). The default view took the stray's one-rank
+    # attempt: "No straggler", the job's own finding only in a note.
+    from rankscope.testing._synthetic import Slowdown, write_timings
+    from rankscope.timing._record import format_attempt
+
+    job = tmp_path / "job"
+    write_timings(job, ranks=4, steps=20, slowdowns=[Slowdown(2, "forward", 0.6)])
+    started = 1_795_000_000 * 10**9
+    mine = {"attempt": "job", "started_ns": started, "launcher": None, "job": None, "restart": None}
+    stray = {**mine, "attempt": "stray", "started_ns": started + 10**9}
+    run = tmp_path / "run"
+    (run / "timings").mkdir(parents=True)
+    for rank in range(4):
+        lines = (job / "timings" / f"rank-{rank:05d}.jsonl").read_text().splitlines(keepends=True)
+        records = [line for line in lines if '"attempt"' not in line]
+        half = len(records) // 2
+        text = format_attempt(rank, mine) + "".join(records[:half])
+        if rank == 0:  # the stray's flush lands between two of the job's
+            text += format_attempt(0, stray) + "".join(records[:6])
+            text += format_attempt(rank, mine)
+        text += "".join(records[half:])
+        (run / "timings" / f"rank-{rank:05d}.jsonl").write_text(text)
+    assert main(["stragglers", str(run), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["attempts"]["concurrent"] == [1, 2]
+    assert data["attempts"]["used"] == 1  # the job's four ranks, not the stray's one
+    assert data["ranks"] == [0, 1, 2, 3]
+    assert [(f["rank"], f["phase"]) for f in data["findings"] if f["role"] == "slow"] == [
+        (2, "forward")
+    ]

@@ -195,7 +195,9 @@ def resolve_attempts(ranks: dict[int, Any], pick: int | None) -> Attempts:
     }
     out.concurrent = sorted(together)
     if pick is None and together:
-        pick = max(together)  # the records of jobs that ran at once are never mixed
+        # The records of jobs that ran at once are never mixed: the one with the most
+        # ranks is read (the latest of those), not a stray process's one-rank start.
+        pick = max(together, key=lambda n: (len({r for r, _ in groups[n - 1]}), n))
     worlds = {mark.world for _, mark in groups[-1] if mark.world is not None} if groups else set()
     if pick is None and len(worlds) == 1:
         # An elastic restart with fewer ranks: a rank past its world ran only before, in
