@@ -35,3 +35,17 @@ def test_every_doc_link_points_at_a_file_that_exists() -> None:
     for page in [root / "README.md", *DOCS.rglob("*.md")]:
         for target in re.findall(r"\]\(([^)#:]+\.(?:md|py))(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).resolve().exists(), f"{page.name}: {target}"
+
+
+def test_the_module_map_names_every_module_and_only_modules_that_exist() -> None:
+    """docs/architecture.md's module map is where a contributor finds a module: every
+    module of the package is in it (by name, under its folder's entry), and every name
+    in it is a module the package, its tests or its benchmarks hold."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("## Module map", 1)[1].split("```")[1]
+    named = set(re.findall(r"(?<![\w.])(_{0,2}[a-z][a-z0-9_]*\.py)\b", block))
+    package = {p.name for p in (root / "src" / "rankscope").rglob("*.py")} - {"__init__.py"}
+    assert sorted(package - named) == [], "modules the map leaves out"
+    anywhere = {p.name for top in ("src", "tests", "bench") for p in (root / top).rglob("*.py")}
+    assert sorted(named - anywhere) == [], "names in the map that are no module"
