@@ -29,7 +29,8 @@ from rankscope import Profiler, Schedule
 from rankscope.analysis import build_report
 from rankscope.capture._nsys import NsysWindows
 from rankscope.capture._schedule import Action, StepPlan
-from rankscope.capture._trigger import SignalHook, Trigger, write_trigger
+from rankscope.capture._trigger import SignalHook
+from rankscope.rundir._trigger import Trigger, write_trigger
 
 from .._helpers import final_files, tiny_model, tiny_step
 

@@ -267,7 +267,7 @@ def _slow_side(tmp_path: Path, phase: str, step: int = 40) -> tuple[Any, dict[st
 def test_the_slow_rank_s_window_begins_late_enough_for_its_peer_and_names_the_peer_s_folder(
     tmp_path: Path,
 ) -> None:
-    from rankscope.capture._trigger import read_trigger
+    from rankscope.rundir._trigger import read_trigger
 
     for rank in range(3):
         _meta(tmp_path, rank, "a")
@@ -325,7 +325,7 @@ def test_a_peer_in_a_slow_stretch_of_its_own_declines_as_not_healthy(tmp_path: P
 def test_a_trigger_that_names_its_tag_records_into_the_folder_its_answer_names(
     tmp_path: Path,
 ) -> None:
-    from rankscope.capture._trigger import Trigger, write_trigger
+    from rankscope.rundir._trigger import Trigger, write_trigger
 
     requests, asking = _peer_side(tmp_path)
     write_trigger(str(tmp_path), Trigger("by-hand", 20, 2, "0", None, "mine"))

@@ -18,7 +18,8 @@ import torch
 import rankscope
 from rankscope import ConfigError, Schedule
 from rankscope.analysis import build_report
-from rankscope.capture._trigger import SignalHook, Trigger, install_signal_hook, write_trigger
+from rankscope.capture._trigger import SignalHook, install_signal_hook
+from rankscope.rundir._trigger import Trigger, write_trigger
 
 from .._helpers import final_files, profiler_steps, read_trace, tiny_model, tiny_step
 

@@ -22,11 +22,14 @@ import rankscope
 from rankscope import Schedule
 from rankscope._errors import ConfigError, TraceError
 from rankscope.analysis import build_report, read_timings
-from rankscope.analysis._trigger_client import ask_for_window, latest_step, trigger_status
 from rankscope.capture._schedule import Action, StepPlan
-from rankscope.capture._trigger import (
+from rankscope.capture._trigger import TriggerWatcher
+from rankscope.cli._trigger_client import ask_for_window, latest_step, trigger_status
+from rankscope.config._ranks import RankInfo
+from rankscope.rundir._layout import trace_path
+from rankscope.rundir._meta import write_meta
+from rankscope.rundir._trigger import (
     Trigger,
-    TriggerWatcher,
     parse_trigger,
     read_acks,
     read_trigger,
@@ -34,9 +37,6 @@ from rankscope.capture._trigger import (
     write_ack,
     write_trigger,
 )
-from rankscope.config._ranks import RankInfo
-from rankscope.rundir._layout import trace_path
-from rankscope.rundir._meta import write_meta
 from rankscope.testing._gloo import GlooRanks
 
 from .._helpers import (

@@ -18,7 +18,7 @@ import rankscope
 from rankscope._errors import ConfigError
 from rankscope.capture._requests import Asked, WindowRequests
 from rankscope.capture._schedule import StepPlan
-from rankscope.capture._trigger import read_acks
+from rankscope.rundir._trigger import read_acks
 from rankscope.testing._gloo import GlooRanks
 
 from .._helpers import final_files, run_cli

@@ -27,9 +27,11 @@ from rankscope import AutoTrigger, ConfigError, Profiler, Schedule
 from rankscope.capture._export import WindowExporter
 from rankscope.capture._memory import write_atomic as write_snapshot
 from rankscope.capture._nsys import NsysWindows
-from rankscope.capture._trigger import (
+from rankscope.capture._trigger import TriggerWatcher
+from rankscope.rundir._files import append, open_folder, remove_stale_temps, write_atomic
+from rankscope.rundir._layout import memory_path
+from rankscope.rundir._trigger import (
     Trigger,
-    TriggerWatcher,
     check_trigger_id,
     new_trigger_id,
     parse_trigger,
@@ -39,8 +41,6 @@ from rankscope.capture._trigger import (
     write_ack,
     write_trigger,
 )
-from rankscope.rundir._files import append, open_folder, remove_stale_temps, write_atomic
-from rankscope.rundir._layout import memory_path
 
 from .._helpers import final_files, rankscope_warnings, tiny_model, tiny_step
 from ..capture.test_nsys import cuda  # noqa: F401 - the CUDA stand-in the nsys job runs with

@@ -20,7 +20,6 @@ from rankscope.capture._memory import write_atomic
 from rankscope.capture._ondemand import OnDemand
 from rankscope.capture._requests import WindowRequests
 from rankscope.capture._schedule import StepPlan
-from rankscope.capture._trigger import Trigger, write_trigger
 from rankscope.config._config import AutoTrigger, TraceConfig
 from rankscope.rundir._layout import (
     SIGNAL_TAG,
@@ -37,6 +36,7 @@ from rankscope.rundir._layout import (
     trigger_tag,
     window_key,
 )
+from rankscope.rundir._trigger import Trigger, write_trigger
 
 from .._helpers import tiny_model, tiny_step
 

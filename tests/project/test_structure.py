@@ -192,6 +192,30 @@ def test_the_job_side_never_imports_the_analysis() -> None:
     assert reached == []
 
 
+def test_capture_and_analysis_never_import_each_other() -> None:
+    """The two sides meet in rundir/ alone (the trigger protocol included: the capture
+    answers triggers, the CLI writes them): no module of one imports the other's, either
+    way, type-only imports counted."""
+    arrows = []
+    for name, path in MODULES.items():
+        mine = "rankscope.capture" if _is_under(name, ("rankscope.capture",)) else None
+        mine = mine or ("rankscope.analysis" if _is_under(name, ("rankscope.analysis",)) else None)
+        if mine is None:
+            continue
+        other = "rankscope.analysis" if mine == "rankscope.capture" else "rankscope.capture"
+        tree = _tree(path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                stem = ".".join([*base, node.module or ""]) if node.level else node.module or ""
+                if _is_under(stem.rstrip("."), (other,)):
+                    arrows.append(f"{name} -> {stem}")
+            elif isinstance(node, ast.Import):
+                arrows += [f"{name} -> {a.name}" for a in node.names if _is_under(a.name, (other,))]
+    assert arrows == []
+
+
 def test_a_job_that_captures_loads_no_analysis_module(tmp_path: Path) -> None:
     """The same at run time: a job that times and saves a window with its summary loads no
     rankscope.analysis module (the finaliser's child process runs the module loaded here,

@@ -172,7 +172,7 @@ def test_the_watchdog_calls_no_collective(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_a_trigger_works_from_the_first_step_and_not_on_a_finished_run(tmp_path: Path) -> None:
-    from rankscope.analysis._trigger_client import ask_for_window, trigger_status
+    from rankscope.cli._trigger_client import ask_for_window, trigger_status
 
     config = rankscope.ProfileConfig(
         output_dir=tmp_path,
@@ -199,7 +199,7 @@ def test_a_trigger_works_from_the_first_step_and_not_on_a_finished_run(tmp_path:
 
 
 def test_a_run_whose_heartbeats_stopped_moving_is_said_to_look_over(tmp_path: Path) -> None:
-    from rankscope.analysis._trigger_client import run_progress
+    from rankscope.cli._trigger_client import run_progress
 
     _run(tmp_path, lambda i: 0.0)
     beat = _json(tmp_path / "live" / "rank-00000.json")

@@ -4,8 +4,9 @@ One object per concern: `_capture` (TraceCapture: lifecycle, phases, faults),
 `_schedule` (the pure plan of steps), `_requests` (the one door for windows asked for at
 run time), `_ondemand` (who asks: triggers, SIGUSR2, slow steps), `_anomaly` (the anomaly
 watch), `_profile` (making profilers), `_export` (saving windows), `_nsys`, `_memory`,
-and `_trigger` (the trigger files, as a rank reads and answers them; the client that
-writes them, `rankscope trigger`, is `analysis/_trigger_client`).
+and `_trigger` (the watcher that reads the trigger files and answers them; the files'
+format is `rundir/_trigger`, and the client that writes them, `rankscope trigger`, is
+`cli/_trigger_client`).
 
 Importing this package does not import torch; creating a TraceCapture does.
 """

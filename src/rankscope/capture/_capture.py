@@ -21,6 +21,7 @@ from .._torch import import_torch
 from ..config._config import TraceConfig
 from ..config._ranks import RankInfo
 from ..rundir._layout import phase_window_name, step_window_name
+from ..rundir._trigger import why_not_listening
 from ._anomaly import AnomalyWatch
 from ._auto import SlowSteps
 from ._export import MAX_BACKLOG, WindowExporter, let_go
@@ -30,7 +31,6 @@ from ._ondemand import OnDemand
 from ._profile import ProfilerMaker, abandon, disable_autograd_profiler
 from ._requests import WindowRequests
 from ._schedule import Action, StepPlan
-from ._trigger import why_not_listening
 
 if TYPE_CHECKING:
     from ..timing import PhaseTimer

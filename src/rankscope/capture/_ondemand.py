@@ -24,11 +24,12 @@ from ..rundir._layout import (
     slow_phase_tag,
     window_key,
 )
+from ..rundir._trigger import Trigger, write_ack
 from ._auto import SlowSteps
 from ._pair import Peer, ask_peer, choose_peer, peer_trigger_id
 from ._requests import Asked, WindowRequests
 from ._schedule import AddedWindow
-from ._trigger import SignalHook, Trigger, TriggerWatcher, install_signal_hook, write_ack
+from ._trigger import SignalHook, TriggerWatcher, install_signal_hook
 
 __all__ = ["SIGNAL", "OnDemand"]
 

@@ -16,7 +16,7 @@ from ..rundir._layout import step_window_name
 from ._schedule import AddedWindow, StepPlan
 
 if TYPE_CHECKING:
-    from ._trigger import Trigger
+    from ..rundir._trigger import Trigger
 
 __all__ = ["Asked", "WindowRequests"]
 

@@ -57,7 +57,7 @@ def _step(text: str) -> int:
 
 
 def _trigger(args: argparse.Namespace) -> int:
-    from ..analysis._trigger_client import ask_for_window, trigger_status
+    from ._trigger_client import ask_for_window, trigger_status
 
     render = None if args.json else terminal("trigger")
     if args.status:

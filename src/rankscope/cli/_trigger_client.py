@@ -2,8 +2,8 @@
 
 What `rankscope trigger` does, for any Python caller (a Ray driver, a notebook): check
 the request against the ranks' meta files and the run's timings, then write the trigger
-file each rank's TriggerWatcher looks for (capture/_trigger.py, the job's side of the
-same files). Imports no torch. A rank's config comes from its meta file; a field the
+file each rank's TriggerWatcher looks for (capture/_trigger.py, the job's side; the
+files' format: rundir/_trigger.py). Imports no torch. A rank's config comes from its meta file; a field the
 file leaves out reads as the config's own default (`config_in_meta`).
 
 Errors name the argument as the CLI spells its option (`--ranks`, `--steps`, `--at`),
@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError, TraceError
-from ..capture._trigger import (
+from ..config._ranks import RankSet, parse_ranks
+from ..rundir._layout import META_FILES, NSYS, TRACES, RunDir
+from ..rundir._trigger import (
     Trigger,
     config_in_meta,
     new_trigger_id,
@@ -30,11 +32,9 @@ from ..capture._trigger import (
     read_trigger,
     write_trigger,
 )
-from ..config._ranks import RankSet, parse_ranks
-from ..rundir._layout import META_FILES, NSYS, TRACES, RunDir
 
 if TYPE_CHECKING:
-    from .read._run import RunMeta
+    from ..analysis.read._run import RunMeta
 
 __all__ = ["Progress", "ask_for_window", "latest_step", "run_progress", "trigger_status"]
 
@@ -212,7 +212,7 @@ _STALE_S = 300.0
 
 def run_progress(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> Progress:
     """Where the run stands: its heartbeats say it from the first step on."""
-    from .read._watch import read_watch
+    from ..analysis.read._watch import read_watch
 
     beats = read_watch(run_dir).heartbeats
     if not beats:
@@ -250,8 +250,8 @@ def run_progress(run_dir: str | os.PathLike[str], now_ns: int | None = None) -> 
 def latest_step(run_dir: str | os.PathLike[str]) -> int | None:
     """The latest step in the run's timings; None without any. Read by DuckDB where the
     analysis extra is installed (seconds for thousands of ranks), else line by line."""
-    from .read._engine import read_run_records
-    from .read._timings import read_timings
+    from ..analysis.read._engine import read_run_records
+    from ..analysis.read._timings import read_timings
 
     try:
         if importlib.util.find_spec("duckdb") is not None:
@@ -265,7 +265,7 @@ def latest_step(run_dir: str | os.PathLike[str]) -> int | None:
 
 
 def _run_meta(run_dir: str | os.PathLike[str]) -> RunMeta:
-    from .read._run import read_run_meta
+    from ..analysis.read._run import read_run_meta
 
     meta = read_run_meta(run_dir)
     if not meta.meta:
