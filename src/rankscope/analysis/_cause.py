@@ -33,6 +33,7 @@ import numpy.typing as npt
 from .._text import format_ranks
 from ._findings import Cause, StragglerFinding, ratio_text
 from ._gpu_health import GpuHealth, gpu_health
+from ._groups import GROUP_SHARE
 from ._matrix import PhaseMatrices, nanmedian, quiet
 from .read._values import CpuTimes, PhaseValues
 
@@ -46,8 +47,6 @@ nothing of why they are slow, so its health is not weighed there."""
 
 PERSISTENT_SHARE = 0.9
 """A rank above at this share of its steps since the onset, or more, is persistent."""
-_GROUP_SHARE = 0.75
-"""A group is slow together when this share of its ranks, or more, are slow there."""
 _FEWEST = 3
 """Steps with a value, on the rank and the others, to judge by a value at all."""
 
@@ -368,6 +367,6 @@ def _slow_group(
             by_label.setdefault(label[r], set()).add(r)
     group = by_label.get(mine, set())
     clean = any(not (members & slow) for members in by_label.values())
-    if len(group) >= 2 and len(group & slow) >= _GROUP_SHARE * len(group) and clean:
+    if len(group) >= 2 and len(group & slow) >= GROUP_SHARE * len(group) and clean:
         return mine, group
     return None
