@@ -1,7 +1,7 @@
 """Evidence for a slow finding: the ops that grew on the slow rank against a healthy peer.
 
 A window that holds the slow rank's trace and another rank's at the same steps (the pair
-an anomaly watch captures, capture/_pair.py, or any scheduled or triggered window that
+an anomaly detector captures, capture/_pair.py, or any scheduled or triggered window that
 covers both) is read twice per trace through the Kineto summariser (traces/_kineto.py,
 streamed, so memory follows the ops, not the file): once for the finding's phase ranges
 (the record_function ranges rankscope opens for each phase while a window records),
@@ -266,7 +266,7 @@ def _no_pair(
 
 
 def _asked(root: Path, rank: int, window: str) -> dict[str, Any] | None:
-    """For a window `rank`'s anomaly watch asked for: the peer it asked, why, and the answer."""
+    """For a window `rank`'s anomaly detector asked for: the peer it asked, why, and the answer."""
     for line in _auto_lines(root, rank):
         peer = line.get("peer")
         if line.get("window") != window or not isinstance(peer, dict):

@@ -1,4 +1,4 @@
-"""The anomaly watch (trace.auto): a rank's step times, or one phase's, fed to the
+"""The anomaly detector (trace.auto): a rank's step times, or one phase's, fed to the
 slow-step rule. It returns the slow stretches it sees and plans nothing: the capture
 asks for their windows through its one door. (Not the hang watchdog: that is `watch/`.)"""
 
@@ -60,7 +60,7 @@ class AnomalyWatch:
             if detector is None:
                 continue
             if detector.fired:
-                return f"its own {self.measured} time fired the anomaly watch this run"
+                return f"its own {self.measured} time fired the anomaly detector this run"
             if detector.slow_now:
                 return f"its last {detector.slow_now} {self.measured} times were slow"
         return None

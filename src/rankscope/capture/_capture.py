@@ -2,7 +2,7 @@
 
 The capture holds the lifecycle (start, step, stop, phases) and the profiler's state
 machine; each other concern is an object of its own: the plan of windows and the one
-door to it (`_requests`), who asks at run time (`_ondemand`), the anomaly watch
+door to it (`_requests`), who asks at run time (`_ondemand`), the anomaly detector
 (`_anomaly`), making profilers (`_profile`) and saving windows (`_export`).
 """
 
@@ -212,13 +212,13 @@ class TraceCapture(OneFault):
             self._wake_at = 0  # a signal that came during this step() must not wait for a check
 
     def _ask_for(self, anomaly: AnomalyWatch, found: Sequence[SlowSteps]) -> None:
-        """Ask for the windows that the slow stretches the anomaly watch found want."""
+        """Ask for the windows that the slow stretches the anomaly detector found want."""
         auto = self._config.auto
         try:
             for slow in found:
                 self._asking.on_slow(slow, self._step + 1, auto.phase, auto.window_steps)
         except Exception as exc:
-            # Asking for its window failed: the anomaly watch goes off, the run and the
+            # Asking for its window failed: the anomaly detector goes off, the run and the
             # windows already planned go on.
             anomaly.give_up(exc)
 

@@ -53,7 +53,7 @@ class OnDemand:
         self._watcher = TriggerWatcher(run_dir, rank) if check_every else None
         self.signal: SignalHook | None = None
         self.slow_itself: Callable[[], str | None] | None = None
-        """Why this rank is slow itself by its anomaly watch, or None (see AnomalyWatch):
+        """Why this rank is slow itself by its anomaly detector, or None (see AnomalyWatch):
         set by the capture where the rank watches itself; a peer that is slow declines."""
         self._auto_failed = False  # writing RUN_DIR/auto failed once: said, not again
 

@@ -1,6 +1,6 @@
 """A healthy peer for a slow rank's window: the same steps, recorded on a rank that is not slow.
 
-When a rank's anomaly watch fires, it picks one peer from what the run directory says
+When a rank's anomaly detector fires, it picks one peer from what the run directory says
 of the other ranks (meta files, heartbeats, auto records) and writes that peer a trigger
 (`_trigger.py`) for steps far enough ahead that the peer, which looks for triggers every
 trace.trigger_check_every_n_steps, reaches them after reading it. The peer records them

@@ -166,7 +166,7 @@ class Trigger:
     """What the window's name ends with, where not `trigger-<id>`: a peer asked by a slow
     rank (`capture/_pair.py`) records into that rank's window, `slow-<phase>`."""
     asked_by: int | None = None
-    """The rank whose anomaly watch wrote this trigger for a peer; None for `rankscope trigger`."""
+    """The rank whose anomaly detector wrote this trigger for a peer; None for `rankscope trigger`."""
 
     def __post_init__(self) -> None:
         problem = check_trigger_id(self.id)

@@ -1,4 +1,4 @@
-"""The anomaly watch (capture/_anomaly.py): it returns slow stretches and plans nothing."""
+"""The anomaly detector (capture/_anomaly.py): it returns slow stretches and plans nothing."""
 
 from __future__ import annotations
 
