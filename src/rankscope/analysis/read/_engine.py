@@ -116,21 +116,19 @@ class PhaseRecords:
         a phase that runs twice: a pipeline). How many were dropped."""
         if not self.parts:
             return 0
-        rank, step, ms, start, host = self.take()
-        ordered = np.sort(start)
+        ordered = np.sort(np.concatenate([part[3] for part in self.parts]))
         if not (ordered[1:] == ordered[:-1]).any():  # nearly always: no two starts alike
-            self.parts = [(rank, step, ms, start, host)]
-            return 0
+            return 0  # the parts as they are: take() joins them once
+        rank, step, ms, start, host = self.take()
         key = np.stack((rank, step, start, ms.view(np.int64)))
         _, first = np.unique(key, axis=1, return_index=True)
         if len(first) == len(rank):
             self.parts = [(rank, step, ms, start, host)]
             return 0
         keep = np.sort(first)
-        host_kept = ms[keep] if host is ms else host[keep]
-        ms_kept = ms[keep]
+        ms_kept = ms[keep]  # the host time stays the same array where it is the durations
         self.parts = [
-            (rank[keep], step[keep], ms_kept, start[keep], ms_kept if host is ms else host_kept)
+            (rank[keep], step[keep], ms_kept, start[keep], ms_kept if host is ms else host[keep])
         ]
         return len(rank) - len(keep)
 
