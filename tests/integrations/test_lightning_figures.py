@@ -53,25 +53,35 @@ class _Rejecting(Logger):  # type: ignore[misc]
         pass
 
 
-def _fit(out: Path, loggers: list[Logger]) -> RankscopeCallback:
-    config = ProfileConfig(
-        output_dir=out / "run",
-        timer=TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1),
-    )
+def _fit(
+    out: Path,
+    loggers: list[Logger],
+    *,
+    timer: TimerConfig | None = None,
+    steps: int = STEPS,
+    log_every: int = LOG_EVERY,
+    fresh: bool = True,
+) -> RankscopeCallback:
+    """A fit of `steps` steps; `fresh`: each batch waits for the figures' reader (the
+    timer then writes every step), else the timer and the reader run as a user's do."""
+    if timer is None:
+        timer = TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=1)
+    config = ProfileConfig(output_dir=out / "run", timer=timer)
     callback = RankscopeCallback(config, environ={})
     trainer = pl.Trainer(
-        max_steps=STEPS,
+        max_steps=steps,
         accelerator="cpu",
         devices=1,
         logger=loggers,
-        log_every_n_steps=LOG_EVERY,
-        callbacks=[callback, _FreshFigures(callback)],
+        log_every_n_steps=log_every,
+        callbacks=[callback, _FreshFigures(callback)] if fresh else [callback],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=str(out),
     )
-    data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+    samples = max(64, 4 * steps)  # one epoch
+    data = TensorDataset(torch.randn(samples, 8), torch.randn(samples, 1))
     trainer.fit(TinyModule(), DataLoader(data, batch_size=4))
     return callback
 
@@ -126,24 +136,9 @@ def test_a_short_fit_logs_step_and_phase_figures_with_the_defaults_and_no_zero_h
     # figures' reader. Its first read came at the first log, before any record was
     # written, and the next one 2 s later: a fit this short logged no step figure at all,
     # and "0 ranks with a heartbeat" while the rank ran.
-    config = ProfileConfig(
-        output_dir=tmp_path / "run", timer=TimerConfig(enable=True, every_n_steps=1)
-    )
     logger = CSVLogger(tmp_path / "logs")
-    trainer = pl.Trainer(
-        max_steps=200,
-        accelerator="cpu",
-        devices=1,
-        logger=logger,
-        log_every_n_steps=5,
-        callbacks=[RankscopeCallback(config, environ={})],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-    )
-    data = TensorDataset(torch.randn(1024, 8), torch.randn(1024, 1))
-    trainer.fit(TinyModule(), DataLoader(data, batch_size=4))
+    timer = TimerConfig(enable=True, every_n_steps=1)
+    _fit(tmp_path, [logger], timer=timer, steps=200, log_every=5, fresh=False)
     rows = _rows(logger)
     assert any(r.get("rankscope/step_ms") for r in rows)
     assert any(r.get("rankscope/phase_ms/forward") for r in rows)

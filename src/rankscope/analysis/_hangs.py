@@ -355,13 +355,12 @@ def _judge(
         threshold = _threshold(beat, hang, meta.meta.get(rank, {}))
         host = (beat.host if beat else None) or (hang.host if hang else None)
         unmoved = max(0, now - moved) / _NS
-        if hang is None and unmoved <= threshold:
+        if hang is None and beat is not None and unmoved <= threshold:
             report.running.append(rank)
             # How long it had not moved when its heartbeat was written: past that nothing
             # is known. A job of 30 steps a second moves between two heartbeats, and now
             # less moved_ns would be the heartbeat's age, not a pause of the rank's.
-            seen = beat.written_ns if beat is not None else now
-            known = max(0, min(now, seen) - moved) / _NS
+            known = max(0, min(now, beat.written_ns) - moved) / _NS
             if report.longest_unmoved is None or known > report.longest_unmoved[0]:
                 report.longest_unmoved = (known, rank)
             continue

@@ -22,7 +22,7 @@ from ._collective_clocks import host_clock_offsets
 from ._collectives import collectives_of_run
 from ._hangs import hangs_of
 from ._kernels import find_traces, kernel_report
-from ._matrix import STEP, PhaseMatrices, nanmedian
+from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ._options import StragglerOptions
 from .read._run import read_run_meta
 
@@ -198,12 +198,8 @@ def _drawn(m: PhaseMatrices, strag: dict[str, Any]) -> set[int]:
     named = {f["phase"] for f in strag["findings"]}
     named |= {u["phase"] for u in strag.get("imbalance", [])}
     named |= {p for g in strag.get("groups", []) for p in g["phases"]}
-    typical = []
-    for ms in m.ms:
-        with np.errstate(invalid="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a phase no rank ran at a step
-            total = float(np.nansum(np.nanmedian(ms, axis=0)))
-        typical.append(total)
+    with quiet():  # a phase no rank ran at a step
+        typical = [float(np.nansum(nanmedian(ms, 0))) for ms in m.ms]
     ranked = sorted(
         range(len(m.phases)),
         key=lambda p: (m.phases[p] != STEP, m.phases[p] not in named, -typical[p], p),

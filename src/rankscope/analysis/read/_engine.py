@@ -54,6 +54,8 @@ __all__ = [
 ]
 
 
+_SPREAD = np.int64(-7046029254386353131)
+"""An odd 64-bit constant (the golden ratio's): a rank times it spreads over every bit."""
 _BATCH_BYTES = 256 << 20
 """JSONL bytes per DuckDB query: its working memory follows a batch, not the run."""
 _HEAD = 1 << 16
@@ -116,9 +118,13 @@ class PhaseRecords:
         a phase that runs twice: a pipeline). How many were dropped."""
         if not self.parts:
             return 0
-        ordered = np.sort(np.concatenate([part[3] for part in self.parts]))
-        if not (ordered[1:] == ordered[:-1]).any():  # nearly always: no two starts alike
-            return 0  # the parts as they are: take() joins them once
+        # A rank and a start in one number (two ranks can start at one ns; a rank's own
+        # two records cannot): where no two are alike (nearly always) the parts stay as
+        # they are, and take() joins them once.
+        mixed = np.concatenate([part[3] ^ (part[0] * _SPREAD) for part in self.parts])
+        ordered = np.sort(mixed)
+        if not (ordered[1:] == ordered[:-1]).any():
+            return 0
         rank, step, ms, start, host = self.take()
         key = np.stack((rank, step, start, ms.view(np.int64)))
         _, first = np.unique(key, axis=1, return_index=True)
