@@ -28,12 +28,14 @@ and some phase runs more than once a step (microbatches), the step is replayed:
   (the data leaves when the send is reached). A call that sends and receives at once
   (Megatron's send_forward_recv_backward) is a recv whose data leaves when it is
   reached.
-- Any other phase that ends in a collective and that every stage runs as often ends,
-  on every rank, its own time (the least any rank spent in it that step: the last to
-  arrive waits for no one) after the last rank reached it.
+- Any other phase that ends in a collective and that the stages that run it run as
+  often (every stage, or some: Megatron's embedding all-reduce joins the first and the
+  last) ends, on their ranks, its own time (the least any rank spent in it that step:
+  the last to arrive waits for no one) after the last of them reached it.
 - Every other op is work, its time as measured. On host time, the time between two of a
-  rank's ops (Python between phases) is its own, before the later op; the rest of its
-  time in a step outside its ops is work at its end, as in the segment model.
+  rank's ops (Python between phases) is its own, before the later op, as far as every
+  replica of its stage took it (a longer gap is a wait no phase holds); the rest of its
+  time in a step outside its ops and gaps is work at its end, as in the segment model.
 
 A recv's or a waiting send's own time is the least time any of its runs took. The wire,
 on host time, is the median of how long after the data left the recvs that waited
@@ -204,6 +206,12 @@ class _Run:
         self.at = [0] * len(replay.ops)
         self.shift = np.zeros(shape[0])
         """How far the replicas not replayed are moved: by the last collective's change."""
+        self.members: dict[tuple[int, int], list[int]] = {}
+        """Per collective, the stages that run it (the others go on past it)."""
+        for s, stage in enumerate(replay.ops):
+            for op in stage:
+                if op.key is not None and s not in self.members.setdefault(op.key, []):
+                    self.members[op.key].append(s)
         self.arrivals: dict[tuple[int, int], Floats] = {}
         self.collective_ends: dict[tuple[int, int], Floats] = {}
 
@@ -262,14 +270,22 @@ class _Run:
         return self.end[u][k] if self.at[u] > k else None
 
     def _collective(self) -> bool:
-        """Every stage at the same collective: it ends on every rank; False where not."""
-        stages, ops = range(len(self.r.ops)), self.r.ops
-        if any(self.at[s] == len(ops[s]) for s in stages):
-            return False
-        keys = {ops[s][self.at[s]].key for s in stages}
-        key = keys.pop()
-        if keys or key is None:
-            return False
+        """Every stage that runs a collective at it: it ends on their ranks; False where
+        no collective has all its stages there."""
+        ops, at = self.r.ops, self.at
+        there: dict[tuple[int, int], list[int]] = {}
+        for s, stage in enumerate(ops):
+            key = stage[at[s]].key if at[s] < len(stage) else None
+            if key is not None:
+                there.setdefault(key, []).append(s)
+        for key, stages in there.items():
+            if stages == self.members[key]:
+                self._end(key, stages)
+                return True
+        return False
+
+    def _end(self, key: tuple[int, int], stages: list[int]) -> None:
+        """The collective `key`, with every stage of it there, ends on their ranks."""
         reached = [self.reached(s, self.at[s]) for s in stages]
         arrived = np.max(reached, axis=0)  # (step, replica): each replica's last rank
         self.arrivals[key] = arrived
@@ -284,11 +300,10 @@ class _Run:
         if base is not None and self.cols is not None:
             self.shift = ends - base.collective_ends[key]
         end = ends[:, None] + np.zeros_like(reached[0])
-        for s in stages:
+        for s, at in zip(stages, reached, strict=True):
             j = self.at[s]
-            self.reach[s][j], self.end[s][j] = reached[s], end
+            self.reach[s][j], self.end[s][j] = at, end
             self.now[s], self.at[s] = end.copy(), j + 1
-        return True
 
 
 def sends_as_measured(replay: Replay) -> bool:

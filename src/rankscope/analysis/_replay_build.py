@@ -179,10 +179,15 @@ class _Builder:
                 "no phase flows from stage to stage (time each send and recv as a phase of "
                 "its own name, apart from the compute)"
             )
-        lead = [np.zeros_like(t) for t in ms]
+        # On host time, the time between two ops is the rank's own (Python between two
+        # phases) as far as every replica of its stage spends it: a replica's longer gap is
+        # a wait that no phase holds (a GPU-side trace's collective starts once all are
+        # there, the wait before it on no op: on a real Megatron trace, 22 s a step).
+        gaps = [np.zeros_like(t) for t in ms]
         if all(self.m.clocks[p] == "host" for t in templates for p in t):
             for s in range(len(templates)):
-                lead[s][1:] = np.clip((start[s][1:] - end[s][:-1]) / 1e6, 0, None)
+                gaps[s][1:] = np.clip((start[s][1:] - end[s][:-1]) / 1e6, 0, None)
+        lead = _leads(gaps)
         # Sends that wait for their recv, or that hand over and go on. Where they wait,
         # the replay says how long each send takes (until its recv is reached): kept where
         # that matches the times measured. Else the model that comes closer to the
@@ -200,7 +205,7 @@ class _Builder:
                 ops=ops,
                 ms=ms,
                 lead=lead,
-                outside=self._outside(ms, lead, ok),
+                outside=self._outside(ms, gaps, ok),
                 own=_own(ops, ms),
                 wire={},
                 collective_own=_collective_own(ops, ms),
@@ -341,7 +346,7 @@ class _Builder:
                     ops.append(Op(p, "gated", source=gated[at]))
                 elif at in sends:
                     ops.append(Op(p, "send", peer=peer.get(at)))
-                elif p in self.comm and len({c[p] for c in counts}) == 1:
+                elif p in self.comm and len({c[p] for c in counts if c[p]}) == 1:
                     ops.append(Op(p, "collective", key=(p, runs[s][j])))
                 else:
                     ops.append(Op(p, "work"))
@@ -412,6 +417,12 @@ def _own(ops: list[list[Op]], ms: list[Floats]) -> dict[int, float]:
     return {
         op.phase: least for stage in ops for op in stage if op.role == "recv" or op.peer is not None
     }
+
+
+def _leads(gaps: list[Floats]) -> list[Floats]:
+    """Per stage, (op, step, replica) time taken as the rank's own before each op: the
+    least gap before it any replica of the stage had at that step."""
+    return [g.min(axis=2, keepdims=True) + np.zeros_like(g) for g in gaps]
 
 
 def _collective_own(ops: list[list[Op]], ms: list[Floats]) -> dict[tuple[int, int], Floats]:

@@ -48,6 +48,7 @@ from ._groups import slow_groups, waiting_for_groups
 from ._imbalance import find_imbalance
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ._options import StragglerOptions
+from ._pipeline_waits import waiting_in_pipeline
 from ._replay import Replay
 from ._replay_build import build_replay
 from ._rows import Row, rows_of
@@ -286,12 +287,24 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     # does: it stands only where the others are found waiting for this rank.
     waited_for = {f.waits_for[0] for f in report.findings if f.waits_for}
     report.findings.extend(f for f in unconfirmed if f.rank in waited_for)
+    # The pipeline's replay (analysis/_replay.py): its sends and recvs say who waits for
+    # whom, its stages are the ranks whose loads are taken against one pace, and it
+    # prices the fixes where it fits.
+    pipeline = build_replay(timeline, set(report.sync_phases), groups)
+    if isinstance(pipeline, Replay):
+        for finding, row in waiting_in_pipeline(
+            m,
+            pipeline,
+            report.findings,
+            threshold=threshold,
+            min_persistence=min_persistence,
+            floor=floor,
+        ):
+            report.findings.append(finding)
+            waiting[finding.rank, finding.phase] = row
     report.findings = _waiting_since_the_cause(report.findings, waiting, m.steps)
     # The cause before its consequence: a slow rank's waiters often lose more time than it.
     report.findings.sort(key=lambda f: (f.role != "slow", -f.lost_ms, f.rank, f.phase))
-    # The pipeline's replay (analysis/_replay.py): its stages are the ranks whose loads
-    # are taken against one pace, and it prices the fixes where it fits.
-    pipeline = build_replay(timeline, set(report.sync_phases), groups)
     report.imbalance = find_imbalance(
         m,
         set(report.sync_phases),
