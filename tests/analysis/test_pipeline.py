@@ -385,3 +385,54 @@ def test_a_real_megatron_run_is_replayed_priced_and_its_waiting_ranks_named(
     }
     # The artifact's own what-if simulator: fixing every straggler, 1.973x as fast.
     assert said["cost"]["speedup"] == pytest.approx(1.973, rel=0.10)
+
+
+@pytest.mark.parametrize(
+    ("calls", "schedule", "stage"),
+    [
+        ("megatron", "1f1b", 0),
+        ("megatron", "1f1b", 1),
+        ("megatron", "1f1b", 3),
+        ("megatron_split", "1f1b", 2),
+        ("megatron_split", "gpipe", 1),
+    ],
+)
+def test_a_slow_stage_under_megatrons_calls_is_priced_by_the_replay(
+    tmp_path: Path, calls: str, schedule: str, stage: int
+) -> None:
+    # Megatron's names, each direction its own call or 1F1B's steady state batched (a
+    # send and a recv of opposite directions in one call: one start, one duration).
+    shape = Pipeline(schedule=schedule, calls=calls)
+    write_pipeline(tmp_path / "slow", shape=shape, slow=[SlowStage(stage, 1.0)])
+    write_pipeline(tmp_path / "even", shape=shape)
+    names = set(phase_matrices(read_timings(tmp_path / "slow")).phases)
+    batched = {"pp_send_forward_recv_backward", "pp_send_backward_recv_forward"}
+    assert (batched <= names) == (calls == "megatron")
+    assert {"pp_recv_forward", "pp_send_backward"} <= names
+    truth = _step_ms(tmp_path / "slow") - _step_ms(tmp_path / "even")
+    report = analyse_stragglers(tmp_path / "slow").report
+    assert not [n for n in report.notes if "replay" in n], report.notes
+    (group,) = report.groups
+    assert group.name == f"pipeline_stage={stage}"
+    assert group.cost is not None
+    assert group.cost.step_ms_saved == pytest.approx(truth, rel=0.05)
+
+
+@pytest.mark.parametrize("calls", ["megatron", "megatron_split"])
+def test_uneven_data_under_megatrons_calls_is_found_priced_and_its_clean_twin_is_quiet(
+    tmp_path: Path, calls: str
+) -> None:
+    # Uneven sequence lengths across the replicas, no value recorded with the phases (a
+    # real trace's case): found as uneven data and priced against the same job even.
+    shape = Pipeline(schedule="1f1b", dp=4, calls=calls)
+    uneven = Uneven(phases=("forward", "backward"), spread=0.6)
+    write_pipeline(tmp_path / "uneven", shape=shape, uneven=uneven, steps=40)
+    write_pipeline(tmp_path / "even", shape=shape, steps=40)
+    report = analyse_stragglers(tmp_path / "uneven").report
+    assert not report.findings
+    assert {i.phase for i in report.imbalance} == {"forward", "backward"}
+    truth = _step_ms(tmp_path / "uneven") - _step_ms(tmp_path / "even")
+    assert report.cost is not None
+    assert report.cost.step_ms_saved == pytest.approx(truth, rel=0.1)
+    clean = analyse_stragglers(tmp_path / "even").report
+    assert (clean.findings, clean.imbalance, clean.summary) == ([], [], [])

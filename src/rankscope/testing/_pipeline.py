@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +50,13 @@ class Pipeline:
     """"gpipe" (every forward, then every backward) or "1f1b" (a stage runs its first
     `stages - stage - 1` forwards, then one forward and one backward in turn, then the
     backwards left: Megatron's default)."""
+    calls: str = "pp"
+    """How the sends and recvs are timed: "pp" (`pp_recv` and `pp_send`, one name both
+    ways), "megatron" (Megatron-LM's calls, `pp_recv_forward`, `pp_send_forward`,
+    `pp_recv_backward`, `pp_send_backward`, with 1F1B's steady state sending and
+    receiving in one batched call: `pp_send_forward_recv_backward`,
+    `pp_send_backward_recv_forward`), or "megatron_split" (the same names, each direction
+    a call of its own)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,93 @@ def _order(shape: Pipeline, stage: int) -> list[tuple[str, int]]:
     for i in range(m - warm):
         out += [forwards[warm + i], backwards[i]]
     return out + backwards[m - warm :]
+
+
+_Call = tuple[str, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
+"""A p2p call: its name, the (direction, microbatch) it sends, those it receives."""
+
+
+def _calls(shape: Pipeline, stage: int) -> list[tuple[str, int] | _Call]:
+    """A stage's ops in a step with Megatron's calls: ("F" or "B", microbatch) for the
+    compute, a _Call for each send and recv (see Pipeline.calls)."""
+    first, last = stage == 0, stage == shape.stages - 1
+    out: list[tuple[str, int] | _Call] = []
+    for op, mb in _order(shape, stage):
+        if op == "F":
+            if not first:
+                out.append(("pp_recv_forward", (), (("F", mb),)))
+            out.append((op, mb))
+            if not last:
+                out.append(("pp_send_forward", (("F", mb),), ()))
+        else:
+            if not last:
+                out.append(("pp_recv_backward", (), (("B", mb),)))
+            out.append((op, mb))
+            if not first:
+                out.append(("pp_send_backward", (("B", mb),), ()))
+    if shape.calls != "megatron" or shape.schedule != "1f1b":
+        return out
+    # 1F1B's steady state: a send, then a recv the other way, are one batched call.
+    pairs = {
+        ("pp_send_forward", "pp_recv_backward"): "pp_send_forward_recv_backward",
+        ("pp_send_backward", "pp_recv_forward"): "pp_send_backward_recv_forward",
+    }
+    merged: list[tuple[str, int] | _Call] = []
+    for item in out:
+        before = merged[-1] if merged else None
+        if len(item) == 3 and before is not None and len(before) == 3:
+            name = pairs.get((str(before[0]), str(item[0])))
+            if name is not None:
+                merged[-1] = (name, before[1], item[2])
+                continue
+        merged.append(item)
+    return merged
+
+
+def _megatron_replica(  # noqa: PLR0917 - the simulation's state, passed down
+    shape: Pipeline,
+    d: int,
+    now: int,
+    record: _Recorder,
+    work: Callable[..., int],
+    load: dict[str, float],
+) -> dict[int, int]:
+    """One replica's step with Megatron's calls: each rank's end of its last op. A send's
+    data leaves when the call is reached where it also receives (a batched call), when it
+    ends where not; a call that receives ends a quarter of its own time after the last of
+    its data is there (its own time after it left)."""
+    own = int(shape.send_ms * _NS)
+    order = [_calls(shape, s) for s in range(shape.stages)]
+    free = [now] * shape.stages
+    left: dict[tuple[str, int, int], int] = {}  # (direction, from stage, microbatch) -> when
+    at = [0] * shape.stages
+    while any(at[s] < len(order[s]) for s in range(shape.stages)):
+        moved = False
+        for s in range(shape.stages):
+            while at[s] < len(order[s]):
+                item, start, rank = order[s][at[s]], free[s], s * shape.dp + d
+                if len(item) == 2:
+                    name = "forward" if item[0] == "F" else "backward"
+                    ms = shape.forward_ms if item[0] == "F" else shape.backward_ms
+                    end = start + work(s, d, ms, load.get(name, 1.0))
+                    record(rank, name, "compute", start, end)
+                else:
+                    name, sends, recvs = item
+                    froms = [(w, s - 1 if w == "F" else s + 1, mb) for w, mb in recvs]
+                    if recvs:  # a batched call's sends leave as it is reached
+                        left.update({(w, s, mb): start for w, mb in sends})
+                    if any(k not in left for k in froms):
+                        break  # its data has not left yet
+                    end = start + own
+                    if recvs:
+                        there = max(left[k] for k in froms) + own
+                        end = max(start, there) + own // 4
+                    left.update({(w, s, mb): end for w, mb in sends if not recvs})
+                    record(rank, name, "comm", start, end)
+                free[s], at[s], moved = end, at[s] + 1, True
+        if not moved:
+            raise RuntimeError("the pipeline's calls wait on each other")  # a schedule bug
+    return {s * shape.dp + d: free[s] for s in range(shape.stages)}
 
 
 class _Recorder:
@@ -142,7 +236,10 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
                 loads = [load_rng.uniform(1 - half, 1 + half) for _ in range(shape.dp)]
                 if balanced:  # the same data, each step's spread evenly over the replicas
                     loads = [sum(loads) / len(loads)] * shape.dp
-            for d in range(shape.dp):
+            for d in range(shape.dp) if shape.calls != "pp" else ():
+                load = {p: loads[d] for p in uneven.phases} if uneven is not None else {}
+                ends.update(_megatron_replica(shape, d, now, record, work, load))
+            for d in range(shape.dp) if shape.calls == "pp" else ():
                 free = [now] * shape.stages
                 done: dict[tuple[str, int, int], int] = {}  # (op, stage, microbatch) -> end
                 order = [_order(shape, s) for s in range(shape.stages)]
