@@ -58,12 +58,12 @@ def waiting_in_pipeline(
         rows = np.asarray(ranks)
         for p in p2p:
             d = m.ms[p][rows]
-            for i, (ratio, excess) in enumerate(_against_the_others(d)):
-                r = int(rows[i])
+            for i, r in enumerate(ranks):
                 rank, replica = m.ranks[r], replay.stage_of[r][1]
                 cause = sorted(slow.get(replica, set()) - {rank})
                 if not cause or (rank, m.phases[p]) in known:
                     continue
+                ratio, excess = _against_the_others(d, i)
                 row = row_of(ratio, excess, threshold, floor)
                 onset = row.onset(min_persistence)
                 if onset is None or row.median_excess(onset) < floor:
@@ -85,15 +85,11 @@ def waiting_in_pipeline(
     return out
 
 
-def _against_the_others(d: Matrix) -> list[tuple[npt.NDArray[np.float64], Matrix]]:
-    """Per rank of `d` (a stage's replicas x steps), its (ratio, excess) over the others'
-    median at each step (the other's time, with two)."""
-    out = []
-    for i in range(len(d)):
-        others = np.delete(d, i, axis=0)
-        with quiet():
-            ref = nanmedian(others, 0)
-            ok = np.isfinite(ref) & (ref > 0)
-            ratio = np.where(ok, d[i] / np.where(ok, ref, 1.0), np.nan)
-        out.append((ratio, d[i] - ref))
-    return out
+def _against_the_others(d: Matrix, i: int) -> tuple[npt.NDArray[np.float64], Matrix]:
+    """Row `i` of `d` (a stage's replicas x steps): its (ratio, excess) over the other
+    rows' median at each step (the other's time, with two)."""
+    with quiet():
+        ref = nanmedian(np.delete(d, i, axis=0), 0)
+        ok = np.isfinite(ref) & (ref > 0)
+        ratio = np.where(ok, d[i] / np.where(ok, ref, 1.0), np.nan)
+    return ratio, d[i] - ref
