@@ -436,3 +436,20 @@ def test_uneven_data_under_megatrons_calls_is_found_priced_and_its_clean_twin_is
     assert report.cost.step_ms_saved == pytest.approx(truth, rel=0.1)
     clean = analyse_stragglers(tmp_path / "even").report
     assert (clean.findings, clean.imbalance, clean.summary) == ([], [], [])
+
+
+def test_an_interleaved_schedule_is_not_replayed_as_if_its_stages_paired_in_order(
+    tmp_path: Path,
+) -> None:
+    # Two chunks per rank (Megatron's interleaved 1F1B): stage 0 receives the forward
+    # from the last stage for its second chunk. Replayed as if each stage's k-th forward
+    # paired with the next stage's, the step fitted (1.00x), a slow stage 0 was priced at
+    # half its true saving, and a slow stage 1 or 3 was not found at all.
+    shape = Pipeline(schedule="1f1b", calls="megatron_split", chunks=2, microbatches=8)
+    write_pipeline(tmp_path / "slow", shape=shape, slow=[SlowStage(1, 1.0)])
+    report = analyse_stragglers(tmp_path / "slow").report
+    (note,) = [n for n in report.notes if "not replayed" in n]
+    assert "stage 0 receives forward too: an interleaved schedule" in note
+    (group,) = report.groups
+    assert group.name == "pipeline_stage=1"
+    assert group.cost is not None and group.cost.step_ms_saved > 0

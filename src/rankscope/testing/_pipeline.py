@@ -57,6 +57,9 @@ class Pipeline:
     receiving in one batched call: `pp_send_forward_recv_backward`,
     `pp_send_backward_recv_forward`), or "megatron_split" (the same names, each direction
     a call of its own)."""
+    chunks: int = 1
+    """Model chunks per rank (virtual stages: Megatron's interleaved 1F1B, with
+    "megatron_split" calls; microbatches a multiple of stages)."""
 
 
 @dataclass(frozen=True)
@@ -83,28 +86,60 @@ def _order(shape: Pipeline, stage: int) -> list[tuple[str, int]]:
     return out + backwards[m - warm :]
 
 
-_Call = tuple[str, tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
-"""A p2p call: its name, the (direction, microbatch) it sends, those it receives."""
+_Key = tuple[str, int, int]
+"""What a send hands over: its direction ("F" or "B"), the stage that sends it, and
+which microbatch of which chunk (chunk x microbatches + microbatch)."""
+_Call = tuple[str, tuple[_Key, ...], tuple[_Key, ...]]
+"""A p2p call: its name, what it sends, what it receives."""
+
+
+def _virtual_order(shape: Pipeline, stage: int) -> list[tuple[str, int, int]]:
+    """The (op, microbatch, chunk) a stage runs in a step. With one chunk, `_order`; with
+    more (an interleaved schedule, Megatron's), the forwards go a stage-count of
+    microbatches at a time through each chunk in turn, the backwards through the chunks
+    the other way, after (stages - stage - 1) x 2 + (chunks - 1) x stages warm-up
+    forwards, one forward and one backward in turn."""
+    if shape.chunks == 1:
+        return [(op, mb, 0) for op, mb in _order(shape, stage)]
+    p, v, m = shape.stages, shape.chunks, shape.microbatches
+    total = m * v
+
+    def at(op: str, i: int) -> tuple[str, int, int]:
+        chunk = (i // p) % v
+        return op, (i // (p * v)) * p + i % p, (v - 1 - chunk if op == "B" else chunk)
+
+    warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    out = [at("F", i) for i in range(warm)]
+    for i in range(total - warm):
+        out += [at("F", warm + i), at("B", i)]
+    return out + [at("B", i) for i in range(total - warm, total)]
 
 
 def _calls(shape: Pipeline, stage: int) -> list[tuple[str, int] | _Call]:
     """A stage's ops in a step with Megatron's calls: ("F" or "B", microbatch) for the
-    compute, a _Call for each send and recv (see Pipeline.calls)."""
-    first, last = stage == 0, stage == shape.stages - 1
+    compute, a _Call for each send and recv (see Pipeline.calls). With chunks, virtual
+    stage chunk x stages + stage: a forward flows from the last stage on to stage 0's
+    next chunk."""
+    p, m = shape.stages, shape.microbatches
     out: list[tuple[str, int] | _Call] = []
-    for op, mb in _order(shape, stage):
+    for op, mb, chunk in _virtual_order(shape, stage):
+        k = chunk * p + stage  # its virtual stage
+        first, last = k == 0, k == p * shape.chunks - 1
+        here = chunk * m + mb
         if op == "F":
             if not first:
-                out.append(("pp_recv_forward", (), (("F", mb),)))
+                sent = (k - 1) // p * m + mb
+                out.append(("pp_recv_forward", (), (("F", (k - 1) % p, sent),)))
             out.append((op, mb))
             if not last:
-                out.append(("pp_send_forward", (("F", mb),), ()))
+                out.append(("pp_send_forward", (("F", stage, here),), ()))
         else:
             if not last:
-                out.append(("pp_recv_backward", (), (("B", mb),)))
+                sent = (k + 1) // p * m + mb
+                out.append(("pp_recv_backward", (), (("B", (k + 1) % p, sent),)))
             out.append((op, mb))
             if not first:
-                out.append(("pp_send_backward", (("B", mb),), ()))
+                out.append(("pp_send_backward", (("B", stage, here),), ()))
     if shape.calls != "megatron" or shape.schedule != "1f1b":
         return out
     # 1F1B's steady state: a send, then a recv the other way, are one batched call.
@@ -139,7 +174,7 @@ def _megatron_replica(  # noqa: PLR0917 - the simulation's state, passed down
     own = int(shape.send_ms * _NS)
     order = [_calls(shape, s) for s in range(shape.stages)]
     free = [now] * shape.stages
-    left: dict[tuple[str, int, int], int] = {}  # (direction, from stage, microbatch) -> when
+    left: dict[_Key, int] = {}  # what a send hands over -> when it left
     at = [0] * shape.stages
     while any(at[s] < len(order[s]) for s in range(shape.stages)):
         moved = False
@@ -153,16 +188,15 @@ def _megatron_replica(  # noqa: PLR0917 - the simulation's state, passed down
                     record(rank, name, "compute", start, end)
                 else:
                     name, sends, recvs = item
-                    froms = [(w, s - 1 if w == "F" else s + 1, mb) for w, mb in recvs]
                     if recvs:  # a batched call's sends leave as it is reached
-                        left.update({(w, s, mb): start for w, mb in sends})
-                    if any(k not in left for k in froms):
+                        left.update(dict.fromkeys(sends, start))
+                    if any(k not in left for k in recvs):
                         break  # its data has not left yet
                     end = start + own
                     if recvs:
-                        there = max(left[k] for k in froms) + own
+                        there = max(left[k] for k in recvs) + own
                         end = max(start, there) + own // 4
-                    left.update({(w, s, mb): end for w, mb in sends if not recvs})
+                    left.update(dict.fromkeys(sends if not recvs else (), end))
                     record(rank, name, "comm", start, end)
                 free[s], at[s], moved = end, at[s] + 1, True
         if not moved:
