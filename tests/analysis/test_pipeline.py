@@ -438,15 +438,51 @@ def test_uneven_data_under_megatrons_calls_is_found_priced_and_its_clean_twin_is
     assert (clean.findings, clean.imbalance, clean.summary) == ([], [], [])
 
 
-def test_an_interleaved_schedule_is_not_replayed_as_if_its_stages_paired_in_order(
+@pytest.mark.parametrize(
+    ("calls", "chunks", "stage"),
+    [
+        ("megatron_split", 2, 0),
+        ("megatron_split", 2, 3),
+        ("megatron", 2, 1),
+        ("megatron", 3, 2),
+    ],
+)
+def test_a_slow_stage_of_an_interleaved_schedule_is_priced_by_the_replay(
+    tmp_path: Path, calls: str, chunks: int, stage: int
+) -> None:
+    # Chunks per rank (Megatron's interleaved 1F1B): stage 0 receives the forward from the
+    # last stage for its second chunk. Paired as each stage's k-th forward with the next
+    # stage's, the step fitted (1.00x), a slow stage 0 was priced at half its true saving
+    # and a slow stage 1 or 3 was not found. The calls' names say which way each goes.
+    shape = Pipeline(schedule="1f1b", calls=calls, chunks=chunks, microbatches=8)
+    write_pipeline(tmp_path / "slow", shape=shape, slow=[SlowStage(stage, 1.0)])
+    write_pipeline(tmp_path / "even", shape=shape)
+    names = set(phase_matrices(read_timings(tmp_path / "slow")).phases)
+    both = "pp_send_forward_backward_recv_forward_backward"  # the steady state's one call
+    assert (both in names) == (calls == "megatron")
+    truth = _step_ms(tmp_path / "slow") - _step_ms(tmp_path / "even")
+    report = analyse_stragglers(tmp_path / "slow").report
+    assert not [n for n in report.notes if "replay" in n], report.notes
+    assert report.to_dict()["model_fit"] == pytest.approx(1.0, abs=0.02)
+    (group,) = report.groups
+    assert group.name == f"pipeline_stage={stage}"
+    assert group.cost is not None
+    assert group.cost.step_ms_saved == pytest.approx(truth, rel=0.05)
+    clean = analyse_stragglers(tmp_path / "even").report
+    assert (clean.findings, clean.groups, clean.imbalance) == ([], [], [])
+
+
+def test_an_interleaved_schedule_whose_calls_name_no_direction_is_not_replayed(
     tmp_path: Path,
 ) -> None:
-    # Two chunks per rank (Megatron's interleaved 1F1B): stage 0 receives the forward
-    # from the last stage for its second chunk. Replayed as if each stage's k-th forward
-    # paired with the next stage's, the step fitted (1.00x), a slow stage 0 was priced at
-    # half its true saving, and a slow stage 1 or 3 was not found at all.
+    # The same run with its calls named with no direction (pp_recv_fw, ...): read from
+    # the order of the compute alone, its stages would pair wrongly, so it is refused and
+    # the step model prices the slow stage found as a group.
     shape = Pipeline(schedule="1f1b", calls="megatron_split", chunks=2, microbatches=8)
     write_pipeline(tmp_path / "slow", shape=shape, slow=[SlowStage(1, 1.0)])
+    for path in (tmp_path / "slow").glob("timings/*.jsonl"):
+        text = path.read_text(encoding="utf-8")
+        path.write_text(text.replace('_forward"', '_fw"').replace('_backward"', '_bw"'))
     report = analyse_stragglers(tmp_path / "slow").report
     (note,) = [n for n in report.notes if "not replayed" in n]
     assert "stage 0 receives forward too: an interleaved schedule" in note

@@ -1,5 +1,6 @@
 """A real pipeline on spawned gloo ranks: two stages passing activations and gradients
-with send/recv, two data-parallel replicas; the last stage made slow."""
+with send/recv, two data-parallel replicas; a stage made slow: GPipe with a
+blocking send or recv a call, and Megatron's interleaved 1F1B with its batched calls."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import rankscope
 from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
 from rankscope.analysis._findings import cost_lines, model_fit
 from rankscope.testing._gloo import GlooRanks
+from rankscope.testing._pipeline import Pipeline, calls_of
 
 STAGES, DP = 2, 2
 MICROBATCHES = 4
@@ -97,3 +99,85 @@ def test_a_slow_stage_of_a_real_pipeline_is_named_with_the_stage_that_waits_for_
     fit = model_fit(report)
     assert fit is not None and abs(fit - 1) <= 0.05
     assert cost_lines(said)[0].startswith("fixing pipeline_stage=1 in ")
+
+
+INTERLEAVED = Pipeline(
+    stages=STAGES, dp=DP, microbatches=4, schedule="1f1b", calls="megatron", chunks=2
+)
+_TAGS = {"F": 1, "B": 2}
+
+
+def interleaved_job(rank: int, world: int, run_dir: str, slow_stage: int) -> None:
+    """Megatron's interleaved 1F1B, two chunks a rank, each p2p call one batch of isends
+    and irecvs (torch.distributed.batch_isend_irecv, as Megatron's p2p_communication),
+    timed under Megatron's name for it; then the data-parallel and loss all-reduces."""
+    stage, replica = divmod(rank, DP)
+    stage_groups = [dist.new_group([s * DP + d for d in range(DP)]) for s in range(STAGES)]
+    work = WORK_S * (2.0 if stage == slow_stage else 1.0)
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir,
+        timer=rankscope.TimerConfig(enable=True, every_n_steps=1),
+    )
+    groups = {"pipeline_stage": stage, "dp": replica}
+    order = calls_of(INTERLEAVED, stage)
+    with rankscope.Profiler(config, rank=rank, world_size=world, groups=groups) as prof:
+        for _ in range(STEPS):
+            for item in order:
+                if len(item) == 2:
+                    with prof.phase("forward" if item[0] == "F" else "backward"):
+                        time.sleep(work if item[0] == "F" else 2 * work)
+                    continue
+                name, sends, recvs = item
+                ops = [
+                    dist.P2POp(
+                        dist.isend,
+                        torch.ones(64),
+                        (stage + (1 if way == "F" else -1)) % STAGES * DP + replica,
+                        tag=_TAGS[way],
+                    )
+                    for way, _, _ in sends
+                ]
+                ops += [
+                    dist.P2POp(dist.irecv, torch.zeros(64), source * DP + replica, tag=_TAGS[way])
+                    for way, source, _ in recvs
+                ]
+                with prof.phase(name, kind="comm"):
+                    for request in dist.batch_isend_irecv(ops):
+                        request.wait()
+            with prof.phase("dp_allreduce", kind="comm"):
+                dist.all_reduce(torch.ones(64), group=stage_groups[stage])
+            with prof.phase("optimizer"):
+                time.sleep(0.001)
+            with prof.phase("loss_allreduce", kind="comm"):
+                dist.all_reduce(torch.ones(1))
+            prof.step()
+
+
+@pytest.mark.serial  # four ranks sleeping against the clock: other workers' load bends it
+@pytest.mark.slow
+def test_a_slow_stage_of_a_real_interleaved_pipeline_is_priced_by_the_replay(
+    tmp_path: Path, gloo_ranks: GlooRanks
+) -> None:
+    # Each rank runs two chunks: the last stage sends its first chunk's forward round to
+    # stage 0. The replay reads the calls' names (send_forward_backward_recv_forward_
+    # backward, ...): before it, such a run was not replayed. Two things this job found
+    # that the generator did not: a batched call's exchange both ways was taken as wire
+    # (priced 0.6x), and the last stage's one plain send, waiting in every run, was taken
+    # as handing over (0.88x).
+    even = tmp_path / "even"
+    gloo_ranks.run(interleaved_job, STAGES * DP, even, -1)
+    clean = analyse_stragglers(even).report
+    assert (clean.findings, clean.groups, clean.imbalance) == ([], [], [])
+    for stage in range(STAGES):
+        slow = tmp_path / f"slow{stage}"
+        gloo_ranks.run(interleaved_job, STAGES * DP, slow, stage)
+        report = analyse_stragglers(slow).report
+        assert not [n for n in report.notes if "replay" in n], report.notes
+        (group,) = report.groups
+        ranks = tuple(stage * DP + d for d in range(DP))
+        assert (group.name, group.ranks) == (f"pipeline_stage={stage}", ranks)
+        truth = _step_ms(slow) - _step_ms(even)
+        assert group.cost is not None
+        assert group.cost.step_ms_saved == pytest.approx(truth, rel=0.1)
+        fit = model_fit(report)
+        assert fit is not None and abs(fit - 1) <= 0.05

@@ -13,11 +13,17 @@ and some phase runs more than once a step (microbatches), the step is replayed:
   launch order, the program's). A stage's ranks ran the same ops in the same order at
   every replayed step (a step where one did not is left to the segment model); the
   i-th rank of one stage and the i-th of another are one replica of the pipeline.
-- A phase flows from stage to stage where every stage runs it as often and the comm ops
+- Where the calls' names say which way each sends and receives (Megatron's:
+  `recv_forward`, `send_forward_recv_backward`; analysis/_replay_calls.py), the k-th
+  forward a stage sends is the k-th the next stage receives, the last stage's going round
+  to stage 0 (an interleaved schedule's next chunk), and the backward the other way.
+- Else a phase flows from stage to stage where every stage runs it as often and the comm ops
   just before it at one end stage are not those at the other (a recv at one end only;
   an optimizer after its all-reduce at both ends flows not). The first of them that
   stage 0 runs (the forward) flows from stage 0, the others (the backward) from the
-  last stage. Sends and recvs must be phases of their own names for this to be seen.
+  last stage. Sends and recvs must be phases of their own names for this to be seen,
+  and a rank must run one stage's chunk (an interleaved schedule, where the stage the
+  forward flows from receives it too, is refused: its runs do not pair in order).
 - The k-th run of a flowing phase on a stage waits for the k-th run on the stage before
   it in the flow, in the same replica, and for that stage's send just after it, if any.
   The comm op just before it is its recv: it ends at its own time after the rank
@@ -27,7 +33,7 @@ and some phase runs more than once a step (microbatches), the step is replayed:
   its recv to be posted), ends its own time after both it and its recv were reached
   (the data leaves when the send is reached). A call that sends and receives at once
   (Megatron's send_forward_recv_backward) is a recv whose data leaves when it is
-  reached.
+  reached; one that receives both ways ends when the later of its data is there.
 - Any other phase that ends in a collective and that the stages that run it run as
   often (every stage, or some: Megatron's embedding all-reduce joins the first and the
   last) ends, on their ranks, its own time (the least any rank spent in it that step:
@@ -58,12 +64,15 @@ import numpy.typing as npt
 
 from ._matrix import nanmedian, quiet
 
-__all__ = ["At", "Op", "Replay", "sends_as_measured"]
+__all__ = ["At", "Key", "Op", "Replay", "sends_as_measured"]
 
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 At = tuple[int, int]
 """(stage, op index)."""
+Key = tuple[int, ...]
+"""A collective: (phase, which run of it in the step), and a stage where it joins that
+stage's replicas alone."""
 _EXPLAINED = 0.5
 """Sends are taken to wait for their recv where the replay gives their time above their
 own within this share of it."""
@@ -76,18 +85,33 @@ class Op:
     phase: int
     """Its phase (an index into the matrices' phases)."""
     role: str
-    """"work"; "recv" (ends when the data from `source` is there); "gated" (a flowing
+    """"work"; "recv" (ends when the data from `sources` is there); "gated" (a flowing
     phase with no recv recorded before it: starts no sooner than the data is there);
     "send" (just after a flowing phase: the data leaves from it); "collective"."""
-    source: At | None = None
-    """A recv's or a gated op's: the send (or, with none, the flowing op) it waits for."""
-    peer: At | None = None
-    """A send that waits for its recv: that recv."""
-    key: tuple[int, int] | None = None
-    """A collective's (phase, which run of it in the step)."""
+    sources: tuple[At, ...] = ()
+    """A recv's or a gated op's: the sends (or, with none, the flowing ops) whose data it
+    waits for (several where one call receives both ways: Megatron's interleaved steady
+    state, send_forward_backward_recv_forward_backward)."""
+    peers: tuple[At, ...] = ()
+    """A send that waits for its recvs (and a call that receives too, where its sends
+    wait): those recvs. It ends no sooner than its own time after they were reached."""
+    key: Key | None = None
+    """A collective's (phase, which run of it in the step), and its stage where it joins
+    that stage's replicas alone (a data-parallel group's: each stage's replicas left it
+    together, the stages apart; on a real Megatron trace, its parameters' all-gather)."""
+    per_replica: bool = False
+    """A collective that joins each replica's stages apart from the other replicas (each
+    replica's ranks left it together, the replicas apart; Megatron's embedding all-reduce
+    joins a replica's first and last stage)."""
     batched: bool = False
     """A recv that is a send too, in one call (Megatron's send_forward_recv_backward):
     its data leaves when it is reached; it ends when its recv's data is there."""
+
+    @property
+    def leaves_when_reached(self) -> bool:
+        """Its data leaves as it is reached (a send that waits, or a call that receives
+        too), not as it ends (a send that hands over and goes on)."""
+        return bool(self.peers) or self.batched
 
 
 @dataclass(eq=False)
@@ -112,7 +136,7 @@ class Replay:
     """A recv's or a waiting send's phase: its own time (ms)."""
     wire: dict[int, float]
     """A recv's phase: how long after the data left it is there (ms)."""
-    collective_own: dict[tuple[int, int], Floats]
+    collective_own: dict[Key, Floats]
     """A collective's own time at each replayed step."""
     ok: Bools
     """The matrices' columns (sampled steps) replayed."""
@@ -162,7 +186,7 @@ class Replay:
             return None
         if cols is not None and self.base is not None:
             rest = [i for i in range(replicas) if i not in cols]
-            ends = ends + [e[:, rest] + run.shift[:, None] for e in self.base.ends]
+            ends = ends + [e[:, rest] + run.shift[s][:, None] for s, e in enumerate(self.base.ends)]
         out = np.full(len(self.ok), np.nan)
         with quiet():  # every rank's step: the measured step is their median
             out[self.ok] = nanmedian(np.concatenate(ends, axis=1), axis=1)
@@ -185,9 +209,9 @@ class _Baseline:
 
     ends: list[Floats]
     """Per stage, (step, replica) end of step."""
-    arrivals: dict[tuple[int, int], Floats]
-    """Per collective, (step, replica) when the replica's last rank reached it."""
-    collective_ends: dict[tuple[int, int], Floats]
+    arrivals: dict[Key, Floats]
+    """Per collective, (stage, step, replica) when each of its ranks reached it."""
+    collective_ends: dict[Key, Floats]
     """Per collective, (step,) when it ended."""
 
 
@@ -204,16 +228,17 @@ class _Run:
         self.reach = [np.zeros((len(ops), *shape)) for ops in replay.ops]
         self.end = [np.zeros((len(ops), *shape)) for ops in replay.ops]
         self.at = [0] * len(replay.ops)
-        self.shift = np.zeros(shape[0])
-        """How far the replicas not replayed are moved: by the last collective's change."""
-        self.members: dict[tuple[int, int], list[int]] = {}
+        self.shift = np.zeros((len(replay.ops), shape[0]))
+        """Per stage, how far its replicas not replayed are moved: by the change of the
+        last collective it ran (one of its own replicas, or of every stage)."""
+        self.members: dict[Key, list[int]] = {}
         """Per collective, the stages that run it (the others go on past it)."""
         for s, stage in enumerate(replay.ops):
             for op in stage:
                 if op.key is not None and s not in self.members.setdefault(op.key, []):
                     self.members[op.key].append(s)
-        self.arrivals: dict[tuple[int, int], Floats] = {}
-        self.collective_ends: dict[tuple[int, int], Floats] = {}
+        self.arrivals: dict[Key, Floats] = {}
+        self.collective_ends: dict[Key, Floats] = {}
 
     def reached(self, s: int, j: int) -> Floats:
         """When stage `s` reached its op `j` (it is there or past it)."""
@@ -244,36 +269,48 @@ class _Run:
         j = self.at[s]
         op, reached = self.r.ops[s][j], self.reached(s, j)
         end: Floats
-        if op.peer is not None:  # a send that waits for its recv
-            v, i = op.peer
-            if self.at[v] < i:
+        if op.peers:  # its sends wait for their recvs to be reached
+            if any(self.at[v] < i for v, i in op.peers):
                 return None
-            end = np.maximum(reached, self.reached(v, i)) + self.r.own[op.phase]
-        elif op.source is None:
+            for v, i in op.peers:
+                reached = np.maximum(reached, self.reached(v, i))
+            end = reached + self.r.own[op.phase]
+            if not op.sources:
+                return end
+        elif not op.sources:
             end = reached + self.ms[s][j]
+            return end
+        left = self._left(op.sources)
+        if left is None:
+            return None
+        if op.role == "recv":
+            end = np.maximum(reached + self.r.own[op.phase], left + self.r.wire[op.phase])
         else:
-            left = self._left(op.source)
-            if left is None:
-                return None
-            if op.role == "recv":
-                end = np.maximum(reached + self.r.own[op.phase], left + self.r.wire[op.phase])
-            else:
-                end = np.maximum(reached, left) + self.ms[s][j]
+            end = np.maximum(reached, left) + self.ms[s][j]
         return end
 
-    def _left(self, source: At) -> Floats | None:
-        """When the data of the send (or flowing op) at `source` left: as it was reached
-        where the send waits for its recv, as it ended where not; None before then."""
-        u, k = source
-        if self.r.ops[u][k].peer is not None or self.r.ops[u][k].batched:
-            return self.reached(u, k) if self.at[u] >= k else None
-        return self.end[u][k] if self.at[u] > k else None
+    def _left(self, sources: tuple[At, ...]) -> Floats | None:
+        """When the last data of the sends (or flowing ops) at `sources` left: each as it
+        was reached where the send waits for its recv or receives too, as it ended where
+        not; None before then."""
+        out: Floats | None = None
+        for u, k in sources:
+            if self.r.ops[u][k].leaves_when_reached:
+                if self.at[u] < k:
+                    return None
+                left = self.reached(u, k)
+            elif self.at[u] > k:
+                left = self.end[u][k]
+            else:
+                return None
+            out = left if out is None else np.maximum(out, left)
+        return out
 
     def _collective(self) -> bool:
         """Every stage that runs a collective at it: it ends on their ranks; False where
         no collective has all its stages there."""
         ops, at = self.r.ops, self.at
-        there: dict[tuple[int, int], list[int]] = {}
+        there: dict[Key, list[int]] = {}
         for s, stage in enumerate(ops):
             key = stage[at[s]].key if at[s] < len(stage) else None
             if key is not None:
@@ -284,22 +321,29 @@ class _Run:
                 return True
         return False
 
-    def _end(self, key: tuple[int, int], stages: list[int]) -> None:
+    def _end(self, key: Key, stages: list[int]) -> None:
         """The collective `key`, with every stage of it there, ends on their ranks."""
         reached = [self.reached(s, self.at[s]) for s in stages]
-        arrived = np.max(reached, axis=0)  # (step, replica): each replica's last rank
-        self.arrivals[key] = arrived
-        last = arrived.max(axis=1)
+        self.arrivals[key] = np.stack(reached)  # (stage, step, replica)
+        arrived = np.max(reached, axis=0)  # each replica's last rank
+        own = self.r.collective_own[key]
         base = self.r.base
-        if self.cols is not None and base is not None:
-            rest = [i for i in range(base.arrivals[key].shape[1]) if i not in self.cols]
-            if rest:
-                last = np.maximum(last, base.arrivals[key][:, rest].max(axis=1) + self.shift)
-        ends = last + self.r.collective_own[key]
-        self.collective_ends[key] = ends
-        if base is not None and self.cols is not None:
-            self.shift = ends - base.collective_ends[key]
-        end = ends[:, None] + np.zeros_like(reached[0])
+        end: Floats
+        if self.r.ops[stages[0]][self.at[stages[0]]].per_replica:
+            end = arrived + own[:, None]  # each replica's own: no other replica is moved
+            self.collective_ends[key] = end
+        else:
+            last = arrived.max(axis=1)
+            if self.cols is not None and base is not None:
+                rest = [i for i in range(base.arrivals[key].shape[2]) if i not in self.cols]
+                if rest:  # as they reached it, moved by their stage's last collective
+                    theirs = base.arrivals[key][:, :, rest] + self.shift[stages][:, :, None]
+                    last = np.maximum(last, theirs.max(axis=(0, 2)))
+            ends = last + own
+            self.collective_ends[key] = ends
+            if base is not None and self.cols is not None:
+                self.shift[stages] = ends - base.collective_ends[key]
+            end = ends[:, None] + np.zeros_like(reached[0])
         for s, at in zip(stages, reached, strict=True):
             j = self.at[s]
             self.reach[s][j], self.end[s][j] = at, end
@@ -317,7 +361,7 @@ def sends_as_measured(replay: Replay) -> bool:
     off, above = 0.0, 0.0
     for s, stage in enumerate(replay.ops):
         for j, op in enumerate(stage):
-            if op.peer is not None:
+            if op.peers:
                 measured = replay.ms[s][j]
                 off += float(np.sum(np.abs(run.end[s][j] - run.reach[s][j] - measured)))
                 above += float(np.sum(measured - replay.own[op.phase]))

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
+from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
 
 from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ._ops import StepOps
-from ._replay import At, Op, Replay, sends_as_measured
+from ._replay import At, Key, Op, Replay, sends_as_measured
+from ._replay_calls import Links, links_from_names
 
 __all__ = ["build_replay"]
 
@@ -25,6 +28,10 @@ _BISECTIONS = 20
 _NEAR = 0.05
 """Sends taken to wait for their recv (analysis/_replay.py sends_as_measured) need a
 replay whose steps are this near the measured ones."""
+_APART = 10.0
+"""A collective joins each stage's replicas apart from the other stages (or each
+replica's stages apart) where its ranks left it this many times further apart across
+stages than across replicas (or the other way)."""
 _WAITS = 0.1
 """A send waits for its recv where this share of its runs take over twice its least
 time (and 0.1 ms more)."""
@@ -137,13 +144,10 @@ class _Builder:
         """The replay, or why there is none."""
         n_s = len(self.m.steps)
         seq, span = self.records.seq, self.records.span
-        templates, ok = [], np.ones(n_s, np.bool_)
-        for ranks in self.stages:
-            seen = Counter(seq.get(r * n_s + c, ()) for r in ranks for c in range(n_s))
-            template = seen.most_common(1)[0][0]
-            if not template:
-                return "a stage has no records"
-            templates.append(template)
+        templates, ok = _templates(seq, self.stages, n_s), np.ones(n_s, np.bool_)
+        if not all(templates):
+            return "a stage has no records"
+        for ranks, template in zip(self.stages, templates, strict=True):
             # A rank that ran the same ops in a little other order (two that start
             # together, a send issued early) is read in the stage's order: each op is
             # its phase's n-th run either way.
@@ -173,23 +177,11 @@ class _Builder:
         counts = [Counter(t) for t in templates]
         most = {p: max(c[p] for c in counts) for c in counts for p in c}
         self.comm = {p for p in self.sync if self.m.kinds[p] == "comm" or most.get(p, 0) <= 1}
-        flows = self._flows(templates)
-        if not flows:
-            return (
-                "no phase flows from stage to stage (time each send and recv as a phase of "
-                "its own name, apart from the compute)"
-            )
-        # Where the stage a phase flows from receives it too, the flow wraps round: a rank
-        # runs chunks of several stages (an interleaved schedule). Its runs do not pair
-        # with the next stage's in order; replayed as if they did, such a run's step fitted
-        # (1.00x) and a slow stage 0 was priced at half its true saving.
-        for p, origin in flows.items():
-            far = len(templates) - 1 if origin == 0 else 0
-            if self._comm_before(templates[origin], p) & self._comm_before(templates[far], p):
-                return (
-                    f"stage {origin} receives {self.m.phases[p]} too: an interleaved schedule "
-                    "(a rank runs chunks of several stages), which the replay does not model"
-                )
+        links = links_from_names(templates, self.m.phases)
+        if links is None:
+            links = self._links_by_flow(templates)
+        if isinstance(links, str):
+            return links
         # On host time, the time between two ops is the rank's own (Python between two
         # phases) as far as every replica of its stage spends it: a replica's longer gap is
         # a wait that no phase holds (a GPU-side trace's collective starts once all are
@@ -207,7 +199,7 @@ class _Builder:
         # against a true 45): the steps alone cannot choose.
         best: Replay | None = None
         for waits in (True, False):
-            ops = self._roles(templates, ms, flows, waits=waits)
+            ops = self._scoped(self._roles(templates, ms, links, waits=waits), end)
             replay = Replay(
                 key=self.key,
                 stage_of={
@@ -233,7 +225,7 @@ class _Builder:
                     break
                 if best is None or replay.off < best.off:
                     best = replay
-            if not any(op.peer is not None for stage in ops for op in stage):
+            if not any(op.peers for stage in ops for op in stage):
                 break  # no send waits: one model
         if best is None or not best.keep_baseline():
             return "its ops cannot be run in the order they ran (a recv whose send never comes)"
@@ -303,16 +295,27 @@ class _Builder:
             if q == p and j > 0 and template[j - 1] in self.comm
         }
 
-    def _roles(
-        self,
-        templates: list[tuple[int, ...]],
-        ms: list[Floats],
-        flows: dict[int, int],
-        *,
-        waits: bool,
-    ) -> list[list[Op]]:
-        """Each stage's ops with their roles (see the module); with `waits`, the sends
-        that wait for their recv (_waiting_sends) do."""
+    def _links_by_flow(self, templates: list[tuple[int, ...]]) -> Links | str:
+        """Where the calls' names say no direction: the links read from which phases flow
+        (see the module), or why there are none."""
+        flows = self._flows(templates)
+        if not flows:
+            return (
+                "no phase flows from stage to stage (time each send and recv as a phase of "
+                "its own name, apart from the compute)"
+            )
+        # Where the stage a phase flows from receives it too, the flow wraps round: a rank
+        # runs chunks of several stages (an interleaved schedule). Its runs do not pair
+        # with the next stage's in order; replayed as if they did, such a run's step fitted
+        # (1.00x) and a slow stage 0 was priced at half its true saving.
+        for p, origin in flows.items():
+            far = len(templates) - 1 if origin == 0 else 0
+            if self._comm_before(templates[origin], p) & self._comm_before(templates[far], p):
+                return (
+                    f"stage {origin} receives {self.m.phases[p]} too: an interleaved schedule "
+                    "(a rank runs chunks of several stages), which the replay reads only "
+                    "from calls named by direction (recv_forward, send_backward, ...)"
+                )
         last = len(templates) - 1
         runs = [_runs(t) for t in templates]
         # A flowing phase's send: the first comm op after it, before the next flowing
@@ -329,9 +332,7 @@ class _Builder:
                     if template[j] in self.comm:
                         sent_by[s, i] = j
                         break
-        sends = {(s, j) for (s, _), j in sent_by.items()}
-        recvs: dict[At, At] = {}  # a recv -> the send (or flowing op) it waits for
-        gated: dict[At, At] = {}
+        links = Links(sends={(s, j) for (s, _), j in sent_by.items()})
         for s, template in enumerate(templates):
             for j, p in enumerate(template):
                 if p not in flows or s == flows[p]:
@@ -340,23 +341,48 @@ class _Builder:
                 theirs = [i for i, q in enumerate(templates[u]) if q == p][runs[s][j]]
                 source = (u, sent_by.get((u, theirs), theirs))
                 if j > 0 and template[j - 1] in self.comm:  # a send and recv in one: its recv
-                    recvs[s, j - 1] = source
+                    links.recvs[s, j - 1] = (source,)
                 else:
-                    gated[s, j] = source
-        waiting = self._waiting_sends(templates, sends, ms) if waits else set()
-        peer = {source: recv for recv, source in recvs.items() if source in waiting}
+                    links.gated[s, j] = source
+        return links
+
+    def _roles(
+        self,
+        templates: list[tuple[int, ...]],
+        ms: list[Floats],
+        links: Links,
+        *,
+        waits: bool,
+    ) -> list[list[Op]]:
+        """Each stage's ops with their roles (see the module); with `waits`, the sends
+        that wait for their recv (_waiting_sends) do."""
+        runs = [_runs(t) for t in templates]
+        waiting = self._waiting_sends(templates, links, ms) if waits else set()
+        peers: dict[At, tuple[At, ...]] = {}
+        for recv, sources in links.recvs.items():
+            for source in sources:
+                if source in waiting:
+                    peers[source] = (*peers.get(source, ()), recv)
         counts = [Counter(t) for t in templates]
         out = []
         for s, template in enumerate(templates):
             ops = []
             for j, p in enumerate(template):
                 at = (s, j)
-                if at in recvs:  # a send and a recv in one call is a recv that sends too
-                    ops.append(Op(p, "recv", source=recvs[at], batched=at in sends))
-                elif at in gated:
-                    ops.append(Op(p, "gated", source=gated[at]))
-                elif at in sends:
-                    ops.append(Op(p, "send", peer=peer.get(at)))
+                if at in links.recvs:  # a call that sends and receives is a recv that sends
+                    ops.append(
+                        Op(
+                            p,
+                            "recv",
+                            sources=links.recvs[at],
+                            peers=peers.get(at, ()),
+                            batched=at in links.sends,
+                        )
+                    )
+                elif at in links.gated:
+                    ops.append(Op(p, "gated", sources=(links.gated[at],)))
+                elif at in links.sends:
+                    ops.append(Op(p, "send", peers=peers.get(at, ())))
                 elif p in self.comm and len({c[p] for c in counts if c[p]}) == 1:
                     ops.append(Op(p, "collective", key=(p, runs[s][j])))
                 else:
@@ -364,19 +390,55 @@ class _Builder:
             out.append(ops)
         return out
 
+    def _scoped(self, ops: list[list[Op]], end: list[Floats]) -> list[list[Op]]:
+        """`ops`, with each collective that joins each stage's replicas apart keyed by its
+        stage, and each that joins each replica's stages apart marked so: where, on host
+        time, its ranks left it _APART times further apart the other way (0.1 ms more).
+        On a real Megatron trace the parameters' all-gather and the gradients'
+        reduce-scatter left each stage's replicas within 0.24 ms and the stages 170-356 ms
+        apart, the embedding all-reduce a replica's two stages within 0.15 ms and the
+        replicas 2.4 s apart."""
+        left: dict[Key, list[Floats]] = {}
+        for s, stage in enumerate(ops):
+            for j, op in enumerate(stage):
+                if op.key is not None and self.m.clocks[op.phase] == "host":
+                    left.setdefault(op.key, []).append(end[s][j] / 1e6)
+        scope: dict[Key, str] = {}
+        for key, ends in left.items():
+            at = np.stack(ends)  # (stage, step, replica)
+            replicas = float(np.median((at.max(axis=2) - at.min(axis=2)).max(axis=0)))
+            stages = float(np.median((at.max(axis=0) - at.min(axis=0)).max(axis=1)))
+            if stages > _APART * replicas + 0.1:
+                scope[key] = "stage"
+            elif replicas > _APART * stages + 0.1:
+                scope[key] = "replica"
+
+        def scoped(s: int, op: Op) -> Op:
+            how = scope.get(op.key) if op.key is not None else None
+            if op.key is not None and how == "stage":
+                return replace(op, key=(*op.key, s))
+            return replace(op, per_replica=True) if how == "replica" else op
+
+        return [[scoped(s, op) for op in stage] for s, stage in enumerate(ops)]
+
     def _waiting_sends(
-        self, templates: list[tuple[int, ...]], sends: set[At], ms: list[Floats]
+        self, templates: list[tuple[int, ...]], links: Links, ms: list[Floats]
     ) -> set[At]:
         """The sends whose phase may wait for its recv: a share _WAITS of its runs take
-        over twice its least time (0.1 ms more). Noisy sends that hand over and go on pass
-        too: build keeps the model whose replay fits."""
+        over twice the least time of any send or recv (0.1 ms more). Noisy sends that
+        hand over and go on pass too: build keeps the model whose replay fits. Against
+        the phase's own least, a send that every run waits in (the last stage's one
+        plain send of an interleaved step, 8 ms behind a slow stage 0) handed over, and
+        kept its wait in a fix: priced 12% low on a real gloo pipeline."""
+        p2p = links.sends | set(links.recvs)
+        least = min((float(ms[s][j].min()) for s, j in p2p), default=0.0)
         by_phase: dict[int, list[At]] = {}
-        for s, j in sends:
+        for s, j in links.sends:
             by_phase.setdefault(templates[s][j], []).append((s, j))
         out: set[At] = set()
         for held in by_phase.values():
             times = np.concatenate([ms[s][j].ravel() for s, j in held])
-            if np.mean(times > 2 * times.min() + 0.1) >= _WAITS:
+            if np.mean(times > 2 * least + 0.1) >= _WAITS:
                 out.update(held)
         return out
 
@@ -399,18 +461,52 @@ class _Builder:
         seen: dict[int, list[Floats]] = {}
         for s, ops in enumerate(replay.ops):
             for j, op in enumerate(ops):
-                if op.role != "recv" or op.source is None or self.m.clocks[op.phase] != "host":
+                if op.role != "recv" or self.m.clocks[op.phase] != "host":
                     continue
-                u, k = op.source
-                source = replay.ops[u][k]
-                left = start[u][k] if source.peer is not None or source.batched else end[u][k]
-                waited = replay.ms[s][j] > 2 * replay.own[op.phase] + 0.01
+                # The latest of what it waited for: its data leaving, and the recvs of
+                # its own sends where they wait.
+                left = np.max(
+                    [
+                        *(
+                            start[u][k] if replay.ops[u][k].leaves_when_reached else end[u][k]
+                            for u, k in op.sources
+                        ),
+                        *(start[v][i] for v, i in op.peers),
+                    ],
+                    axis=0,
+                )
+                # A recv reached after what it waits for took no wire: a batched call's
+                # exchange both ways (0.3 ms against a least of 0.04 on gloo) was taken as
+                # one, where a slow stage left its peers 20 ms behind, and no fix shortened it.
+                waited = (start[s][j] < left) & (replay.ms[s][j] > 2 * replay.own[op.phase] + 0.01)
                 seen.setdefault(op.phase, []).append((end[s][j] - left)[waited] / 1e6)
         out = {}
         for p in {op.phase for ops in replay.ops for op in ops if op.role == "recv"}:
             after = np.concatenate(seen.get(p, [np.zeros(0)]))
             out[p] = max(0.0, float(np.median(after))) if len(after) else replay.own[p]
         return out
+
+
+def _templates(
+    seq: Mapping[int, tuple[int, ...]], stages: list[list[int]], n_s: int
+) -> list[tuple[int, ...]]:
+    """Per stage, the order its ranks ran their ops in most often. Where two orders are
+    as common (one rank of two issues a send before the forward it follows), the one
+    whose neighbouring ops the other stages run next to each other too: taking the early
+    send's order, the send before the forward was read as its recv, and a slow stage was
+    priced 5% low."""
+    tied: list[list[tuple[int, ...]]] = []
+    for ranks in stages:
+        seen = Counter(seq.get(r * n_s + c, ()) for r in ranks for c in range(n_s))
+        most = seen.most_common(1)[0][1]
+        tied.append([order for order, count in seen.items() if count == most])
+    out = []
+    for s, orders in enumerate(tied):
+        elsewhere = Counter(
+            pair for t, other in enumerate(tied) if t != s for pair in pairwise(other[0])
+        )
+        out.append(max(orders, key=lambda order: sum(elsewhere[p] for p in pairwise(order))))
+    return out
 
 
 def _own(ops: list[list[Op]], ms: list[Floats]) -> dict[int, float]:
@@ -425,9 +521,7 @@ def _own(ops: list[list[Op]], ms: list[Floats]) -> dict[int, float]:
         if op.role in ("recv", "send")
     ]
     least = min(p2p, default=0.0)
-    return {
-        op.phase: least for stage in ops for op in stage if op.role == "recv" or op.peer is not None
-    }
+    return {op.phase: least for stage in ops for op in stage if op.role == "recv" or op.peers}
 
 
 def _leads(gaps: list[Floats]) -> list[Floats]:
@@ -436,9 +530,9 @@ def _leads(gaps: list[Floats]) -> list[Floats]:
     return [g.min(axis=2, keepdims=True) + np.zeros_like(g) for g in gaps]
 
 
-def _collective_own(ops: list[list[Op]], ms: list[Floats]) -> dict[tuple[int, int], Floats]:
+def _collective_own(ops: list[list[Op]], ms: list[Floats]) -> dict[Key, Floats]:
     """Per collective, the least time any rank spent in it at each replayed step."""
-    out: dict[tuple[int, int], Floats] = {}
+    out: dict[Key, Floats] = {}
     for s, stage in enumerate(ops):
         for j, op in enumerate(stage):
             if op.key is not None:

@@ -23,7 +23,7 @@ from ..rundir._layout import timing_path
 from ..timing._record import STEP_PHASE, Span, format_record
 from ._synthetic import _EPOCH_NS, Uneven, _gpu_ms, _span, _write_meta
 
-__all__ = ["Pipeline", "SlowStage", "write_pipeline"]
+__all__ = ["Pipeline", "SlowStage", "calls_of", "write_pipeline"]
 
 _NS = 1_000_000
 
@@ -58,8 +58,10 @@ class Pipeline:
     `pp_send_backward_recv_forward`), or "megatron_split" (the same names, each direction
     a call of its own)."""
     chunks: int = 1
-    """Model chunks per rank (virtual stages: Megatron's interleaved 1F1B, with
-    "megatron_split" calls; microbatches a multiple of stages)."""
+    """Model chunks per rank (virtual stages: Megatron's interleaved 1F1B; microbatches a
+    multiple of stages). With "megatron" calls, each forward and backward of the steady
+    state is followed by one call both ways:
+    `pp_send_forward_backward_recv_forward_backward`."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def _virtual_order(shape: Pipeline, stage: int) -> list[tuple[str, int, int]]:
     return out + [at("B", i) for i in range(total - warm, total)]
 
 
-def _calls(shape: Pipeline, stage: int) -> list[tuple[str, int] | _Call]:
+def calls_of(shape: Pipeline, stage: int) -> list[tuple[str, int] | _Call]:
     """A stage's ops in a step with Megatron's calls: ("F" or "B", microbatch) for the
     compute, a _Call for each send and recv (see Pipeline.calls). With chunks, virtual
     stage chunk x stages + stage: a forward flows from the last stage on to stage 0's
@@ -142,6 +144,8 @@ def _calls(shape: Pipeline, stage: int) -> list[tuple[str, int] | _Call]:
                 out.append(("pp_send_backward", (("B", stage, here),), ()))
     if shape.calls != "megatron" or shape.schedule != "1f1b":
         return out
+    if shape.chunks > 1:
+        return _interleaved_calls(shape, stage, out)
     # 1F1B's steady state: a send, then a recv the other way, are one batched call.
     pairs = {
         ("pp_send_forward", "pp_recv_backward"): "pp_send_forward_recv_backward",
@@ -159,6 +163,55 @@ def _calls(shape: Pipeline, stage: int) -> list[tuple[str, int] | _Call]:
     return merged
 
 
+def _interleaved_calls(
+    shape: Pipeline, stage: int, split: list[tuple[str, int] | _Call]
+) -> list[tuple[str, int] | _Call]:
+    """Megatron's interleaved 1F1B with batched calls: after each warm-up forward, each
+    steady-state forward and backward, and each cool-down backward, one call sends what
+    they made and receives what the next of them needs (`pp_send_forward_recv_forward`,
+    `pp_send_forward_backward_recv_forward_backward`, ...); the first input is received
+    alone (`pp_recv_forward`). `split` is the same step with a call per direction."""
+    computes: list[tuple[tuple[str, int], list[_Key], list[_Key]]] = []
+    needs: list[_Key] = []
+    for item in split:
+        if len(item) == 2:
+            computes.append((item, needs, []))
+            needs = []
+        elif item[2]:
+            needs = list(item[2])
+        else:
+            computes[-1][2].extend(item[1])
+    p, v, m = shape.stages, shape.chunks, shape.microbatches
+    warm = min((p - stage - 1) * 2 + (v - 1) * p, m * v)
+    steady = m * v - warm
+    sizes = [1] * warm + [2] * steady + [1] * warm
+    groups, at = [], 0
+    for size in sizes:
+        groups.append(computes[at : at + size])
+        at += size
+    if at != len(computes):
+        raise RuntimeError("the interleaved schedule left ops out")  # a schedule bug
+
+    def call(sends: list[_Key], recvs: list[_Key]) -> _Call:
+        ways = {"F": "forward", "B": "backward"}
+        said = ["pp"]
+        for verb, keys in (("send", sends), ("recv", recvs)):
+            if keys:
+                said += [verb, *(ways[w] for w in "FB" if any(k[0] == w for k in keys))]
+        return "_".join(said), tuple(sends), tuple(recvs)
+
+    out: list[tuple[str, int] | _Call] = []
+    if groups[0][0][1]:
+        out.append(call([], groups[0][0][1]))
+    for g, group in enumerate(groups):
+        out += [compute for compute, _, _ in group]
+        sends = [k for _, _, made in group for k in made]
+        recvs = [k for _, need, _ in groups[g + 1] for k in need] if g + 1 < len(groups) else []
+        if sends or recvs:
+            out.append(call(sends, recvs))
+    return out
+
+
 def _megatron_replica(  # noqa: PLR0917 - the simulation's state, passed down
     shape: Pipeline,
     d: int,
@@ -172,7 +225,7 @@ def _megatron_replica(  # noqa: PLR0917 - the simulation's state, passed down
     ends where not; a call that receives ends a quarter of its own time after the last of
     its data is there (its own time after it left)."""
     own = int(shape.send_ms * _NS)
-    order = [_calls(shape, s) for s in range(shape.stages)]
+    order = [calls_of(shape, s) for s in range(shape.stages)]
     free = [now] * shape.stages
     left: dict[_Key, int] = {}  # what a send hands over -> when it left
     at = [0] * shape.stages
