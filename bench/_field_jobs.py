@@ -226,6 +226,64 @@ def pipeline(rank: int, world: int, run_dir: str, case: Case) -> None:
     truth.write(rank, run_dir)
 
 
+def interleaved(rank: int, world: int, run_dir: str, case: Case) -> None:
+    """Megatron's interleaved 1F1B, two chunks a rank, its calls batched as Megatron's
+    p2p module makes them (`batch_isend_irecv`) and timed under their names; rank
+    `stage * 2 + replica`, the fault slowing a stage (its `rank`)."""
+    from rankscope.testing._pipeline import Pipeline, calls_of
+
+    stages = world // _DP
+    stage, replica = divmod(rank, _DP)
+    stage_groups = [dist.new_group([s * _DP + d for d in range(_DP)]) for s in range(stages)]
+    shape = Pipeline(
+        stages=stages, dp=_DP, microbatches=_MICRO, schedule="1f1b", calls="megatron", chunks=2
+    )
+    lin = nn.Linear(128, 128)
+    truth = _Truth()
+    groups = {"pipeline_stage": stage, "dp": replica}
+    config = _config(run_dir, case.every)
+    tags = {"F": 1, "B": 2}
+    with rankscope.Profiler(config, rank=rank, world_size=world, groups=groups) as prof:
+        for step in range(case.steps):
+            slow = case.fault is not None and case.fault.rank == stage and step >= case.fault.since
+            extra = case.fault.ms / 1000 if slow and case.fault is not None else 0.0
+            for item in calls_of(shape, stage):
+                if len(item) == 2:
+                    forward = item[0] == "F"
+                    with prof.phase("forward" if forward else "backward"):
+                        out = lin(torch.ones(32, 128))
+                        if not forward:
+                            out.sum().backward()
+                        time.sleep((0.002 + extra) * (1 if forward else 2))
+                    continue
+                name, sends, recvs = item
+                ops = [
+                    dist.P2POp(
+                        dist.isend,
+                        torch.ones(32, 128),
+                        (stage + (1 if way == "F" else -1)) % stages * _DP + replica,
+                        tag=tags[way],
+                    )
+                    for way, _, _ in sends
+                ]
+                ops += [
+                    dist.P2POp(dist.irecv, torch.zeros(32, 128), src * _DP + replica, tag=tags[way])
+                    for way, src, _ in recvs
+                ]
+                with prof.phase(name, kind="comm"):
+                    for request in dist.batch_isend_irecv(ops):
+                        request.wait()
+            with prof.phase("dp_allreduce", kind="comm"):
+                for p in lin.parameters():
+                    if p.grad is not None:
+                        dist.all_reduce(p.grad, group=stage_groups[stage])
+            with prof.phase("optimizer"):
+                lin.zero_grad()
+            prof.step()
+            truth.step()
+    truth.write(rank, run_dir)
+
+
 # -- the Hugging Face Trainer: a slow collator, or a slow forward, on one rank ----------
 
 

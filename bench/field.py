@@ -3,7 +3,8 @@ analysis says of them.
 
 Each job is a user's loop with rankscope on (bench/_field_jobs.py): plain DDP (the
 all-reduce inside backward), DDP with a comm phase of its own, FSDP2 on CPU, the Hugging
-Face Trainer (a slow collator, a slow forward), Lightning, a send/recv pipeline, and uneven
+Face Trainer (a slow collator, a slow forward), Lightning, a send/recv pipeline, Megatron's
+interleaved pipeline with its batched calls, and uneven
 data. The truth is what the job's own clock measured: the saving is the mean step after
 the fault's onset less the mean step before it, in the same run; for uneven data, the
 mean step after the onset less that of a twin run given the same extra load spread
@@ -32,7 +33,18 @@ from typing import Any
 
 import numpy as np
 
-from _field_jobs import Case, Fault, ddp, ddp_comm, fsdp, hf, lightning, pipeline, uneven
+from _field_jobs import (
+    Case,
+    Fault,
+    ddp,
+    ddp_comm,
+    fsdp,
+    hf,
+    interleaved,
+    lightning,
+    pipeline,
+    uneven,
+)
 from rankscope.analysis import StragglerOptions, analyse_stragglers
 from rankscope.testing._gloo import GlooRanks, RanksFailed
 
@@ -68,6 +80,7 @@ JOBS = [
     Job("hf_compute", hf, 3, Fault(1, "forward", 20.0, 40), ("forward",), (0, 2), 100, 2, True),
     Job("lightning", lightning, 2, Fault(1, "forward", 20.0, 60), ("forward",), None, 120, 2, True),
     Job("pipeline", pipeline, 4, Fault(1, "forward", 3.0, 30), (), None, 80, 2, kind="group"),
+    Job("interleaved", interleaved, 4, Fault(1, "forward", 3.0, 30), (), None, 80, 2, kind="group"),
     Job(
         "uneven",
         uneven,
