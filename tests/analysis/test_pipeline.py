@@ -387,6 +387,46 @@ def test_a_real_megatron_run_is_replayed_priced_and_its_waiting_ranks_named(
     assert said["cost"]["speedup"] == pytest.approx(1.973, rel=0.10)
 
 
+def _joins(run: Path) -> dict[str, str]:
+    """Per collective of the run's replay, whom it joins: "all", "stage" or "replica"."""
+    timed = read_timed_run(run)
+    m = timed.matrices.on_timeline()
+    built = build_replay(m, set(ends_in_collective(m, timed.meta.hosts)), timed.meta.groups)
+    assert isinstance(built, Replay), built
+    out = {}
+    for stage in built.ops:
+        for op in stage:
+            if op.key is not None:
+                how = "replica" if op.per_replica else "stage" if len(op.key) == 3 else "all"
+                out[m.phases[op.phase]] = how
+    return out
+
+
+def test_a_real_megatron_runs_collectives_join_the_ranks_that_left_them_together(
+    megatron_run: Path,
+) -> None:
+    # Each stage's replicas left its parameters' all-gather and gradients' reduce-scatter
+    # within 0.24 ms, the stages 170-356 ms apart; a replica's first and last stage left
+    # the embedding all-reduce within 0.15 ms, the replicas 2.4 s apart.
+    joins = _joins(megatron_run)
+    assert joins["params_all_gather"] == joins["grads_reduce_scatter"] == "stage"
+    assert joins["embedding_grads_all_reduce"] == "replica"
+    assert joins["optimizer_clip_main_grad"] == "all"
+
+
+def test_a_stages_data_parallel_all_reduce_joins_its_replicas_alone_where_the_step_ends_together(
+    tmp_path: Path,
+) -> None:
+    write_pipeline(tmp_path / "run", shape=Pipeline(schedule="1f1b"))
+    assert _joins(tmp_path / "run") == {"dp_allreduce": "stage", "loss_allreduce": "all"}
+    # The same run with no loss all-reduce ends each stage's step apart: a step is
+    # replayed from its stages starting together, so its collectives join every stage.
+    for path in (tmp_path / "run").glob("timings/*.jsonl"):
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        path.write_text("".join(x for x in lines if '"loss_allreduce"' not in x))
+    assert _joins(tmp_path / "run") == {"dp_allreduce": "all"}
+
+
 @pytest.mark.parametrize(
     ("calls", "schedule", "stage"),
     [
