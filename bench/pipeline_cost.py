@@ -1,5 +1,5 @@
 """What fixing a slow pipeline stage saves: the price the analysis gives against the truth,
-the pipeline's replay (analysis/_replay.py) and the segment model side by side.
+the pipeline's replay (analysis/pipeline/_replay.py) and the segment model side by side.
 
 Each case is a simulated pipeline (testing/_pipeline.py: 4 stages x 2 replicas, 8
 microbatches) with one stage twice as slow, and the same pipeline with none, from the same
@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from rankscope.analysis import StragglerOptions, find_stragglers, phase_matrices, read_timings
-from rankscope.analysis._analyse import read_timed_run
-from rankscope.analysis._findings import model_fit
-from rankscope.analysis._replay_build import build_replay
-from rankscope.analysis._stragglers import ends_in_collective
+from rankscope.analysis.pipeline._replay_build import build_replay
+from rankscope.analysis.stragglers._analyse import read_timed_run
+from rankscope.analysis.stragglers._findings import model_fit
+from rankscope.analysis.stragglers._stragglers import ends_in_collective
 from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
 
 

@@ -1,4 +1,4 @@
-"""Why a rank is slow (analysis/_cause.py): each cause class from the evidence that
+"""Why a rank is slow (analysis/stragglers/_cause.py): each cause class from the evidence that
 tells it, and said as unclear where the evidence does not."""
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def test_values_that_cannot_tell_are_said_as_such(tmp_path: Path) -> None:
 
 
 def test_a_ratio_just_below_one_reads_as_no_change() -> None:
-    from rankscope.analysis._findings import ratio_text
+    from rankscope.analysis.stragglers._findings import ratio_text
 
     assert ratio_text(0.998) == "+0%" and ratio_text(0.99) == "-1%" and ratio_text(1.004) == "+0%"
 

@@ -1,4 +1,4 @@
-"""Each phase read on the clock of its work (analysis/_clocks.py), on GPU-like runs from the
+"""Each phase read on the clock of its work (analysis/core/_clocks.py), on GPU-like runs from the
 synthetic generator: host time is launch time there, device time the GPU's execution, and
 DDP's all-reduce ends backward on the GPU."""
 
@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rankscope.analysis._analyse import analyse_stragglers
-from rankscope.analysis._clocks import choose_clock, clock_words
-from rankscope.analysis._options import StragglerOptions
+from rankscope.analysis.core._clocks import choose_clock, clock_words
+from rankscope.analysis.core._options import StragglerOptions
+from rankscope.analysis.stragglers._analyse import analyse_stragglers
 from rankscope.cli._main import main
 from rankscope.testing._synthetic import (
     DDP_PHASES,

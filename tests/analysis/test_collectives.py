@@ -14,8 +14,12 @@ from typing import Any
 
 import pytest
 
-from rankscope.analysis import _collectives as collectives
-from rankscope.analysis._collectives import HostOffsets, collectives_of_run, find_collectives
+from rankscope.analysis.collectives import _collectives as collectives
+from rankscope.analysis.collectives._collectives import (
+    HostOffsets,
+    collectives_of_run,
+    find_collectives,
+)
 from rankscope.analysis.render._collectives import collectives_section
 from rankscope.cli._collectives import add_commands
 from rankscope.rundir._layout import meta_path, timing_path, trace_path

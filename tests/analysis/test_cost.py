@@ -1,4 +1,4 @@
-"""What a straggler costs (analysis/_cost.py): the step model worked by hand, and held
+"""What a straggler costs (analysis/stragglers/_cost.py): the step model worked by hand, and held
 against a real 4-rank gloo job run with and without its slow rank."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
-from rankscope.analysis._cost import estimate_costs
-from rankscope.analysis._findings import (
+from rankscope.analysis.read._matrix import STEP, PhaseMatrices
+from rankscope.analysis.stragglers._cost import estimate_costs
+from rankscope.analysis.stragglers._findings import (
     StragglerFinding,
     StragglerReport,
     cost_lines,
     cost_text,
 )
-from rankscope.analysis._matrix import STEP, PhaseMatrices
 from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._synthetic import Slowdown, write_timings
 

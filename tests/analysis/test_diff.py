@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from rankscope.analysis._diff import diff_runs
-from rankscope.analysis._findings import ratio_text
+from rankscope.analysis.diff._diff import diff_runs
+from rankscope.analysis.stragglers._findings import ratio_text
 from rankscope.cli import _diff, _main
 from rankscope.rundir._layout import summary_path, timing_path, trace_path
 from rankscope.testing._gloo import GlooRanks

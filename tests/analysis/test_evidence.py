@@ -1,4 +1,4 @@
-"""A slow finding's evidence (analysis/_evidence.py): the ops that grew on the slow rank
+"""A slow finding's evidence (analysis/stragglers/_evidence.py): the ops that grew on the slow rank
 against a healthy peer in a trace window holding both, or why there is none."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rankscope.analysis import analyse_stragglers
-from rankscope.analysis._evidence import evidence_line
+from rankscope.analysis.stragglers._evidence import evidence_line
 from rankscope.testing._synthetic import Slowdown, write_timings
 
 from .._helpers import run_cli
@@ -158,7 +158,7 @@ def test_a_bad_trace_in_the_pair_is_named_never_a_traceback(
 def test_traces_are_read_for_the_slow_findings_that_lose_the_most_time_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rankscope.analysis import _evidence
+    from rankscope.analysis.stragglers import _evidence
 
     monkeypatch.setattr(_evidence, "READ_FINDINGS", 1)
     write_timings(

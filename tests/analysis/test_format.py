@@ -1,4 +1,4 @@
-"""render/_format.py: every figure's rule, value -> text, and one spelling of a missing
+"""core/_format.py: every figure's rule, value -> text, and one spelling of a missing
 value per medium; and that no other module writes a figure rule of its own."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.analysis.render._format import (
+from rankscope.analysis.core._format import (
     HTML,
     SENTENCE,
     TERMINAL,
@@ -204,7 +204,7 @@ def _text_functions(path: Path) -> list[str]:
 
 def test_no_other_module_formats_a_figure_of_its_own() -> None:
     """Six `_ms` formatters once spelled a missing value three ways: a rule lives once."""
-    home = SRC / "analysis" / "render" / "_format.py"
+    home = SRC / "analysis" / "core" / "_format.py"
     assert _text_functions(home)  # the test still sees a formatter where there is one
     own = [
         hit for path in sorted(SRC.rglob("*.py")) if path != home for hit in _text_functions(path)

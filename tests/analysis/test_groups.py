@@ -1,4 +1,4 @@
-"""A parallel group slow as one finding with its own price (analysis/_groups.py)."""
+"""A parallel group slow as one finding with its own price (analysis/stragglers/_groups.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from rankscope.analysis import (
     phase_matrices,
     read_timings,
 )
-from rankscope.analysis._findings import cost_lines
 from rankscope.analysis.render._html import render_html
+from rankscope.analysis.stragglers._findings import cost_lines
 from rankscope.cli import main
 from rankscope.testing._synthetic import Slowdown, Uneven, write_timings
 

@@ -343,7 +343,7 @@ def ddp_run(run: Path, where: dict[int, str], *, timings: bool = True) -> Path:
 def test_plain_ddp_the_rank_behind_in_the_step_is_stuck_and_the_ones_ahead_wait(
     tmp_path: Path,
 ) -> None:
-    from rankscope.analysis._top import top_rows
+    from rankscope.analysis.hangs._top import top_rows
 
     run = ddp_run(tmp_path, {0: "backward", 1: "forward", 2: "backward", 3: "backward"})
     found = find_hangs(run, now_ns=NOW)
@@ -460,7 +460,7 @@ def test_a_finished_run_reports_no_hang(tmp_path: Path) -> None:
 def test_a_fast_job_s_heartbeat_age_is_no_time_in_a_phase_and_no_pause(tmp_path: Path) -> None:
     # 30 steps a second, a heartbeat every 4 s: each was written as the rank moved, inside
     # a backward that had begun 10 ms before. 4 s later it has done 120 more steps.
-    from rankscope.analysis._top import top_rows
+    from rankscope.analysis.hangs._top import top_rows
 
     for rank in range(2):
         opened = [phase("backward", "compute", 4.01)]
@@ -699,7 +699,7 @@ def test_a_finished_run_exits_0_and_says_so(
 def test_top_lists_the_stuck_rank_first_then_those_waiting_then_the_rest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rankscope.analysis._top import top_rows
+    from rankscope.analysis.hangs._top import top_rows
 
     run = data_stuck_run(tmp_path, world=6, stuck=4)
     (tmp_path / "live" / "rank-00005.json").unlink()  # rank 5 never wrote one: missing

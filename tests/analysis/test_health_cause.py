@@ -1,4 +1,4 @@
-"""The GPU's own health as cause evidence (analysis/_gpu_health.py, analysis/_cause.py)
+"""The GPU's own health as cause evidence (analysis/stragglers/_gpu_health.py, analysis/stragglers/_cause.py)
 and the health files read as untrusted input (analysis/read/_health.py)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
-from rankscope.analysis._analyse import analyse_stragglers
 from rankscope.analysis.read._health import read_health
 from rankscope.analysis.read._values import PhaseValues
+from rankscope.analysis.stragglers._analyse import analyse_stragglers
 from rankscope.testing._synthetic import Slowdown, write_timings
 from rankscope.timing._record import format_attempt
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from rankscope import TimerConfig
-from rankscope.analysis._analyse import analyse_stragglers
+from rankscope.analysis.stragglers._analyse import analyse_stragglers
 from rankscope.config._ranks import RankInfo
 from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._nvml import StandInGpu, StandInNvml

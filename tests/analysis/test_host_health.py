@@ -1,4 +1,4 @@
-"""`hosts` counts a host whose GPUs throttle (analysis/_host_health.py), from each
+"""`hosts` counts a host whose GPUs throttle (analysis/hosts/_host_health.py), from each
 attempt's health samples, whether or not its ranks were found slow."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rankscope.analysis._hosts import find_recurring_hosts
+from rankscope.analysis.hosts._hosts import find_recurring_hosts
 from rankscope.rundir._layout import meta_path
 from rankscope.testing._synthetic import Slowdown, write_timings
 

@@ -14,7 +14,7 @@ import pytest
 import rankscope
 from rankscope import ConfigError
 from rankscope.analysis import HostOptions
-from rankscope.analysis._hosts import find_recurring_hosts
+from rankscope.analysis.hosts._hosts import find_recurring_hosts
 from rankscope.rundir import _attempt as attempt_module
 from rankscope.rundir._layout import meta_path, timing_path
 from rankscope.testing._gloo import GlooRanks

@@ -297,7 +297,7 @@ def test_the_findings_read_in_words_and_in_a_table() -> None:
     page = render_html(realistic_report())
     assert html.escape(FINDING_SENTENCE) in page
     assert "at least 10% slower than the median on at least 50% of sampled steps" in page
-    # Time lost in ms with its unit, as the sentences say a duration (render/_format.py).
+    # Time lost in ms with its unit, as the sentences say a duration (core/_format.py).
     assert "+41%" in page and "95%" in page and '<td class="num">1,234 ms</td>' in page
 
 

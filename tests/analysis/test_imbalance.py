@@ -1,4 +1,4 @@
-"""Step-to-step imbalance: the slowest rank changes every step (analysis/_imbalance.py)."""
+"""Step-to-step imbalance: the slowest rank changes every step (analysis/stragglers/_imbalance.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
-from rankscope.analysis._findings import cost_lines
-from rankscope.analysis._imbalance import Imbalance, _values_follow, find_imbalance
-from rankscope.analysis._stragglers import find_stragglers
 from rankscope.analysis.read._run import RunMeta
 from rankscope.analysis.read._values import read_phase_values
+from rankscope.analysis.stragglers._findings import cost_lines
+from rankscope.analysis.stragglers._imbalance import Imbalance, _values_follow, find_imbalance
+from rankscope.analysis.stragglers._stragglers import find_stragglers
 from rankscope.testing._synthetic import Slowdown, Uneven, write_timings
 
 

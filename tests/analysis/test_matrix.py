@@ -1,4 +1,4 @@
-"""analysis/_matrix.py: the median the analyzers take over ranks and steps."""
+"""analysis/read/_matrix.py: the median the analyzers take over ranks and steps."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rankscope.analysis._matrix import nanmedian
+from rankscope.analysis.read._matrix import nanmedian
 
 
 def _numpy(values: np.ndarray, axis: int) -> np.ndarray:

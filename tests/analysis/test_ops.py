@@ -1,11 +1,11 @@
 """The top-level records of a pipeline-shaped run in the order each rank ran them
-(analysis/_ops.py)."""
+(analysis/core/_ops.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from rankscope.analysis._ops import OpsGatherer
+from rankscope.analysis.core._ops import OpsGatherer
 
 
 def _gathered(rank: list[int], step: list[int], start: list[float]) -> list[tuple[int, int, float]]:

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from rankscope.analysis import StragglerOptions, analyse_stragglers, phase_matrices, read_timings
-from rankscope.analysis._analyse import read_timed_run
-from rankscope.analysis._findings import cost_lines, model_fit
-from rankscope.analysis._replay import Replay
-from rankscope.analysis._replay_build import build_replay
-from rankscope.analysis._stragglers import ends_in_collective
+from rankscope.analysis.pipeline._replay import Replay
+from rankscope.analysis.pipeline._replay_build import build_replay
+from rankscope.analysis.stragglers._analyse import read_timed_run
+from rankscope.analysis.stragglers._findings import cost_lines, model_fit
+from rankscope.analysis.stragglers._stragglers import ends_in_collective
 from rankscope.rundir._layout import timing_path
 from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
 from rankscope.testing._synthetic import Uneven

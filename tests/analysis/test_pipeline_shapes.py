@@ -1,4 +1,4 @@
-"""The pipeline replay (analysis/_replay.py) on pipelines of other shapes, names and
+"""The pipeline replay (analysis/pipeline/_replay.py) on pipelines of other shapes, names and
 numberings than the simulator's defaults: each priced against the same run generated
 without the slow stage."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rankscope.analysis import StragglerOptions, analyse_stragglers, phase_matrices, read_timings
-from rankscope.analysis._findings import model_fit
+from rankscope.analysis.stragglers._findings import model_fit
 from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
 
 

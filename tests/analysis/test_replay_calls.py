@@ -1,10 +1,10 @@
-"""Pipeline calls read from their names (analysis/_replay_calls.py)."""
+"""Pipeline calls read from their names (analysis/pipeline/_replay_calls.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rankscope.analysis._replay_calls import directions, links_from_names
+from rankscope.analysis.pipeline._replay_calls import directions, links_from_names
 
 
 @pytest.mark.parametrize(

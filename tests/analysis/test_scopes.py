@@ -1,5 +1,5 @@
-"""Collectives ranks leave in groups (analysis/_scopes.py), and groups whose ranks share a
-host (analysis/_imbalance.py): who waits for whom, and what is the data's."""
+"""Collectives ranks leave in groups (analysis/stragglers/_scopes.py), and groups whose ranks share a
+host (analysis/stragglers/_imbalance.py): who waits for whom, and what is the data's."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_a_slow_rank_of_a_pipeline_is_not_waited_for_by_other_stages(tmp_path: P
     }
     said = {(f.rank, f.phase, f.waits_for) for f in report.findings if f.role == "waits"}
     # The other stages of its own replica (ranks 0, 2, 4) wait for it in their recvs (the
-    # pipeline's roles say who waits for whom: analysis/_pipeline_waits.py). Rank 1 may
+    # pipeline's roles say who waits for whom: analysis/stragglers/_pipeline_waits.py). Rank 1 may
     # wait for rank 0 (stage 0's replica 0, held back by rank 6); no rank of replica 1
     # waits for rank 6.
     own_replica = {(r, "pp_recv", (6,)) for r in (0, 2, 4)}

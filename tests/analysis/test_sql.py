@@ -331,7 +331,7 @@ def test_the_terminal_table_rounds_floats_and_json_and_csv_keep_them_whole(
         "5",
         "nan",
         "7",
-        "-",  # NULL, as every terminal table spells a missing value (render/_format.py)
+        "-",  # NULL, as every terminal table spells a missing value (core/_format.py)
     ], out
     assert "2.16528" not in out
     assert main(["sql", str(root), query, "--json"]) == 0

@@ -11,10 +11,10 @@ import pytest
 
 from rankscope import ConfigError
 from rankscope.analysis import StragglerOptions, read_run_meta, read_timings
-from rankscope.analysis._matrix import phase_matrices
-from rankscope.analysis._rows import row_of as _row
-from rankscope.analysis._rows import rows_of as _rows
-from rankscope.analysis._stragglers import (
+from rankscope.analysis.read._matrix import phase_matrices
+from rankscope.analysis.stragglers._rows import row_of as _row
+from rankscope.analysis.stragglers._rows import rows_of as _rows
+from rankscope.analysis.stragglers._stragglers import (
     _late_by_own_work,
     _medians_without,
     _slow_at_its_best,

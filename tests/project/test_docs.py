@@ -49,3 +49,39 @@ def test_the_module_map_names_every_module_and_only_modules_that_exist() -> None
     assert sorted(package - named) == [], "modules the map leaves out"
     anywhere = {p.name for top in ("src", "tests", "bench") for p in (root / top).rglob("*.py")}
     assert sorted(named - anywhere) == [], "names in the map that are no module"
+
+
+def test_the_module_map_names_each_module_under_the_folder_that_holds_it() -> None:
+    """Each folder's entry in the map (a line `name/` and the lines indented under it)
+    names modules that folder holds, and every module of the package is named under its
+    own folder: "where is X" is one look, and a module moved is a map to mend."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("## Module map", 1)[1].split("```")[1].splitlines()
+    top = root / "src" / "rankscope"
+    folders: list[tuple[int, Path]] = [(-1, top)]  # (indent, folder) of the entries open here
+    named: set[Path] = set()
+    wrong: set[Path] = set()
+    for line in block:
+        if not line.strip() or line.strip() == "src/rankscope/":
+            continue
+        indent = len(line) - len(line.lstrip())
+        head = re.match(r"\s*([a-z_]+)/\s", line + " ")
+        if head:  # a folder's own line
+            while len(folders) > 1 and folders[-1][0] >= indent:
+                folders.pop()
+            folders.append((indent, folders[-1][1] / head.group(1)))
+            said = line[line.index("/") + 1 :]
+        else:  # a description runs deeper than its folder; a module's line sits under it
+            while len(folders) > 1 and indent <= folders[-1][0]:
+                folders.pop()
+            said = line
+        here = folders[-1][1]
+        for name in re.findall(r"(?<![\w./])(_{0,2}[a-z][a-z0-9_]*\.py)\b", said):
+            (named if (here / name).is_file() else wrong).add(here / name)
+    assert sorted(str(p.relative_to(root)) for p in wrong) == [], (
+        "named under a folder that lacks it"
+    )
+    package = {p for p in top.rglob("*.py") if p.name != "__init__.py"}
+    left = sorted(str(p.relative_to(root)) for p in package - named)
+    assert left == [], f"left out: {left}"

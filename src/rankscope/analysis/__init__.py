@@ -19,20 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..traces._kineto import load_trace, scan_trace, summarize_events, summarize_trace
-    from ._analyse import (
-        StragglerAnalysis,
-        TimedRun,
-        analyse_stragglers,
-        read_timed_run,
-        stragglers_in,
-    )
-    from ._collectives import CollectiveReport, find_collectives
-    from ._diff import RunDiff, diff_runs
-    from ._hangs import HangFinding, HangReport, find_hangs
-    from ._hosts import HostRecord, HostReport, find_recurring_hosts
-    from ._kernels import KernelReport, KernelTable, find_traces, kernel_report
-    from ._matrix import PhaseMatrices, matrices_of, phase_matrices
-    from ._options import (
+    from ._report import build_report
+    from .collectives._collectives import CollectiveReport, find_collectives
+    from .core._options import (
         CollectiveOptions,
         DiffOptions,
         HangOptions,
@@ -40,13 +29,24 @@ if TYPE_CHECKING:
         KernelOptions,
         StragglerOptions,
     )
-    from ._report import build_report
-    from ._stragglers import StragglerFinding, StragglerReport, find_stragglers
+    from .diff._diff import RunDiff, diff_runs
+    from .hangs._hangs import HangFinding, HangReport, find_hangs
+    from .hosts._hosts import HostRecord, HostReport, find_recurring_hosts
+    from .kernels._kernels import KernelReport, KernelTable, find_traces, kernel_report
     from .merge import MergeResult, merge_traces
     from .read._engine import RunRecords, read_run_records
+    from .read._matrix import PhaseMatrices, matrices_of, phase_matrices
     from .read._run import RunMeta, read_run_meta
     from .read._timings import RankTimings, RunTimings, read_rank_timings, read_timings
     from .render._html import render_html
+    from .stragglers._analyse import (
+        StragglerAnalysis,
+        TimedRun,
+        analyse_stragglers,
+        read_timed_run,
+        stragglers_in,
+    )
+    from .stragglers._stragglers import StragglerFinding, StragglerReport, find_stragglers
 
 __all__ = [
     "CollectiveOptions",
@@ -99,39 +99,39 @@ __all__ = [
 ]
 
 _WHERE = {
-    "StragglerOptions": "_options",
-    "HostOptions": "_options",
-    "DiffOptions": "_options",
-    "KernelOptions": "_options",
-    "CollectiveOptions": "_options",
-    "HangOptions": "_options",
-    "StragglerAnalysis": "_analyse",
-    "TimedRun": "_analyse",
-    "analyse_stragglers": "_analyse",
-    "read_timed_run": "_analyse",
-    "stragglers_in": "_analyse",
-    "RunDiff": "_diff",
-    "diff_runs": "_diff",
-    "HostRecord": "_hosts",
-    "HostReport": "_hosts",
-    "find_recurring_hosts": "_hosts",
-    "CollectiveReport": "_collectives",
-    "find_collectives": "_collectives",
+    "StragglerOptions": "core._options",
+    "HostOptions": "core._options",
+    "DiffOptions": "core._options",
+    "KernelOptions": "core._options",
+    "CollectiveOptions": "core._options",
+    "HangOptions": "core._options",
+    "StragglerAnalysis": "stragglers._analyse",
+    "TimedRun": "stragglers._analyse",
+    "analyse_stragglers": "stragglers._analyse",
+    "read_timed_run": "stragglers._analyse",
+    "stragglers_in": "stragglers._analyse",
+    "RunDiff": "diff._diff",
+    "diff_runs": "diff._diff",
+    "HostRecord": "hosts._hosts",
+    "HostReport": "hosts._hosts",
+    "find_recurring_hosts": "hosts._hosts",
+    "CollectiveReport": "collectives._collectives",
+    "find_collectives": "collectives._collectives",
     "render_html": "render._html",
-    "HangFinding": "_hangs",
-    "HangReport": "_hangs",
-    "find_hangs": "_hangs",
-    "KernelReport": "_kernels",
-    "KernelTable": "_kernels",
-    "find_traces": "_kernels",
-    "kernel_report": "_kernels",
+    "HangFinding": "hangs._hangs",
+    "HangReport": "hangs._hangs",
+    "find_hangs": "hangs._hangs",
+    "KernelReport": "kernels._kernels",
+    "KernelTable": "kernels._kernels",
+    "find_traces": "kernels._kernels",
+    "kernel_report": "kernels._kernels",
     "load_trace": "rankscope.traces._kineto",
     "scan_trace": "rankscope.traces._kineto",
     "summarize_events": "rankscope.traces._kineto",
     "summarize_trace": "rankscope.traces._kineto",
-    "PhaseMatrices": "_matrix",
-    "phase_matrices": "_matrix",
-    "matrices_of": "_matrix",
+    "PhaseMatrices": "read._matrix",
+    "phase_matrices": "read._matrix",
+    "matrices_of": "read._matrix",
     "RunRecords": "read._engine",
     "read_run_records": "read._engine",
     "MergeResult": "merge",
@@ -139,9 +139,9 @@ _WHERE = {
     "build_report": "_report",
     "RunMeta": "read._run",
     "read_run_meta": "read._run",
-    "StragglerFinding": "_stragglers",
-    "StragglerReport": "_stragglers",
-    "find_stragglers": "_stragglers",
+    "StragglerFinding": "stragglers._stragglers",
+    "StragglerReport": "stragglers._stragglers",
+    "find_stragglers": "stragglers._stragglers",
     "RankTimings": "read._timings",
     "RunTimings": "read._timings",
     "read_rank_timings": "read._timings",

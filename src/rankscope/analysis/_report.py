@@ -16,15 +16,15 @@ import numpy as np
 from .._errors import TraceError
 from .._text import format_ranks, format_steps
 from ..rundir._layout import SIGNAL_TAG, RunDir, leftovers, window_key
-from ._analyse import TimedRun, concurrent_notes, read_timed_run, stragglers_in
-from ._clocks import clock_words
-from ._collective_clocks import host_clock_offsets
-from ._collectives import collectives_of_run
-from ._hangs import hangs_of
-from ._kernels import find_traces, kernel_report
-from ._matrix import STEP, PhaseMatrices, nanmedian, quiet
-from ._options import StragglerOptions
+from .collectives._collective_clocks import host_clock_offsets
+from .collectives._collectives import collectives_of_run
+from .core._clocks import clock_words
+from .core._options import StragglerOptions
+from .hangs._hangs import hangs_of
+from .kernels._kernels import find_traces, kernel_report
+from .read._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from .read._run import read_run_meta
+from .stragglers._analyse import TimedRun, concurrent_notes, read_timed_run, stragglers_in
 
 __all__ = ["REPORT_VERSION", "build_report"]
 

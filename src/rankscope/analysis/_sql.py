@@ -27,7 +27,7 @@ import numpy as np
 
 from .._errors import RankscopeError, TraceError
 from ..rundir._layout import RunDir
-from ._kernels import find_traces, read_summaries
+from .kernels._kernels import find_traces, read_summaries
 from .read._attempts import latest_rows, run_attempts
 from .read._duck import COLUMNS, connect, lines_sql
 from .read._engine import WholeFile, read_line_by_line, verdict

@@ -1,5 +1,5 @@
 """`rankscope collectives`: who arrives last at each collective of a window
-(analysis/_collectives.py)."""
+(analysis/collectives/_collectives.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..analysis._options import CollectiveOptions
+from ..analysis.core._options import CollectiveOptions
 from ._options import add_options, json_option, options_from
 from ._output import print_json, terminal
 
@@ -35,7 +35,7 @@ def add_commands(commands: Any) -> None:
 
 
 def _collectives(args: argparse.Namespace) -> int:
-    from ..analysis._collectives import find_collectives
+    from ..analysis.collectives._collectives import find_collectives
 
     if not args.json:
         terminal("collectives")  # says which extra brings rich, where it is missing
@@ -52,8 +52,8 @@ def _show(found: dict[str, Any], rows: int) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from ..analysis._collective_clocks import ALIGNMENTS
-    from ..analysis.render._format import TERMINAL
+    from ..analysis.collectives._collective_clocks import ALIGNMENTS
+    from ..analysis.core._format import TERMINAL
 
     console = terminal("collectives").console()
     source = "NCCL kernels (GPU)" if found["source"] == "gpu" else "c10d calls (CPU)"

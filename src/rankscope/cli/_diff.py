@@ -1,4 +1,4 @@
-"""`rankscope diff A B`: what changed between two runs or two windows (analysis/_diff.py),
+"""`rankscope diff A B`: what changed between two runs or two windows (analysis/diff/_diff.py),
 in the terminal, as JSON, or as a small self-contained HTML page (analysis/render/_diff.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..analysis._options import DiffOptions
+from ..analysis.core._options import DiffOptions
 from ..rundir._layout import TRACES
 from ._options import add_options, json_option, options_from, positive
 from ._output import not_over_run_data, print_json, terminal
@@ -44,7 +44,7 @@ def add_commands(commands: Any) -> None:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from ..analysis._diff import diff_runs
+    from ..analysis.diff._diff import diff_runs
     from ..analysis.render._diff import write_diff_html
 
     render = None if args.json else terminal("diff")  # says which extra brings rich
@@ -70,6 +70,7 @@ def _terminal(data: Mapping[str, Any], top: int) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from ..analysis.core._format import TERMINAL
     from ..analysis.render._diff import (
         SYNC_NOTE,
         UNJUDGED_TITLE,
@@ -80,7 +81,6 @@ def _terminal(data: Mapping[str, Any], top: int) -> None:
         summary_line,
         versus_a,
     )
-    from ..analysis.render._format import TERMINAL
 
     console = terminal("diff").console(soft_wrap=False)
     console.print(Text("rankscope diff", style="bold"))

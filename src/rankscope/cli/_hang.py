@@ -1,4 +1,4 @@
-"""`rankscope hang`: which rank is stuck where, and which ranks wait for it (analysis/_hangs.py)."""
+"""`rankscope hang`: which rank is stuck where, and which ranks wait for it (analysis/hangs/_hangs.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from .._errors import TraceError
-from ..analysis._options import HangOptions
+from ..analysis.core._options import HangOptions
 from ..rundir._layout import HANGS, LIVE
 from ._options import add_options, command, json_option, options_from
 from ._output import print_json, terminal

@@ -1,4 +1,4 @@
-"""`rankscope hosts`: which host keeps holding a slow rank (analysis/_hosts.py)."""
+"""`rankscope hosts`: which host keeps holding a slow rank (analysis/hosts/_hosts.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..analysis._options import HostOptions
+from ..analysis.core._options import HostOptions
 from ._options import add_options, json_option, options_from
 from ._output import print_json, terminal
 
@@ -37,7 +37,7 @@ def add_commands(commands: Any) -> None:
 
 
 def _hosts(args: argparse.Namespace) -> int:
-    from ..analysis._hosts import find_recurring_hosts
+    from ..analysis.hosts._hosts import find_recurring_hosts
 
     if not args.json:
         terminal("hosts")  # says which extra brings rich, where it is missing

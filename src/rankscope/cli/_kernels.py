@@ -1,4 +1,4 @@
-"""`rankscope kernels`: the top kernels (or CPU ops) of traces (analysis/_kernels.py)."""
+"""`rankscope kernels`: the top kernels (or CPU ops) of traces (analysis/kernels/_kernels.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..analysis.core._options import KernelOptions
+
 # The trace summaries' reader imports neither numpy nor DuckDB: cheap at start-up.
-from ..analysis._kernels import kernel_report
-from ..analysis._options import KernelOptions
+from ..analysis.kernels._kernels import kernel_report
 from ._options import command, options_from
 from ._output import answer
 from ._progress import stage

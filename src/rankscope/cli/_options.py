@@ -1,5 +1,5 @@
 """Command-line options: the analyses' flags derived from their options objects
-(analysis/_options.py), as `_fields.py` derives ProfileConfig's; --json; numbers >= 1.
+(analysis/core/_options.py), as `_fields.py` derives ProfileConfig's; --json; numbers >= 1.
 
 A flag is named after its field (`--min-persistence` for `min_persistence`), its help is
 the docstring under the field and its default is the field's: none of them is written
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..analysis._options import ANALYSIS_OPTIONS
+from ..analysis.core._options import ANALYSIS_OPTIONS
 from ..config._fields import field_docs
 
 __all__ = [

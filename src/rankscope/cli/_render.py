@@ -21,11 +21,11 @@ from rich.table import Table
 from rich.text import Text
 
 from .._text import format_ranks
-from ..analysis._evidence import evidence_line
-from ..analysis._findings import cost_lines, in_groups
-from ..analysis._kernels import KernelReport
-from ..analysis._stragglers import StragglerReport
-from ..analysis.render._format import SENTENCE, TERMINAL, seconds_text
+from ..analysis.core._format import SENTENCE, TERMINAL, seconds_text
+from ..analysis.kernels._kernels import KernelReport
+from ..analysis.stragglers._evidence import evidence_line
+from ..analysis.stragglers._findings import cost_lines, in_groups
+from ..analysis.stragglers._stragglers import StragglerReport
 from ..rundir._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
 from ._lines import SafeStdout, skipped_lines
 

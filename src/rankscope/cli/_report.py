@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..analysis._options import StragglerOptions
+from ..analysis.core._options import StragglerOptions
 from ..rundir._layout import REPORT, RunDir
 from ._options import add_options, command, json_option, options_from
 from ._output import answer, not_over_run_data

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._text import one_line
-from ..analysis.render._format import TERMINAL
+from ..analysis.core._format import TERMINAL
 from ._output import EXIT_BAD_INPUT, print_json, terminal
 
 __all__ = ["add_commands"]
@@ -115,7 +115,7 @@ def _shown(value: Any) -> Any:
 
 def _cell(value: Any) -> str:
     """A value as the terminal table shows it: a float by the figures' rule (4 significant
-    digits, render/_format.py), since sums of doubles read 2.1652899999999997, and NULL as
+    digits, core/_format.py), since sums of doubles read 2.1652899999999997, and NULL as
     every terminal table spells a missing value; --json and --csv keep every digit."""
     if value is None:
         return TERMINAL.missing

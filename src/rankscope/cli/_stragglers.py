@@ -1,12 +1,12 @@
 """`rankscope stragglers`: which rank is slow in which phase, and who waits for it
-(analysis/_analyse.py)."""
+(analysis/stragglers/_analyse.py)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from ..analysis._options import StragglerOptions
+from ..analysis.core._options import StragglerOptions
 from ._options import command, options_from
 from ._output import answer
 from ._progress import stage
@@ -32,7 +32,7 @@ def add_commands(commands: Any) -> None:
 
 
 def _stragglers(args: argparse.Namespace) -> int:
-    from ..analysis._analyse import analyse_stragglers
+    from ..analysis.stragglers._analyse import analyse_stragglers
 
     options = options_from(StragglerOptions, args)
     return answer(

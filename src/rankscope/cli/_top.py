@@ -1,4 +1,4 @@
-"""`rankscope top`: every rank by step and open phase, live (analysis/_top.py)."""
+"""`rankscope top`: every rank by step and open phase, live (analysis/hangs/_top.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def add_commands(commands: Any) -> None:
 
 
 def _top(args: argparse.Namespace) -> int:
-    from ..analysis._top import top_rows
+    from ..analysis.hangs._top import top_rows
 
     report, rows = top_rows(args.run_dir)
     if report.files_read == 0:

@@ -4,7 +4,7 @@ A phase whose device time is at least `GPU_WORK` of its host time keeps its GPU 
 through a real part of it (its kernels, or a wait for a collective on the GPU): device
 time measures it. Below that, the GPU passed the phase's two marks back to back, busy
 with the step before, and the host's own work is the phase: a loader, a sampler. The
-analysis applies it to a phase's medians (analysis/_clocks.py), the live figures to each
+analysis applies it to a phase's medians (analysis/core/_clocks.py), the live figures to each
 record (watch/_tails.py).
 """
 

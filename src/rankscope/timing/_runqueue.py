@@ -6,8 +6,8 @@ with no more work in it: the thread's CPU time ("oncpu_ms") does not grow, and i
 time off the CPU looks like a sleep or a wait for I/O. Linux counts that wait per
 thread (the second figure of /proc/thread-self/schedstat, "run_delay"), so a record
 can say how much of its time off the CPU was a wait for a core, and the analysis
-tells a rank that others kept off its cores from one that slept (analysis/_cause.py,
-analysis/_turns.py).
+tells a rank that others kept off its cores from one that slept (analysis/stragglers/_cause.py,
+analysis/stragglers/_turns.py).
 
 The file is opened once, on the thread that times its phases, and read with one
 pread (about 1 us), only on sampled steps. Where it cannot be read (not Linux, a

@@ -2,7 +2,7 @@
 
 Shared by both sides, so it imports neither: the job's trace finaliser writes each
 window's summary with it (capture/_finalize.py) and the analysis reads and checks those
-summaries with it (analysis/_kernels.py); it imports no torch and no numpy. A summary
+summaries with it (analysis/kernels/_kernels.py); it imports no torch and no numpy. A summary
 decodes only the seven fields it reads, batch by batch: with a typed msgspec decoder
 where msgspec can be imported (the analysis extra), else with the stdlib's json; the two
 give the same summary. The capture side summarises with the stdlib alone: a training job
@@ -70,7 +70,7 @@ def summarize_trace(
     `use_msgspec=False` decodes with the stdlib's json even where msgspec is installed
     (the capture side's choice); the summary is the same either way. `keep` picks from
     each batch of events (with the fields ph, cat, name, dur, ts, pid, tid) the ones
-    summarised: analysis/_evidence.py summarises one phase's ranges alone.
+    summarised: analysis/stragglers/_evidence.py summarises one phase's ranges alone.
     """
     table = _SummaryTable()
     add = table.add_batch if keep is None else lambda events: table.add_batch(keep(events))

@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rankscope._errors import ConfigError, TraceError
-from rankscope.analysis._matrix import PhaseMatrices, matrices_of, phase_matrices
 from rankscope.analysis.read import _engine
 from rankscope.analysis.read._engine import RunRecords, read_run_records
+from rankscope.analysis.read._matrix import PhaseMatrices, matrices_of, phase_matrices
 from rankscope.analysis.read._timings import read_timings
 from rankscope.testing._synthetic import PhaseSpec, Slowdown, write_timings
 from rankscope.timing._record import Span, format_attempt, format_record

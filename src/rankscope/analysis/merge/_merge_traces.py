@@ -11,7 +11,7 @@ from typing import Any
 
 from ..._errors import ConfigError, TraceError
 from ...rundir._layout import not_regular, open_regular
-from .._parallel import LaneWorkers, worker_count
+from ..core._parallel import LaneWorkers, worker_count
 from ._events import _read_input
 from ._header import _is_int, _read_header
 from ._plan import _RANK_LIMIT, _Job, _plan

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..._errors import TraceError
 from ...rundir._layout import temp_name
-from .._parallel import LaneWorkers, WorkerStopped
+from ..core._parallel import LaneWorkers, WorkerStopped
 from ._events import _THREAD_BITS
 from ._header import _Header
 from ._plan import _Job

@@ -3,7 +3,7 @@
 Streamed batch by batch (`scan_batches`): a typed msgspec decoder where msgspec can be
 imported keeps each event's args undecoded, and only the few events that are
 collectives have theirs read. What is a collective and what its time means is told in
-`analysis/_collectives.py`, which matches them across ranks.
+`analysis/collectives/_collectives.py`, which matches them across ranks.
 
 NCCL runs send/recv and all_to_all (and, in some versions, other collectives) in one
 kernel, `SendRecv`: its name does not say which ran. Such a kernel is named by its

@@ -3,7 +3,7 @@
 A run of 4096 ranks x 200 sampled steps is 5M lines; parsing them in Python takes tens
 of seconds and a GB. DuckDB parses the JSONL in C++ on every core and hands back, per
 (file, phase, kind), the steps and times as arrays: the matrices the analyzers compare
-are built from those (analysis/_matrix.py) without a Python object per record.
+are built from those (analysis/read/_matrix.py) without a Python object per record.
 
 DuckDB reads what it can; it is not the judge of what a file means. Its fast path takes
 a file only when every line is one it reads exactly as the line-by-line reader
@@ -36,8 +36,8 @@ import numpy.typing as npt
 from ..._errors import ConfigError, TraceError
 from ..._text import one_line
 from ...rundir._layout import TIMINGS_FILES, RunDir, open_regular
-from .._options import TIME_BASES
-from .._parallel import file_size, ordered_map
+from ..core._options import TIME_BASES
+from ..core._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 from ._duck import COLUMNS, connect, lines_sql, name_of
 from ._run import run_root

@@ -35,7 +35,7 @@ from ...rundir._layout import (
     rank_of_file,
     timing_path,
 )
-from .._parallel import file_size, ordered_map
+from ..core._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 from ._run import run_root
 

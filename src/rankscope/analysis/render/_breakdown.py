@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._format import HTML
-from ._values import as_float, as_int, as_ints, as_list, as_map, as_text, esc, plural
+from ..core._format import HTML
+from ..core._values import as_float, as_int, as_ints, as_list, as_map, as_text, esc, plural
 
 __all__ = ["breakdown_section"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._collective_clocks import ALIGNMENTS
-from ._format import HTML
-from ._values import as_float, as_int, as_list, as_map, as_text, esc, plural
+from ..collectives._collective_clocks import ALIGNMENTS
+from ..core._format import HTML
+from ..core._values import as_float, as_int, as_list, as_map, as_text, esc, plural
 
 __all__ = ["collectives_section"]
 

@@ -2,7 +2,7 @@
 both show, written once, and the page itself: one small file with no script and nothing
 fetched, every string escaped.
 
-Drawn from `RunDiff.to_dict()` (analysis/_diff.py).
+Drawn from `RunDiff.to_dict()` (analysis/diff/_diff.py).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ._format import HTML, Medium, finite
+from ..core._format import HTML, Medium, finite
+from ..core._values import esc
 from ._page import write_page
-from ._values import esc
 
 __all__ = [
     "SYNC_NOTE",

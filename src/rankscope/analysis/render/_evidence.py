@@ -1,13 +1,13 @@
 """The report's evidence lines: under the findings, the ops that grew on each slow rank
-against a healthy peer (analysis/_evidence.py words them, for the terminal too)."""
+against a healthy peer (analysis/stragglers/_evidence.py words them, for the terminal too)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from .._evidence import evidence_line
-from ._values import esc
+from ..core._values import esc
+from ..stragglers._evidence import evidence_line
 
 __all__ = ["evidence_list"]
 

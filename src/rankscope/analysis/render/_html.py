@@ -29,15 +29,8 @@ from importlib import resources
 from typing import Any
 
 from ..._text import format_ranks, number_ranges, printable
-from .._findings import cost_lines, in_groups
-from ._breakdown import breakdown_section
-from ._charts import charts_section
-from ._collectives import collectives_section
-from ._evidence import evidence_list
-from ._format import HTML
-from ._hangs import hangs_section
-from ._kernels import kernels_section
-from ._values import (
+from ..core._format import HTML
+from ..core._values import (
     as_float,
     as_int,
     as_ints,
@@ -48,6 +41,13 @@ from ._values import (
     int_of,
     plural,
 )
+from ..stragglers._findings import cost_lines, in_groups
+from ._breakdown import breakdown_section
+from ._charts import charts_section
+from ._collectives import collectives_section
+from ._evidence import evidence_list
+from ._hangs import hangs_section
+from ._kernels import kernels_section
 
 __all__ = ["render_html"]
 
@@ -387,7 +387,7 @@ def _saves(cost: Mapping[str, Any], cost_of: Mapping[str, Any]) -> str:
 
 def _priced(cost: Mapping[str, Any], figure: Callable[[object], str], key: str) -> str:
     """A figure of the row's cost; blank on a waiting rank's row, which has none: its fix
-    is the rank it waits for, priced on that rank's row (render/_format.py)."""
+    is the rank it waits for, priced on that rank's row (core/_format.py)."""
     return figure(cost.get(key)) if cost else ""
 
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..._text import number_ranges
-from ._format import HTML
-from ._values import as_float, as_ints, as_list, as_map, as_text, esc, plural
+from ..core._format import HTML
+from ..core._values import as_float, as_ints, as_list, as_map, as_text, esc, plural
 
 __all__ = ["kernels_section"]
 

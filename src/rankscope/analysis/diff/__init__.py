@@ -1,0 +1,1 @@
+"""What changed between two runs, or two trace windows: `rankscope diff`."""

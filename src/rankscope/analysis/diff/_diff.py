@@ -1,0 +1,699 @@
+"""What changed between two runs, or two trace windows: per phase, per rank, per kernel.
+
+Each side is a run directory or one of its windows (RUN_DIR/traces/<window>): phases
+from the timings (through the engine; a window keeps its sampled steps), kernels from
+the windows' summaries (as `rankscope kernels` reads them). Every change is in ms per
+step (per rank and step for kernels), so all sort together by the step time they
+explain. Noise is judged from the data itself: analysis.md ("rankscope diff") has the rules.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..._errors import TraceError
+from ..._text import format_ranks
+from ...rundir._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folder, window_steps
+from ..core._clocks import clock_words, same_clocks
+from ..core._options import DiffOptions
+from ..kernels._kernels import find_traces, latest_of_the_same_steps, read_summaries
+from ..read._engine import read_run_records
+from ..read._matrix import STEP, matrices_of, nanmedian, quiet
+from ..read._run import read_run_meta, run_root
+from ..stragglers._cost import without_waiting
+from ..stragglers._stragglers import ends_in_collective
+
+__all__ = ["FEWEST_TRACES", "Change", "RunDiff", "diff_runs"]
+
+Matrix = npt.NDArray[np.float64]
+Vector = npt.NDArray[np.float64]
+Figures = dict[str, Any] | None
+
+_Z = 4.0
+"""Standard errors of the difference a change must exceed, with many steps (see `_z`)."""
+_MAD_SD = 1.4826
+"""A normal spread's standard deviation over its median absolute deviation."""
+_MEDIAN_SE = 1.2533
+"""A median's standard error over the mean's (sqrt(pi / 2)), for normal spreads."""
+_ORDER = {"phase": 0, "rank": 1, "kernel": 2}
+FEWEST_TRACES = 3
+"""Traces of a kind each side needs for its kernels' noise to be judged (`unjudged`)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One figure that moved between A and B by more than its noise."""
+
+    what: str
+    """"phase" (the change most ranks share), "rank" (a rank against the others) or "kernel"."""
+    name: str
+    """The phase's name, or the kernel's (CPU op's)."""
+    kind: str
+    """The phase's kind; for a kernel, "gpu_kernels" or "cpu_ops"."""
+    rank: int | None
+    delta_ms: float
+    """B minus A, in ms per step (per rank and step for kernels)."""
+    noise_ms: float | None
+    """The bar it cleared; None for a kernel too few traces cannot judge (`unjudged`)."""
+    a: dict[str, Any] | None
+    """A's figures (None where A has none: a phase or kernel new in B)."""
+    b: dict[str, Any] | None
+    sync: bool = False
+    """A phase that ends in a collective: the time spent waiting there is taken out."""
+    others_ms: float | None = None
+    """For a rank: the change the other ranks share, which its delta is measured against."""
+
+    @property
+    def relative(self) -> float | None:
+        """The delta over A's figure, None where A has none."""
+        base = None if self.a is None else self.a.get("median_ms", self.a.get("ms_per_step"))
+        return self.delta_ms / base if isinstance(base, float) and base > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        kernel = self.what == "kernel"
+        return {
+            "what": self.what,
+            "phase": None if kernel else self.name,
+            "kernel": self.name if kernel else None,
+            "rank": self.rank,
+            "kind": self.kind,
+            "delta_ms": self.delta_ms,
+            "relative": self.relative,
+            "noise_ms": self.noise_ms,
+            "sync": self.sync,
+            "others_delta_ms": self.others_ms,
+            "a": self.a,
+            "b": self.b,
+        }
+
+
+@dataclass(eq=False)
+class RunDiff:
+    """The changes between A and B, biggest first, and what was compared."""
+
+    a: dict[str, Any]
+    """What side A is: path, run_dir, window, steps, ranks, sampled_steps, traces."""
+    b: dict[str, Any]
+    time: str
+    noise: float
+    min_share: float
+    floor_ms: float | None = None
+    """`min_share` of the shorter of A's and B's median step times: no smaller change is
+    listed (the same floor whichever side is A)."""
+    step: dict[str, Any] | None = None
+    """The step time: a_ms, b_ms, delta_ms, noise_ms (None without step records on both)."""
+    changes: list[Change] = field(default_factory=list)
+    phases: list[str] = field(default_factory=list)
+    """The phases compared (in both A and B)."""
+    kernels: int = 0
+    """Kernels (or CPU ops) compared."""
+    unjudged: list[Change] = field(default_factory=list)
+    """Kernel changes above the floor that too few traces cannot judge, biggest first."""
+    within_noise: int = 0
+    """Figures compared whose change is within their noise, so not listed."""
+    notes: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    clocks: dict[str, str] = field(default_factory=dict)
+    """The clock each compared phase was read on in both A and B (analysis/core/_clocks.py)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "time": self.time,
+            "clocks": self.clocks,
+            "clock": clock_words(self.clocks) if self.clocks else f"{self.time} time",
+            "noise": {"multiplier": self.noise, "min_share": self.min_share, "z": _Z},
+            "floor_ms": self.floor_ms,
+            "step": self.step,
+            "changes": [change.to_dict() for change in self.changes],
+            "unjudged": [change.to_dict() for change in self.unjudged],
+            "compared": {"phases": self.phases, "kernels": self.kernels},
+            "within_noise": self.within_noise,
+            "notes": self.notes,
+            "skipped": self.skipped,
+        }
+
+
+def diff_runs(
+    a: str | os.PathLike[str],
+    b: str | os.PathLike[str],
+    options: DiffOptions | None = None,
+    *,
+    workers: int | None = None,
+) -> RunDiff:
+    """Compare run (or window) `b` against `a`: the changes above noise, biggest first.
+
+    The options' `noise` scales the noise estimate (2: twice as strict); `min_share` is the floor,
+    a share of the shorter median step time of the two. Every rule takes A and B alike,
+    so B against A lists the same rows with opposite signs. A side that is neither a run directory nor one
+    of its windows, or two sides with nothing in common to compare, is a TraceError
+    naming why; what could not be read is said in `skipped`.
+    """
+    options = DiffOptions() if options is None else options
+    time, noise, min_share = options.time, options.noise, options.min_share
+    side_a = _Side.read("A", a, time, workers)
+    side_b = _Side.read("B", b, time, workers)
+    diff = RunDiff(
+        a=side_a.describe(), b=side_b.describe(), time=time, noise=noise, min_share=min_share
+    )
+    diff.notes = side_a.notes + side_b.notes
+    diff.skipped = [f"{side.label}: {line}" for side in (side_a, side_b) for line in side.skipped]
+    # A share of one side's step time would be a higher floor one way round than the
+    # other: a change could be listed A against B and not B against A.
+    steps = [s.phases.step_ms() for s in (side_a, side_b) if s.phases is not None]
+    step_ms = min((ms for ms in steps if ms is not None), default=None)
+    diff.floor_ms = None if step_ms is None else min_share * step_ms
+    if side_a.phases is not None and side_b.phases is not None:
+        _compare_phases(diff, side_a.phases, side_b.phases)
+    _compare_kernels(diff, side_a.kernels, side_b.kernels)
+    if not diff.phases and not diff.kernels:
+        said = "; ".join(diff.notes) or "neither has timings or traces"
+        raise TraceError(f"nothing to compare between {a} and {b}: {said}")
+    diff.changes.sort(key=_biggest_first)
+    diff.unjudged.sort(key=_biggest_first)
+    return diff
+
+
+def _biggest_first(c: Change) -> tuple[float, int, str, int]:
+    return (-abs(c.delta_ms), _ORDER[c.what], c.name, -1 if c.rank is None else c.rank)
+
+
+# -- one side: a run, or a window of one ---------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Phases:
+    """A side's phases: per phase a [rank, step] matrix of its time (waiting taken out of
+    phases that end in a collective)."""
+
+    ranks: list[int]
+    values: dict[str, Matrix]
+    whole: dict[str, Matrix]
+    """The whole run's (`values` holds a window's steps alone): spreads are judged on these."""
+    kinds: dict[str, str]
+    depths: dict[str, int]
+    sync: set[str]
+    steps: int
+    clocks: dict[str, str]
+    """The clock each phase was read on."""
+    window: bool = False
+    """The steps of a window of the run, not the whole run."""
+    _errors: dict[str, tuple[Vector, float]] = field(default_factory=dict)
+
+    def errors(self, phase: str) -> tuple[Vector, float]:
+        """How far this side's medians may stray by chance: per rank (against the change
+        the others share), and for the change the ranks share. A window is judged by how
+        far blocks of as many steps elsewhere in its run stray (`_strays`: one spike moves
+        a window of two steps); a whole run by `_z` standard errors of its medians."""
+        if phase not in self._errors:
+            found = _strays(self.whole[phase], self.steps) if self.window else None
+            if found is None:
+                per = self.per_rank(phase).pooled()
+                se = per.se()
+                z = _z(len(self.ranks) * (_median(per.basis) - 1))
+                # A rank is measured against the others' shared change, itself an estimate.
+                many = len(self.ranks)
+                shared_se = _median(se) * (1.0 if many < 3 else _MEDIAN_SE / math.sqrt(many))
+                found = (z * np.hypot(se, shared_se), z * _median(se))
+            self._errors[phase] = found
+        return self._errors[phase]
+
+    def per_rank(self, phase: str) -> _PerRank:
+        return _PerRank.of(self.values[phase], self.whole[phase])
+
+    def step_ms(self) -> float | None:
+        """The median step time: of the step records, or of the top phases summed."""
+        tops = [STEP] if STEP in self.values else [p for p in self.values if self.depths[p] == 0]
+        if not tops:
+            return None
+        cells = np.stack([self.values[p] for p in tops])
+        cells = np.where(np.all(np.isnan(cells), axis=0), np.nan, np.nansum(cells, axis=0))
+        finite = cells[np.isfinite(cells)]
+        return float(np.median(finite)) if finite.size else None
+
+
+@dataclass(eq=False)
+class _KernelKind:
+    """A side's traces of one kind: per trace its steps; per name, (us, count) per trace."""
+
+    steps: list[int] = field(default_factory=list)
+    names: dict[str, dict[int, tuple[float, int]]] = field(default_factory=dict)
+
+    def add(self, summary: dict[str, Any], steps: int) -> None:
+        index = len(self.steps)
+        self.steps.append(steps)
+        for item in summary["items"]:
+            self.names.setdefault(item["name"], {})[index] = (item["total_us"], item["count"])
+
+    def per_trace_ms(self, name: str) -> Vector:
+        """The kernel's ms per step in each trace (0 where a trace lacks it)."""
+        out = np.zeros(len(self.steps))
+        for index, (total_us, _) in self.names.get(name, {}).items():
+            out[index] = total_us / 1000 / self.steps[index]
+        return out
+
+    def figures(self, name: str) -> dict[str, Any] | None:
+        held = self.names.get(name)
+        if not held:
+            return None
+        total_us = sum(t for t, _ in held.values())
+        count = sum(c for _, c in held.values())
+        steps = sum(self.steps)
+        return {
+            "ms_per_step": total_us / 1000 / steps,
+            "count_per_step": count / steps,
+            "total_ms": total_us / 1000,
+            "count": count,
+            "traces": len(held),
+        }
+
+    def total_ms_per_step(self) -> float:
+        total_us = sum(t for held in self.names.values() for t, _ in held.values())
+        return total_us / 1000 / max(1, sum(self.steps))
+
+
+@dataclass(eq=False)
+class _Side:
+    label: str
+    path: Path
+    run_dir: Path
+    window: str | None
+    phases: _Phases | None = None
+    kernels: dict[str, _KernelKind] = field(default_factory=dict)
+    traces: int = 0
+    notes: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(
+        cls, label: str, source: str | os.PathLike[str], time: str, workers: int | None
+    ) -> _Side:
+        path = run_root(source)  # a TraceError where it is no directory at all
+        if is_run_dir(path):
+            side = cls(label, path, path, None)
+        elif is_window_folder(path) and is_run_dir(path.parent.parent):
+            side = cls(label, path, path.parent.parent, path.name)
+        else:
+            raise TraceError(
+                f"{path}: neither a run directory (it has no {META}/, {TIMINGS}/ or {TRACES}/ "
+                f"folder) nor a window of one ({TRACES}/<window>)"
+            )
+        side.phases = side._read_phases(time, workers)
+        side._read_kernels(workers)
+        return side
+
+    def describe(self) -> dict[str, Any]:
+        steps = None if self.window is None else window_steps(self.window)
+        return {
+            "path": str(self.path),
+            "run_dir": str(self.run_dir),
+            "window": self.window,
+            "steps": None if steps is None else list(steps),
+            "ranks": 0 if self.phases is None else len(self.phases.ranks),
+            "sampled_steps": 0 if self.phases is None else self.phases.steps,
+            "traces": self.traces,
+        }
+
+    def _read_phases(self, time: str, workers: int | None) -> _Phases | None:
+        try:
+            records = read_run_records(self.run_dir, time=time, workers=workers)
+        except TraceError as exc:
+            self.notes.append(f"{self.label}: phases not compared: {exc}")
+            return None
+        self.skipped += records.skipped
+        if records.attempts.note is not None:
+            self.notes.append(f"{self.label}: {records.attempts.note}")
+        try:
+            meta = read_run_meta(self.run_dir)
+            hosts = meta.hosts
+            self.skipped += meta.skipped
+        except TraceError as exc:  # then every rank's clock may be off: the rule allows for it
+            self.skipped.append(str(exc))
+            hosts = None
+        m = matrices_of(records)
+        # Judged over the whole run: a window's few steps cannot show which phases end together.
+        sync = set(ends_in_collective(m, hosts))
+        values = without_waiting(m, sync)
+        cols = np.arange(len(m.steps))
+        if self.window is not None:
+            span = window_steps(self.window)
+            if span is None:
+                self.notes.append(
+                    f"{self.label}: window {self.window} names no steps: its phases are not compared"
+                )
+                return None
+            cols = np.flatnonzero([span[0] <= s <= span[1] for s in m.steps])
+            if not cols.size:
+                self.notes.append(
+                    f"{self.label}: no timings at steps {span[0]}-{span[1]} of window "
+                    f"{self.window} (the timer samples every N steps): phases not compared"
+                )
+                return None
+        timed = {
+            p: (v if self.window is None else v[:, cols], v)
+            for p, v in zip(m.phases, values, strict=True)
+            if np.isfinite(v[:, cols]).any()  # device time: none where no GPU was in use
+        }
+        if not timed:
+            self.notes.append(f"{self.label}: no {time} times in its timings: phases not compared")
+            return None
+        return _Phases(
+            ranks=list(m.ranks),
+            values={p: v for p, (v, _) in timed.items()},
+            whole={p: whole for p, (_, whole) in timed.items()},
+            kinds=dict(zip(m.phases, m.kinds, strict=True)),
+            depths=dict(zip(m.phases, m.depths, strict=True)),
+            sync=sync,
+            steps=len(cols),
+            clocks=dict(zip(m.phases, m.clocks, strict=True)),
+            window=self.window is not None,
+        )
+
+    def _read_kernels(self, workers: int | None) -> None:
+        said: list[str] = []
+        try:
+            traces = find_traces([self.path], left_out=said)
+        except TraceError:
+            self.skipped += said  # no trace at all: nothing to say but what looked like one
+            return
+        read = latest_of_the_same_steps(read_summaries(traces, said, workers=workers), said)
+        self.skipped += said
+        self.traces = len(read)
+        unnamed: set[str] = set()
+        for path, summary in read:
+            span = window_steps(path.parent.name)
+            if span is None:
+                unnamed.add(path.parent.name)
+            steps = 1 if span is None else span[1] - span[0] + 1
+            self.kernels.setdefault(summary["kind"], _KernelKind()).add(summary, steps)
+        if unnamed:
+            names = ", ".join(sorted(unnamed))
+            self.notes.append(
+                f"{self.label}: window(s) {names} name no steps: their kernels count per capture"
+            )
+
+
+@dataclass(frozen=True)
+class _PerRank:
+    """Per rank (rows of a [rank, step] matrix): median, spread from step to step, steps."""
+
+    median: Vector
+    sigma: Vector
+    steps: Vector
+    basis: Vector
+    """The steps the spread was judged on."""
+
+    @classmethod
+    def of(cls, values: Matrix, whole: Matrix) -> _PerRank:
+        """The medians of `values`, the spread of `whole` (the same, or more steps)."""
+        with quiet():
+            median = nanmedian(values, 1)
+            middle = median if whole is values else nanmedian(whole, 1)
+            mad = nanmedian(np.abs(whole - middle[:, None]), 1)
+        steps = np.sum(np.isfinite(values), axis=1).astype(np.float64)
+        basis = np.sum(np.isfinite(whole), axis=1).astype(np.float64)
+        return cls(median, _MAD_SD * mad * _small_sample(basis), steps, basis)
+
+    def pooled(self) -> _PerRank:
+        """Each rank's spread at least the median rank's."""
+        sigma = np.fmax(self.sigma, _median(self.sigma))
+        return _PerRank(self.median, sigma, self.steps, self.basis)
+
+    def se(self) -> Vector:
+        """The standard error of each rank's median (0 where it has one step: no spread)."""
+        return _MEDIAN_SE * self.sigma / np.sqrt(np.maximum(self.steps, 1))
+
+
+def _compare_phases(diff: RunDiff, a: _Phases, b: _Phases) -> None:
+    common = [p for p in a.values if p in b.values and p != STEP]
+    common, apart = same_clocks(common, a.clocks, b.clocks)
+    diff.notes.extend(apart)
+    diff.clocks = {p: a.clocks[p] for p in [*common, STEP] if p in a.clocks and p in b.clocks}
+    if not common:
+        diff.notes.append(
+            f"no phase in common (A: {', '.join(p for p in a.values if p != STEP) or 'none'}; "
+            f"B: {', '.join(p for p in b.values if p != STEP) or 'none'})"
+        )
+        return
+    pair = _PhasePair(a, b, noise=diff.noise, floor=diff.floor_ms or 0.0)
+    if not pair.ranks:
+        diff.notes.append("no rank in both: each phase compares the ranks' typical times")
+    if STEP in a.values and STEP in b.values:
+        diff.step = _step(pair)
+    for phase in common:
+        diff.phases.append(phase)
+        row = pair.phase(phase)
+        # The phase's figures are those of the ranks whose change it is.
+        moved = list(pair.ranks_apart(phase, row.delta_ms))
+        fa, fb = pair.figures(phase, apart={change.rank for change in moved})
+        for change in (replace(row, a=fa, b=fb), *moved):
+            _keep(diff, change)
+    for side, other, label in ((a, b, "A"), (b, a, "B")):
+        alone = sorted(set(side.ranks) - set(other.ranks))
+        if alone and pair.ranks:
+            diff.notes.append(f"{format_ranks(alone)} only in {label}: left out of the phases")
+        for phase in side.values:
+            if phase != STEP and phase not in other.values:
+                _keep(diff, pair.lone(phase, side, label))
+
+
+def _step(pair: _PhasePair) -> dict[str, Any]:
+    """The step line: A's and B's median step time over the ranks in both, and B's less A's."""
+    a, b = (None if f is None else f["median_ms"] for f in pair.figures(STEP))
+    delta = None if a is None or b is None else b - a
+    step = {"a_ms": a, "b_ms": b, "delta_ms": delta, "noise_ms": pair.phase(STEP).noise_ms}
+    return step | {"ranks": len(pair.ranks) or None}
+
+
+class _PhasePair:
+    """A's and B's phases, their ranks lined up: the ranks both have, in order."""
+
+    def __init__(self, a: _Phases, b: _Phases, *, noise: float, floor: float) -> None:
+        self.a, self.b = a, b
+        self.ranks = sorted(set(a.ranks) & set(b.ranks))
+        self.ia = np.searchsorted(a.ranks, self.ranks)
+        self.ib = np.searchsorted(b.ranks, self.ranks)
+        self.noise, self.floor = noise, floor
+
+    def phase(self, phase: str) -> Change:
+        """The change most ranks share: per rank, B's median less A's; of those, the
+        median, and with an even count of ranks the middle value nearer zero (so at least
+        half the ranks share it)."""
+        ra, rb = self.a.per_rank(phase), self.b.per_rank(phase)
+        if self.ranks:
+            delta = _shared(rb.median[self.ib] - ra.median[self.ia])
+            spread = _median(np.fmax(ra.sigma[self.ia], rb.sigma[self.ib]))
+        else:  # no rank in both: the ranks' typical times
+            delta = _shared(rb.median) - _shared(ra.median)
+            spread = max(_median(ra.sigma), _median(rb.sigma))
+        error = math.hypot(self.a.errors(phase)[1], self.b.errors(phase)[1])
+        figures = self.figures(phase)
+        return Change(
+            what="phase",
+            name=phase,
+            kind=self.b.kinds[phase],
+            rank=None,
+            delta_ms=delta,
+            noise_ms=float(max(self.noise * max(spread, error), self.floor)),
+            a=figures[0],
+            b=figures[1],
+            sync=phase in self.a.sync or phase in self.b.sync,
+        )
+
+    def figures(self, phase: str, apart: Collection[int | None] = ()) -> tuple[Figures, Figures]:
+        """A's and B's figures of `phase` over the same ranks: those in both, less `apart`
+        (ranks listed on their own); each side's every rank where no rank is in both."""
+        a, b = self.a.values[phase], self.b.values[phase]
+        if self.ranks:
+            keep = np.array([rank not in apart for rank in self.ranks], np.bool_)
+            a, b = a[self.ia[keep]], b[self.ib[keep]]
+        return _phase_figures(a), _phase_figures(b)
+
+    def ranks_apart(self, phase: str, shared: float) -> Iterator[Change]:
+        """The ranks whose change departs from the one the others share."""
+        if len(self.ranks) < 2:
+            return
+        ia, ib = self.ia, self.ib
+        ra, rb = self.a.per_rank(phase), self.b.per_rank(phase)
+        moved = rb.median[ib] - ra.median[ia]
+        excess = moved - shared
+        # A rank's spread from few steps is itself unsure: never below the typical rank's.
+        ra, rb = ra.pooled(), rb.pooled()
+        spread = np.fmax(ra.sigma[ia], rb.sigma[ib])
+        error = np.hypot(self.a.errors(phase)[0][ia], self.b.errors(phase)[0][ib])
+        # How far the ranks' changes scatter anyway (what few steps per rank make of noise).
+        scatter = _spread(moved[np.isfinite(moved)]) if len(self.ranks) > 3 else 0.0
+        bar = np.maximum(self.noise * np.fmax(np.fmax(spread, error), _Z * scatter), self.floor)
+        for i in np.flatnonzero(np.abs(excess) > bar).tolist():
+            yield Change(
+                what="rank",
+                name=phase,
+                kind=self.b.kinds[phase],
+                rank=self.ranks[i],
+                delta_ms=float(excess[i]),
+                noise_ms=float(bar[i]),
+                a=_phase_figures(self.a.values[phase][ia[i] : ia[i] + 1]),
+                b=_phase_figures(self.b.values[phase][ib[i] : ib[i] + 1]),
+                sync=phase in self.a.sync or phase in self.b.sync,
+                others_ms=shared,
+            )
+
+    def lone(self, phase: str, side: _Phases, label: str) -> Change:
+        """A phase one side alone has: its whole time is the change."""
+        per = side.per_rank(phase)
+        time = _shared(per.median)
+        spread, error = _median(per.sigma), side.errors(phase)[1]
+        figures = _phase_figures(side.values[phase])
+        return Change(
+            what="phase",
+            name=phase,
+            kind=side.kinds[phase],
+            rank=None,
+            delta_ms=time if label == "B" else -time,
+            noise_ms=float(max(self.noise * max(spread, error), self.floor)),
+            a=figures if label == "A" else None,
+            b=figures if label == "B" else None,
+            sync=phase in side.sync,
+        )
+
+
+def _compare_kernels(diff: RunDiff, a: dict[str, _KernelKind], b: dict[str, _KernelKind]) -> None:
+    if not a or not b:
+        if a or b:
+            diff.notes.append(f"{'B' if a else 'A'} has no traces: kernels not compared")
+        return
+    for kind in sorted(set(a) | set(b)):
+        words = kind.replace("_", " ")
+        if kind not in a or kind not in b:
+            held = "A" if kind in a else "B"
+            diff.notes.append(f"only {held}'s traces hold {words}: not compared")
+            continue
+        ka, kb = a[kind], b[kind]
+        floor = diff.floor_ms
+        if floor is None:  # no step time: a share of the shorter of the traces' own times
+            floor = diff.min_share * min(ka.total_ms_per_step(), kb.total_ms_per_step())
+        judged = min(len(ka.steps), len(kb.steps)) >= FEWEST_TRACES
+        if not judged:  # the spread of one or two traces says nothing of the noise
+            diff.notes.append(
+                f"{words}: {len(ka.steps)} trace(s) in A and {len(kb.steps)} in B, too few "
+                f"({FEWEST_TRACES} a side) to judge their noise: changes listed apart, unjudged"
+            )
+        for name in sorted(set(ka.names) | set(kb.names)):
+            diff.kernels += 1
+            fa, fb = ka.figures(name), kb.figures(name)
+            delta = (fb["ms_per_step"] if fb else 0.0) - (fa["ms_per_step"] if fa else 0.0)
+            bar = None
+            if judged:
+                va, vb = ka.per_trace_ms(name), kb.per_trace_ms(name)
+                sa, sb = _spread(va), _spread(vb)
+                se = math.hypot(sa / math.sqrt(len(va)), sb / math.sqrt(len(vb)))
+                bar = max(
+                    diff.noise * max(sa, sb, float(_z(min(len(va), len(vb)) - 1)) * se), floor
+                )
+            _keep(diff, Change("kernel", name, kind, None, delta, bar, fa, fb), floor)
+
+
+def _keep(diff: RunDiff, change: Change, floor: float = 0.0) -> None:
+    """Listed above its noise; apart (`unjudged`) with no noise judged, above `floor`."""
+    delta, noise = change.delta_ms, change.noise_ms
+    if noise is None and abs(delta) > floor:
+        diff.unjudged.append(change)
+    elif noise is not None and math.isfinite(delta) and abs(delta) > noise:
+        diff.changes.append(change)
+    else:
+        diff.within_noise += 1
+
+
+def _phase_figures(values: Matrix) -> dict[str, Any] | None:
+    cells = values[np.isfinite(values)]
+    if not cells.size:
+        return None
+    return {
+        "median_ms": float(np.median(cells)),
+        "p90_ms": float(np.percentile(cells, 90)),
+        "ranks": int(np.sum(np.any(np.isfinite(values), axis=1))),
+        "steps": int(np.sum(np.any(np.isfinite(values), axis=0))),
+    }
+
+
+def _shared(values: Vector) -> float:
+    """The median; of two middle values the one nearer zero (at least half the values are
+    as far from zero), and 0 where they are as near on either side: the answer for the
+    values negated is this one negated, so B against A mirrors A against B."""
+    finite = np.sort(values[np.isfinite(values)])
+    n = len(finite)
+    if not n:
+        return math.nan
+    low, high = float(finite[(n - 1) // 2]), float(finite[n // 2])  # one value for odd n
+    if abs(low) == abs(high):
+        return low if low == high else 0.0
+    return low if abs(low) < abs(high) else high
+
+
+def _median(values: Any) -> float:
+    finite = np.asarray(values, np.float64)[np.isfinite(values)]
+    return float(np.median(finite)) if finite.size else 0.0
+
+
+def _spread(values: Vector) -> float:
+    """The robust standard deviation of `values`: the median absolute deviation, scaled."""
+    if not values.size:
+        return 0.0
+    mad = float(np.median(np.abs(values - np.median(values))))
+    return _MAD_SD * mad * float(_small_sample(np.asarray([values.size], np.float64))[0])
+
+
+_MAX_BLOCKS = 200
+"""Blocks of steps a window is judged against, at most (evenly spread over the run)."""
+
+
+_BLOCK_MARGIN = 1.5
+"""The most that a run's blocks stray is about their 97th percentile; a window is held to
+1.5 times that, as far out as `_Z` standard errors reach (no clean pair of synthetic
+windows, 1 to 4 steps, 2 to 8 ranks, with spikes, crossed it)."""
+_FEWEST_BLOCKS = 8
+"""Blocks a window's run must hold for them to judge it (else the standard errors do)."""
+
+
+def _strays(whole: Matrix, width: int) -> tuple[Vector, float] | None:
+    """(per rank, shared): how far the medians of `width` consecutive sampled steps stray
+    from the whole run's, at most over the run's blocks; None for a run too short."""
+    steps = whole.shape[1]
+    if steps - width + 1 < _FEWEST_BLOCKS:
+        return None
+    starts = range(0, steps - width + 1, max(1, (steps - width + 1) // _MAX_BLOCKS))
+    with quiet():
+        typical = nanmedian(whole, 1)
+        moved = np.stack([nanmedian(whole[:, s : s + width], 1) for s in starts])
+    moved -= typical[None, :]
+    shared = np.array([_shared(row) for row in moved])
+    with quiet():
+        apart = np.nanmax(np.abs(moved - shared[:, None]), axis=0)
+    apart = np.nan_to_num(apart)
+    most = float(np.nanmax(np.abs(shared), initial=0.0))
+    return _BLOCK_MARGIN * np.fmax(apart, _median(apart)), _BLOCK_MARGIN * most
+
+
+def _z(freedom: float) -> float:
+    """`_Z` for a spread judged with `freedom` degrees of freedom: larger with few (a
+    first-order Student's t, as the spread of few values is itself unsure)."""
+    return _Z * (1 + (_Z**2 + 1) / (4 * max(freedom, 1.0)))
+
+
+# The MAD of few values falls short of the spread: Croux and Rousseeuw's (1992) factors
+# for 2 to 9 values, then n / (n - 0.8).
+_FEW = np.array([1.0, 1.0, 1.196, 1.495, 1.363, 1.206, 1.200, 1.140, 1.129, 1.107])
+
+
+def _small_sample(n: Vector) -> Vector:
+    many = n / np.maximum(n - 0.8, 1.0)
+    return np.where(n < len(_FEW), _FEW[np.clip(n, 0, len(_FEW) - 1).astype(np.int64)], many)

@@ -1,0 +1,1 @@
+"""Who is stuck, and where: heartbeats, hang files, the order of a step, `rankscope top`."""

@@ -1,0 +1,1 @@
+"""Kernel (or CPU op) tables across one trace or many: `rankscope kernels`."""
