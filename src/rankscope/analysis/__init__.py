@@ -37,15 +37,10 @@ if TYPE_CHECKING:
     from .read._engine import RunRecords, read_run_records
     from .read._matrix import PhaseMatrices, matrices_of, phase_matrices
     from .read._run import RunMeta, read_run_meta
+    from .read._timed import TimedRun, read_timed_run
     from .read._timings import RankTimings, RunTimings, read_rank_timings, read_timings
     from .render._html import render_html
-    from .stragglers._analyse import (
-        StragglerAnalysis,
-        TimedRun,
-        analyse_stragglers,
-        read_timed_run,
-        stragglers_in,
-    )
+    from .stragglers._analyse import StragglerAnalysis, analyse_stragglers, stragglers_in
     from .stragglers._stragglers import StragglerFinding, StragglerReport, find_stragglers
 
 __all__ = [
@@ -106,9 +101,9 @@ _WHERE = {
     "CollectiveOptions": "core._options",
     "HangOptions": "core._options",
     "StragglerAnalysis": "stragglers._analyse",
-    "TimedRun": "stragglers._analyse",
+    "TimedRun": "read._timed",
     "analyse_stragglers": "stragglers._analyse",
-    "read_timed_run": "stragglers._analyse",
+    "read_timed_run": "read._timed",
     "stragglers_in": "stragglers._analyse",
     "RunDiff": "diff._diff",
     "diff_runs": "diff._diff",

@@ -24,7 +24,8 @@ from .hangs._hangs import hangs_of
 from .kernels._kernels import find_traces, kernel_report
 from .read._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from .read._run import read_run_meta
-from .stragglers._analyse import TimedRun, concurrent_notes, read_timed_run, stragglers_in
+from .read._timed import TimedRun, read_timed_run
+from .stragglers._analyse import concurrent_notes, stragglers_in
 
 __all__ = ["REPORT_VERSION", "build_report"]
 

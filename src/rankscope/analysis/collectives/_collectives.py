@@ -318,7 +318,7 @@ def _meta(window: Path | None, skipped: list[str]) -> RunMeta | None:
 
 def _run_offsets(meta: RunMeta, skipped: list[str], workers: int | None) -> HostOffsets:
     """Each host's clock offset from the run's timings; none, and why, without them."""
-    from ..stragglers._analyse import read_timed_run  # numpy and the timings' engine: only here
+    from ..read._timed import read_timed_run  # numpy and the timings' engine: only here
 
     try:
         run = read_timed_run(meta, workers=workers)

@@ -46,7 +46,7 @@ from ._hang_launches import current_hangs, latest_launch, world_size_of
 from ._step_order import StepOrder, step_order
 
 if TYPE_CHECKING:
-    from ..stragglers._analyse import TimedRun
+    from ..read._timed import TimedRun
 
 __all__ = [
     "HANGS_VERSION",

@@ -13,7 +13,7 @@ from ...rundir._layout import RunDir
 from ..read._run import RunMeta
 
 if TYPE_CHECKING:
-    from ..stragglers._analyse import TimedRun
+    from ..read._timed import TimedRun
 
 __all__ = ["StepOrder", "step_order"]
 
@@ -81,7 +81,7 @@ def _timings_files(root: Path) -> tuple[tuple[str, int, int], ...]:
 
 def _read_order(meta: RunMeta) -> tuple[StepOrder | None, list[str]]:
     # Imported here: `rankscope top` and a run without a stalled rank need no DuckDB.
-    from ..stragglers._analyse import read_timed_run
+    from ..read._timed import read_timed_run
 
     try:
         run = read_timed_run(meta)

@@ -31,7 +31,8 @@ from ..._text import format_ranks, number_ranges
 from ..core._options import HostOptions
 from ..read._matrix import PhaseMatrices
 from ..read._run import read_run_meta
-from ..stragglers._analyse import TimedRun, read_timed_run, stragglers_in
+from ..read._timed import TimedRun, read_timed_run
+from ..stragglers._analyse import stragglers_in
 from ..stragglers._findings import StragglerFinding
 from ._host_health import ThrottledGpu, throttle_sentences, throttled_gpus
 from ._host_places import Places

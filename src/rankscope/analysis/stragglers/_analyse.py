@@ -1,9 +1,9 @@
 """The straggler analysis's one entry: read -> matrices -> findings, written once.
 
-`analyse_stragglers` is what `rankscope stragglers`, the report and the integrations call;
-`hosts` reads each attempt with `read_timed_run` and judges its windows with
-`stragglers_in`; `diff` and `collectives` take the same read for the phases that end in
-a collective and the hosts' clock offsets. Every caller so gets the same rules, the same
+`analyse_stragglers` is what `rankscope stragglers` calls: the run's one read
+(`read_timed_run`, analysis/read/_timed.py), then `stragglers_in`. The report and `hosts`
+take the same read and call `stragglers_in` (hosts per window); `diff` and `collectives`
+take the read for the phases that end in a collective and the hosts' clock offsets. Every caller so gets the same rules, the same
 defaults (analysis/core/_options.py) and the same inputs to the causes.
 """
 
@@ -11,98 +11,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..._errors import TraceError
-from ..._text import format_ranks
 from ..core._options import StragglerOptions
-from ..read._engine import RunRecords, read_run_records
 from ..read._health import read_health, tokens_of
-from ..read._matrix import PhaseMatrices, matrices_of, shared_steps
-from ..read._run import RunMeta, read_run_meta
+from ..read._matrix import PhaseMatrices
+from ..read._run import RunMeta
+from ..read._timed import TimedRun, read_timed_run
 from ..read._values import read_cpu_times, read_phase_values
 from ._evidence import evidence_for
 from ._findings import StragglerReport
 from ._stragglers import find_stragglers
 
-__all__ = ["StragglerAnalysis", "TimedRun", "analyse_stragglers", "read_timed_run", "stragglers_in"]
+__all__ = ["StragglerAnalysis", "analyse_stragglers", "stragglers_in"]
 
 Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class TimedRun:
-    """A run's timings read and shaped for the analyses: its meta, records and matrices."""
-
-    meta: RunMeta
-    records: RunRecords
-    matrices: PhaseMatrices
-    apart: list[str] = field(default_factory=list)
-    """The sampled steps left out for not every rank having them, said (_matrix.shared_steps)."""
-
-    @property
-    def notes(self) -> list[str]:
-        """What the run's files say that bears on every answer: ranks configured apart,
-        and ranks whose records end before the others'."""
-        every = {rank: self.meta.sampling(rank) for rank in self.records.last_step}
-        return [*self.meta.config_differences(), *ended_early(self.records.last_step, every)]
-
-    @property
-    def root(self) -> Path:
-        return self.meta.root.resolve()
-
-    @property
-    def skipped(self) -> list[str]:
-        """What the reading left out: bad meta and timings, and ranks without timings."""
-        return [
-            *self.meta.skipped,
-            *self.records.skipped,
-            *self.meta.say_missing(sorted(self.records.ranks)),
-            *self.apart,
-        ]
-
-
-def ended_early(last_step: Mapping[int, int], every: Mapping[int, int]) -> list[str]:
-    """A line per group of ranks whose records end before the latest rank's by more than
-    their sampling interval (`every`): killed, crashed, or stopped apart."""
-    if len(last_step) < 2:
-        return []
-    latest = max(last_step.values())
-    early: dict[int, list[int]] = {}
-    for rank, step in sorted(last_step.items()):
-        if step + every.get(rank, 1) <= latest:
-            early.setdefault(step, []).append(rank)
-    return [
-        f"{format_ranks(ranks)}: {'its' if len(ranks) == 1 else 'their'} records end at step "
-        f"{step}, the others' go on to step {latest}: ended early (killed, crashed, or "
-        "stopped apart; `rankscope hang` says which where the watch was on)"
-        for step, ranks in sorted(early.items())
-    ]
-
-
-def read_timed_run(
-    run_dir: str | os.PathLike[str] | RunMeta,
-    options: StragglerOptions | None = None,
-    *,
-    progress: Progress | None = None,
-    workers: int | None = None,
-) -> TimedRun:
-    """Read a run's meta and timings (the options' `time` and `attempt`) into matrices.
-
-    A TraceError where the run has no usable timings (read/_engine.py says why)."""
-    options = StragglerOptions() if options is None else options
-    meta = run_dir if isinstance(run_dir, RunMeta) else read_run_meta(run_dir)
-    records = read_run_records(
-        meta.root,
-        time=options.time,
-        attempt=options.attempt,
-        progress=progress,
-        workers=workers,
-    )
-    matrices, apart = shared_steps(matrices_of(records))
-    return TimedRun(meta=meta, records=records, matrices=matrices, apart=apart)
 
 
 def stragglers_in(
