@@ -14,12 +14,8 @@ import pytest
 from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
 from rankscope.analysis.read._matrix import STEP, PhaseMatrices
 from rankscope.analysis.stragglers._cost import estimate_costs
-from rankscope.analysis.stragglers._findings import (
-    StragglerFinding,
-    StragglerReport,
-    cost_lines,
-    cost_text,
-)
+from rankscope.analysis.stragglers._findings import cost_lines, cost_text
+from rankscope.analysis.stragglers._model import StragglerFinding, StragglerReport
 from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._synthetic import Slowdown, write_timings
 

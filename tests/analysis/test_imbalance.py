@@ -13,7 +13,8 @@ from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
 from rankscope.analysis.read._run import RunMeta
 from rankscope.analysis.read._values import read_phase_values
 from rankscope.analysis.stragglers._findings import cost_lines
-from rankscope.analysis.stragglers._imbalance import Imbalance, _values_follow, find_imbalance
+from rankscope.analysis.stragglers._imbalance import _values_follow, find_imbalance
+from rankscope.analysis.stragglers._model import Imbalance
 from rankscope.analysis.stragglers._stragglers import find_stragglers
 from rankscope.testing._synthetic import Slowdown, Uneven, write_timings
 

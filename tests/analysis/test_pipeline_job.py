@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 import rankscope
 from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
-from rankscope.analysis.stragglers._findings import cost_lines, model_fit
+from rankscope.analysis.stragglers._findings import cost_lines
+from rankscope.analysis.stragglers._model import model_fit
 from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._pipeline import Pipeline, calls_of
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rankscope.analysis import StragglerOptions, analyse_stragglers, phase_matrices, read_timings
-from rankscope.analysis.stragglers._findings import model_fit
+from rankscope.analysis.stragglers._model import model_fit
 from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
 
 

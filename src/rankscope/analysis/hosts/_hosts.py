@@ -33,7 +33,7 @@ from ..read._matrix import PhaseMatrices
 from ..read._run import read_run_meta
 from ..read._timed import TimedRun, read_timed_run
 from ..stragglers._analyse import stragglers_in
-from ..stragglers._findings import StragglerFinding
+from ..stragglers._model import StragglerFinding
 from ._host_health import ThrottledGpu, throttle_sentences, throttled_gpus
 from ._host_places import Places
 

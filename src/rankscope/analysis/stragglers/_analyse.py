@@ -22,7 +22,7 @@ from ..read._run import RunMeta
 from ..read._timed import TimedRun, read_timed_run
 from ..read._values import read_cpu_times, read_phase_values
 from ._evidence import evidence_for
-from ._findings import StragglerReport
+from ._model import StragglerReport
 from ._stragglers import find_stragglers
 
 __all__ = ["StragglerAnalysis", "analyse_stragglers", "stragglers_in"]

@@ -33,9 +33,10 @@ import numpy.typing as npt
 from ..._text import format_ranks
 from ..read._matrix import PhaseMatrices, nanmedian, quiet
 from ..read._values import CpuTimes, PhaseValues
-from ._findings import Cause, StragglerFinding, ratio_text
+from ._findings import ratio_text
 from ._gpu_health import GpuHealth, gpu_health
 from ._groups import GROUP_SHARE
+from ._model import Cause, StragglerFinding
 
 __all__ = ["PERSISTENT_SHARE", "causes_of"]
 

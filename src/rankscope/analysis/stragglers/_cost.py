@@ -40,9 +40,8 @@ import numpy.typing as npt
 
 from ..pipeline._replay import Replay
 from ..read._matrix import STEP, PhaseMatrices, nanmedian, quiet
-from ._findings import ROUGH_FIT, Cost, HostCost, StragglerFinding, StragglerReport
-from ._groups import SlowGroup
 from ._imbalance import balanced, imbalance_cells
+from ._model import ROUGH_FIT, Cost, HostCost, SlowGroup, StragglerFinding, StragglerReport
 
 __all__ = ["Costs", "drop_the_cheap", "estimate_costs", "without_waiting"]
 

@@ -18,18 +18,16 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..._errors import TraceError
 from ..._text import printable
 from ...rundir._files import read_json_object
 from ...rundir._layout import RunDir, TraceFile, ack_path, window_key, window_steps
 from ...traces._kineto import summarize_trace
+from ._model import Evidence, OpDelta, StragglerFinding
 
-if TYPE_CHECKING:
-    from ._findings import StragglerFinding
-
-__all__ = ["READ_FINDINGS", "TOP_OPS", "Evidence", "OpDelta", "evidence_for", "evidence_line"]
+__all__ = ["READ_FINDINGS", "TOP_OPS", "evidence_for", "evidence_line"]
 
 TOP_OPS = 10
 """Ops kept per finding (biggest delta first); the terminal and the report show three."""
@@ -47,68 +45,6 @@ _Ops = tuple[str, bool, dict[str, float], float]
 """What a trace shows of one phase: (kind, inside the phase's ranges?, op -> total us, the
 phase's own ranges in us: on the device where it has ranges there and the ops are
 kernels, else on the host; 0 where the trace marks none)."""
-
-
-@dataclass(frozen=True)
-class OpDelta:
-    """One op's time a step on the slow rank and on its peer (ms)."""
-
-    name: str
-    slow_ms: float
-    peer_ms: float
-    delta_ms: float
-    peer_rank: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "slow_ms": round(self.slow_ms, 4),
-            "peer_ms": round(self.peer_ms, 4),
-            "delta_ms": round(self.delta_ms, 4),
-            "peer_rank": self.peer_rank,
-        }
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What the traces show of one slow finding, or why they show nothing."""
-
-    window: str | None
-    peer_rank: int | None
-    ops: tuple[OpDelta, ...] = ()
-    steps: tuple[int, int] | None = None
-    """The window's first and last step."""
-    kind: str | None = None
-    """"gpu_kernels" or "cpu_ops": what `ops` are."""
-    scope: str | None = None
-    """Where in the steps the ops were summed: "phase forward", or "whole steps" where
-    the traces mark no range of the phase."""
-    asked: dict[str, Any] | None = None
-    """For an anomaly window: the peer its rank asked, why, and what the peer answered."""
-    missing: str | None = None
-    """Why there is no evidence (no window holds the pair, a trace cannot be read)."""
-    command: str | None = None
-    """Where no window holds the pair: the `rankscope trigger` command that captures one."""
-    problems: list[str] = field(default_factory=list)
-    """Traces that could not be read, named."""
-    phase_ms: tuple[float, float] | None = None
-    """The phase's own time a step in the window, on the slow rank and on its peer (its
-    ranges in the traces), so the ops can be read against the whole of its growth."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "window": self.window,
-            "peer_rank": self.peer_rank,
-            "steps": None if self.steps is None else list(self.steps),
-            "kind": self.kind,
-            "scope": self.scope,
-            "ops": [op.to_dict() for op in self.ops],
-            "asked": self.asked,
-            "missing": self.missing,
-            "command": self.command,
-            "problems": self.problems,
-            "phase_ms": None if self.phase_ms is None else [round(v, 4) for v in self.phase_ms],
-        }
 
 
 def evidence_for(

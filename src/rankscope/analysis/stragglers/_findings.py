@@ -1,274 +1,36 @@
-"""What the straggler analysis finds (analysis/stragglers/_stragglers.py), what fixing it would save
-(analysis/stragglers/_cost.py), and the findings in words."""
+"""The straggler analysis's findings in words: the summary's sentences and the cost lines
+that the terminal and the HTML report share (the findings as data: _model.py)."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import Any
 
 from ..._text import format_ranks
 from ..core._chance import FEWEST_STEPS
-from ..core._clocks import clock_words
 from ..core._format import SENTENCE, finite, hours_text
 from ..core._values import as_list, as_map
-
-if TYPE_CHECKING:
-    from ._evidence import Evidence
-    from ._groups import SlowGroup
-    from ._imbalance import Imbalance
+from ._model import (
+    ROUGH_FIT,
+    SlowGroup,
+    StragglerFinding,
+    StragglerReport,
+    Undecided,
+    model_fit,
+)
 
 __all__ = [
-    "Cause",
-    "Cost",
-    "HostCost",
-    "RankPhase",
-    "StragglerFinding",
-    "StragglerReport",
-    "Undecided",
     "cost_lines",
     "cost_text",
     "ratio_text",
-    "rounded",
     "sentences",
 ]
-
-Vector = npt.NDArray[np.float64]
 
 
 ratio_text = SENTENCE.ratio
 """A time against its reference as people say it: "+41%" below twice, "2.5x", "526x"
 (core/_format.py has the rule)."""
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What a fix would save, from the step model (analysis/stragglers/_cost.py)."""
-
-    step_ms_saved: float
-    """Step time saved per step, mean over the steps every finding holds (the same steps
-    for every cost of one report, so that the lines add up)."""
-    run_hours_saved: float
-    """Over the run so far: the saving at each sampled step from the finding's start on,
-    times the steps each stands for."""
-    rank_hours_saved: float
-    """`run_hours_saved` on every rank: ranks x hours."""
-    gpu_hours_saved: float | None
-    """`rank_hours_saved` where the ranks ran on GPUs (their meta files say so); None on a
-    run that used none, or where no meta file says."""
-    speedup: float
-    """The step time now over the step time with the fix."""
-    step_ms: float
-    """The step time now (measured), mean over the same steps as `step_ms_saved`."""
-    steps_from: int
-    """The first sampled step `step_ms_saved` and `step_ms` are taken over."""
-
-    def to_dict(self) -> dict[str, float | None]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class Cause:
-    """Why a rank is slow (analysis/stragglers/_cause.py): its class and the evidence, in words."""
-
-    kind: str
-    """"data-driven", "partitioning", "machine" (the GPU's own health: a throttled clock),
-    "persistent", "intermittent" or "unclear"."""
-    text: str
-    could_be: tuple[str, ...] = ()
-    """Where the evidence does not tell them apart: the classes that fit."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "text": self.text, "could_be": list(self.could_be)}
-
-
-@dataclass(frozen=True)
-class HostCost:
-    """What fixing the findings of one host's ranks would save."""
-
-    host: str
-    ranks: tuple[int, ...]
-    cost: Cost
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "ranks": list(self.ranks), "cost": self.cost.to_dict()}
-
-
-@dataclass(frozen=True)
-class StragglerFinding:
-    """One (rank, phase) that is persistently above the others."""
-
-    rank: int
-    phase: str
-    kind: str
-    role: str
-    """"slow": the rank itself is slow here; "waits": it waits here for `waits_for`."""
-    median_ratio: float
-    """Its time over the reference, median over the steps from `since_step` on."""
-    share_above: float
-    """The share of those steps above the threshold."""
-    lost_ms: float
-    """Time above the reference, summed over those steps."""
-    steps: int
-    since_step: int
-    waits_for: tuple[int, ...] = ()
-    """For "waits": the ranks that arrived last, most often first."""
-    ratios: tuple[float | None, ...] = ()
-    """The ratio at every sampled step (None where the rank has no record)."""
-    cost: Cost | None = None
-    """What fixing it would save (analysis/stragglers/_cost.py). None for "waits" where the rank it
-    waits for has a slow finding: its lost time is that finding's cost (`cost_of`)."""
-    cost_of: tuple[int, str] | str | None = None
-    """For "waits": the (rank, phase) of the slow finding whose cost its waiting is, or
-    the name of the slow group ("pipeline_stage=1") whose cost it is."""
-    cause: Cause | None = None
-    """Why it is slow (analysis/stragglers/_cause.py); None for "waits"."""
-    evidence: Evidence | None = None
-    """For "slow" over a whole run: the ops that grew against a healthy peer in a trace
-    window holding both, or why there are none (analysis/stragglers/_evidence.py)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        # Field by field: asdict deep-copies every ratio, seconds for thousands of ranks.
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["waits_for"] = list(self.waits_for)
-        out["ratios"] = list(self.ratios)
-        out["cost"] = None if self.cost is None else self.cost.to_dict()
-        of = self.cost_of
-        out["cost_of"] = (
-            None
-            if of is None
-            else {"group": of}
-            if isinstance(of, str)
-            else {"rank": of[0], "phase": of[1]}
-        )
-        out["cause"] = None if self.cause is None else self.cause.to_dict()
-        out["evidence"] = None if self.evidence is None else self.evidence.to_dict()
-        return out
-
-
-@dataclass(frozen=True)
-class Undecided:
-    """A (rank, phase) that looks like a finding but has too few sampled steps to tell
-    from chance: with about `needed_steps` at the same rate it would be one."""
-
-    rank: int
-    phase: str
-    role: str
-    """"slow" (above at `hits` of `steps`) or "waits" (`waits_for` arrived last at `hits`)."""
-    median_ratio: float
-    hits: int
-    steps: int
-    needed_steps: int
-    waits_for: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class RankPhase:
-    """Every (rank, phase) over the whole run: the table behind the findings."""
-
-    rank: int
-    phase: str
-    median_ratio: float
-    share_above: float
-    lost_ms: float
-
-
-@dataclass
-class StragglerReport:
-    """What `find_stragglers` found, and with which settings."""
-
-    threshold: float
-    min_persistence: float
-    min_share: float
-    reference: str
-    """"median" (the cross-rank median) or "faster rank" (two ranks)."""
-    time: str
-    """The basis asked for: "auto" (each phase on the clock of its work), "host", "device"."""
-    ranks: list[int]
-    steps: list[int]
-    phases: list[str]
-    sync_phases: list[str]
-    """Phases found to end in a collective (or declared comm)."""
-    clocks: dict[str, str] = field(default_factory=dict)
-    """The clock each phase (and the step) was read on: "host" or "device"."""
-    untimed: list[str] = field(default_factory=list)
-    """Phases asked for on device time whose records carry none."""
-    findings: list[StragglerFinding] = field(default_factory=list)
-    """Slow ranks first (the cause), then the ranks that wait; by time lost within each."""
-    table: list[RankPhase] = field(default_factory=list)
-    undecided: list[Undecided] = field(default_factory=list)
-    """What more sampled steps could turn into findings (said in `summary` too)."""
-    summary: list[str] = field(default_factory=list)
-    """The findings in words, one sentence per slow rank (or group of waiting ranks)."""
-    cost: Cost | None = None
-    """What fixing every finding at once would save (None without findings)."""
-    host_costs: list[HostCost] = field(default_factory=list)
-    """Per host that holds a finding, what fixing its ranks' findings would save."""
-    notes: list[str] = field(default_factory=list)
-    """What the causes could not use (per-step values left out), said."""
-    model_step_ms: float | None = None
-    """The step time the cost model gives for the run as it is (against `cost.step_ms`,
-    measured): how far to trust the costs."""
-    imbalance: list[Imbalance] = field(default_factory=list)
-    """Phases whose slowest rank changes from step to step (analysis/stragglers/_imbalance.py)."""
-    groups: list[SlowGroup] = field(default_factory=list)
-    """Parallel groups slow together in a phase (analysis/stragglers/_groups.py)."""
-
-    @property
-    def clock(self) -> str:
-        """Which clock was read for what, as one phrase ("host time", "device time; host
-        time for data")."""
-        return clock_words(self.clocks, self.untimed)
-
-    def to_dict(self, table: bool = True) -> dict[str, Any]:
-        out = {
-            "threshold": self.threshold,
-            "min_persistence": self.min_persistence,
-            "min_share": self.min_share,
-            "reference": self.reference,
-            "time": self.time,
-            "clocks": self.clocks,
-            "clock": self.clock,
-            "untimed": self.untimed,
-            "ranks": self.ranks,
-            "steps": self.steps,
-            "phases": self.phases,
-            "sync_phases": self.sync_phases,
-            "summary": self.summary,
-            "findings": [f.to_dict() for f in self.findings],
-            "undecided": [{**asdict(u), "waits_for": list(u.waits_for)} for u in self.undecided],
-            "cost": None if self.cost is None else self.cost.to_dict(),
-            "host_costs": [h.to_dict() for h in self.host_costs],
-            "model_step_ms": self.model_step_ms,
-            "model_fit": model_fit(self),
-            "notes": self.notes,
-            "imbalance": [i.to_dict() for i in self.imbalance],
-            "groups": [g.to_dict() for g in self.groups],
-        }
-        if table:
-            # Strict JSON: a ratio with no step to compare (a phase one rank alone has) is null.
-            out["table"] = [
-                {f.name: _finite(getattr(row, f.name)) for f in fields(row)} for row in self.table
-            ]
-        return out
-
-
-def rounded(values: Vector) -> tuple[float | None, ...]:
-    """To 4 decimals, None where NaN (numpy's rounding: one pass for thousands of ranks)."""
-    out: list[float | None] = np.round(values, 4).tolist()
-    for i in np.flatnonzero(np.isnan(values)).tolist():
-        out[i] = None
-    return tuple(out)
-
-
-def _finite(value: object) -> object:
-    """`value`, or None for a float that is not finite (strict JSON)."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _verb(ranks: list[int], singular: str, plural: str) -> str:
@@ -347,17 +109,6 @@ def sentences(report: StragglerReport) -> list[str]:
             "prices are rough here (docs/analysis.md, Cost, says what the model cannot see)"
         )
     return out
-
-
-ROUGH_FIT = 0.15
-"""The cost model's step further than this share from the measured step: its savings are rough."""
-
-
-def model_fit(report: StragglerReport) -> float | None:
-    """The cost model's step over the measured one, over the same steps (None without costs)."""
-    if report.cost is None or report.model_step_ms is None or report.cost.step_ms <= 0:
-        return None
-    return round(report.model_step_ms / report.cost.step_ms, 4)
 
 
 def _group_sentence(

@@ -13,78 +13,18 @@ every member's slow finding in those phases fixed at once (analysis/stragglers/_
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from ..._text import format_ranks
 from ..read._matrix import PhaseMatrices, nanmedian, quiet
-from ._findings import Cost, StragglerFinding, ratio_text
+from ._model import SlowGroup, StragglerFinding
 
-__all__ = ["GROUP_SHARE", "SlowGroup", "slow_groups", "waiting_for_groups"]
+__all__ = ["GROUP_SHARE", "slow_groups", "waiting_for_groups"]
 
 GROUP_SHARE = 0.75
 """A group is slow together when this share of its ranks, or more, are slow there."""
-
-
-@dataclass(frozen=True)
-class SlowGroup:
-    """One parallel group whose ranks are slow together in one phase."""
-
-    field: str
-    """The group's name as the ranks gave it ("pipeline_stage")."""
-    value: int | str
-    ranks: tuple[int, ...]
-    """Every rank of the group (the slow ones and any that are not)."""
-    slow: tuple[int, ...]
-    """Its ranks with a slow finding in one of its phases."""
-    phases: tuple[str, ...]
-    """The phases it is slow in, as a group (a slow stage: its forward and its backward)."""
-    ratio: float
-    """Its slow ranks' time over the time of the ranks outside the group, in its phases
-    (the median over steps and phases; from the median rank's ratio where no rank is
-    outside it in the matrices): a stage of two slow ranks among four is not measured
-    against a median that holds them."""
-    since_step: int
-    cost: Cost | None = None
-    waiting: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    """(phase, ranks): in a phase that ends in a collective or a send/recv, the ranks of
-    other groups that spend `threshold` times as long there as the group's own ranks, at
-    most steps: they wait for it (a pipeline's earlier stages, in their recv)."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.field}={self.value}"
-
-    @property
-    def phase_words(self) -> str:
-        return " and ".join(self.phases)
-
-    def sentence(self, first_step: int) -> str:
-        since = "" if self.since_step == first_step else f" since step {self.since_step}"
-        which = format_ranks(self.ranks)
-        if self.slow != self.ranks:
-            which += f", {format_ranks(self.slow)} of them slow"
-        return (
-            f"{self.name} ({which}) is slow in {self.phase_words} as a group "
-            f"({ratio_text(self.ratio)} vs the other ranks{since}): one finding for its ranks "
-            "(each rank's own row: --all, --json), as only fixing the group frees the step"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "group": self.name,
-            "field": self.field,
-            "value": self.value,
-            "ranks": list(self.ranks),
-            "slow": list(self.slow),
-            "phases": list(self.phases),
-            "ratio": self.ratio,
-            "since_step": self.since_step,
-            "waiting": [{"phase": phase, "ranks": list(ranks)} for phase, ranks in self.waiting],
-            "cost": None if self.cost is None else self.cost.to_dict(),
-        }
 
 
 def slow_groups(

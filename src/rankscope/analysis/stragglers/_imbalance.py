@@ -34,18 +34,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from ..read._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ..read._values import PhaseValues
-from ._findings import Cause, Cost
+from ._model import Cause, Imbalance
 from ._rows import Row, row_of
 
-__all__ = ["Imbalance", "balanced", "find_imbalance", "imbalance_cells"]
+__all__ = ["balanced", "find_imbalance", "imbalance_cells"]
 
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
@@ -69,72 +68,6 @@ _TOGETHER = 0.75
 """A group shares the slowest rank's data when all its other ranks are above their own
 typical time at this share of the uneven steps, or more (by chance, at a step: a half for
 each of them; a group needs three ranks or more)."""
-
-
-@dataclass(frozen=True)
-class Imbalance:
-    """One phase whose slowest rank changes from step to step."""
-
-    phase: str
-    kind: str
-    ratio: float
-    """The most loaded rank's load against the median rank's, median over the steps since
-    the onset."""
-    share: float
-    """The share of those steps where the most loaded rank is above the threshold."""
-    changes: float
-    """The share of uneven steps whose slowest rank is not the previous uneven step's."""
-    ranks_slowest: int
-    """How many ranks were the slowest at some uneven step."""
-    top_share: float
-    """The most any one rank was the slowest, as a share of the uneven steps."""
-    lost_ms: float
-    """The ms the most loaded rank is above the median load at its pace, median over the
-    steps since the onset."""
-    since_step: int
-    steps: int
-    evidence: str
-    """Why the spread is the data's (the value that follows it, or the phase it is wider than)."""
-    cause: Cause
-    reference: str | None = None
-    """The work phase whose ranks spread least: how far ranks spread from noise alone.
-    Balancing keeps that spread (analysis/stragglers/_cost.py); without one, every rank is priced
-    at the mean load, which takes its noise out too (a little more than balancing saves)."""
-    cost: Cost | None = None
-    stages: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
-    """The rank indices that do the same work (a pipeline's stages; else every rank): a
-    rank's load is its time over their pooled typical time (see _loads)."""
-    own_pace: tuple[int, ...] = field(default=(), repr=False, compare=False)
-    """Rank indices with a slow finding in the phase: their loads are against their own
-    typical time (balancing the data keeps a straggler's pace)."""
-
-    def sentence(self, first_step: int = 0) -> str:
-        """In words; "since step N" unless it began at `first_step`, the run's first sampled step."""
-        since = "" if self.since_step == first_step else f" since step {self.since_step}"
-        return (
-            f"ranks are unevenly loaded in {self.phase} from step to step{since}: the "
-            f"slowest rank changes at {self.changes:.0%} of the uneven steps ({self.ranks_slowest} "
-            f"ranks were the slowest at some step, none at more than {self.top_share:.0%}), "
-            f"{self.ratio:.2f}x the median rank at {self.share:.0%} of sampled steps"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "kind": self.kind,
-            "ratio": self.ratio,
-            "share": self.share,
-            "changes": self.changes,
-            "ranks_slowest": self.ranks_slowest,
-            "top_share": self.top_share,
-            "lost_ms": self.lost_ms,
-            "since_step": self.since_step,
-            "steps": self.steps,
-            "evidence": self.evidence,
-            "cause": self.cause.to_dict(),
-            "cost": None if self.cost is None else self.cost.to_dict(),
-            "summary": self.sentence(),
-        }
 
 
 def find_imbalance(

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from ..pipeline._replay import Replay
 from ..read._matrix import PhaseMatrices, nanmedian, quiet
-from ._findings import StragglerFinding, rounded
+from ._model import StragglerFinding, rounded
 from ._rows import Row, row_of
 
 __all__ = ["waiting_in_pipeline"]

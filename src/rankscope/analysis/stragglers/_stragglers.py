@@ -40,17 +40,10 @@ from ..read._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ..read._values import CpuTimes, PhaseValues
 from ._cause import causes_of
 from ._cost import drop_the_cheap, estimate_costs
-from ._findings import (
-    RankPhase,
-    StragglerFinding,
-    StragglerReport,
-    Undecided,
-    ratio_text,
-    rounded,
-    sentences,
-)
+from ._findings import ratio_text, sentences
 from ._groups import slow_groups, waiting_for_groups
 from ._imbalance import find_imbalance
+from ._model import RankPhase, StragglerFinding, StragglerReport, Undecided, rounded
 from ._pipeline_waits import waiting_in_pipeline
 from ._rows import Row, rows_of
 from ._scopes import scopes_of

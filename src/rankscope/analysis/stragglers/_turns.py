@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from ..read._matrix import PhaseMatrices, nanmedian, quiet
 from ..read._values import CpuTimes
-from ._findings import StragglerFinding, StragglerReport, Undecided
+from ._model import StragglerFinding, StragglerReport, Undecided
 
 __all__ = ["CpuReads", "let_turns_go"]
 
