@@ -728,3 +728,25 @@ def test_top_on_a_run_without_heartbeats_is_one_line(
     assert main(["top", str(tmp_path), "--once"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "no heartbeats" in err
+
+
+def test_a_step_orders_reader_reads_the_timings_again_only_when_they_change(
+    tmp_path: Path,
+) -> None:
+    # `rankscope top` asks every second; each holder of a reader keeps its own last read
+    # (no module-level cache shared by every caller of the process).
+    from rankscope.analysis.hangs._step_order import StepOrders
+    from rankscope.analysis.read._run import read_run_meta
+
+    write_timings(tmp_path, ranks=2, steps=10)
+    meta = read_run_meta(tmp_path)
+    orders = StepOrders()
+    first = orders(meta, [])
+    assert first is not None and {"forward", "backward"} <= set(first.places)
+    assert orders(meta, []) is first  # nothing changed: not read again
+    assert StepOrders()(meta, []) is not first  # another holder reads for itself
+    path = next((tmp_path / "timings").glob("*.jsonl"))
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    path.write_text("".join(lines[:-3]), encoding="utf-8")  # the file changed
+    again = orders(meta, [])
+    assert again is not None and again is not first

@@ -39,9 +39,11 @@ def add_commands(commands: Any) -> None:
 
 
 def _top(args: argparse.Namespace) -> int:
+    from ..analysis.hangs._step_order import StepOrders
     from ..analysis.hangs._top import top_rows
 
-    report, rows = top_rows(args.run_dir)
+    orders = StepOrders()  # the timings read again only when they change
+    report, rows = top_rows(args.run_dir, orders=orders)
     if report.files_read == 0:
         raise TraceError(f"{report.run_dir}: no heartbeats ({LIVE}/) to show: the watch was off")
     if args.json:  # one frame
@@ -57,6 +59,6 @@ def _top(args: argparse.Namespace) -> int:
             while True:
                 render.top(report.to_dict(), rows, args.rows, live=live)
                 time.sleep(max(0.1, args.interval))
-                report, rows = top_rows(args.run_dir)
+                report, rows = top_rows(args.run_dir, orders=orders)
         except KeyboardInterrupt:
             return 0

@@ -17,6 +17,7 @@ from ..._errors import ConfigError
 __all__ = [
     "ANALYSIS_OPTIONS",
     "BY",
+    "TIME",
     "TIME_BASES",
     "CollectiveOptions",
     "DiffOptions",
@@ -30,6 +31,8 @@ TIME_BASES = ("auto", "host", "device")
 """What a phase's duration is read from. "auto": each phase on the clock that measures its
 work (analysis/core/_clocks.py): device time (gpu_ms) where the phase's work runs on the GPU,
 host time (cpu_ms) where the host is the work; "host" or "device": every phase on one."""
+TIME = "auto"
+"""The time basis every analysis and reader takes by default (written here alone)."""
 
 BY = ("name", "category")
 """How kernels are grouped."""
@@ -69,7 +72,7 @@ class StragglerOptions:
     """Leave out a finding whose fix would save less than this share of the step time: a
     busy machine moves a clean run's ranks by about that much, and a finding that costs
     nothing is not one."""
-    time: str = _choices("auto", TIME_BASES)
+    time: str = _choices(TIME, TIME_BASES)
     """Read each phase on the clock of its work: device time (gpu_ms) where the GPU does
     it, host time (cpu_ms) where the host does (auto); or every phase on host or device
     time."""
@@ -135,7 +138,7 @@ class HostOptions:
 class DiffOptions:
     """What `diff` compares and what it counts as a change."""
 
-    time: str = _choices("auto", TIME_BASES)
+    time: str = _choices(TIME, TIME_BASES)
     """Read each phase on the clock of its work: device time (gpu_ms) where the GPU does
     it, host time (cpu_ms) where the host does (auto); or every phase on host or device
     time."""

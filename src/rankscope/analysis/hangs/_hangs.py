@@ -43,7 +43,7 @@ from ..read._run import RunMeta, read_run_meta
 from ..read._watch import Frame, HangFile, Heartbeat, OpenPhase, read_watch
 from ._hang_ends import behind_note, ended_words, last_seen, process_gone, stopped_words
 from ._hang_launches import current_hangs, latest_launch, world_size_of
-from ._step_order import StepOrder, step_order
+from ._step_order import StepOrder, StepOrders
 
 if TYPE_CHECKING:
     from ..read._timed import TimedRun
@@ -252,20 +252,23 @@ def find_hangs(
     options: HangOptions | None = None,
     *,
     now_ns: int | None = None,
+    orders: StepOrders | None = None,
 ) -> HangReport:
     """Read a run's heartbeats (RUN_DIR/live) and hang files (RUN_DIR/hangs) and say
     who is stuck where, and who waits for it.
 
-    `now_ns` (epoch ns) is the time to judge against; the clock by default. A path
-    that is not a run directory is a TraceError; a run without heartbeats or hang files
-    is a report whose state is "no heartbeats". Bad files are named in `skipped`.
+    `now_ns` (epoch ns) is the time to judge against; the clock by default. `orders`:
+    where a caller asks again and again (`rankscope top`), the reader of the step order
+    it holds, which reads the timings again only when they changed. A path that is not a
+    run directory is a TraceError; a run without heartbeats or hang files is a report
+    whose state is "no heartbeats". Bad files are named in `skipped`.
     """
     if now_ns is not None and (
         isinstance(now_ns, bool) or not isinstance(now_ns, int) or now_ns < 0
     ):
         raise ConfigError("now_ns", now_ns, "epoch nanoseconds, an integer >= 0")
     meta = read_run_meta(run_dir)
-    report = hangs_of(meta, time.time_ns() if now_ns is None else now_ns, options)
+    report = hangs_of(meta, time.time_ns() if now_ns is None else now_ns, options, orders=orders)
     report.skipped[:0] = meta.skipped
     return report
 
@@ -276,6 +279,7 @@ def hangs_of(
     options: HangOptions | None = None,
     *,
     run: TimedRun | None = None,
+    orders: StepOrders | None = None,
 ) -> HangReport:
     """`find_hangs` for a run whose meta files are read already; what the meta files
     could not give is the caller's to say (not in `skipped`). `run`: its timings, where
@@ -304,7 +308,7 @@ def hangs_of(
     report.missing = [r for r in range(size) if r not in present]
     stalled = _judge(report, beats, open_hangs, meta)
     if report.gone or any(f.kind != "comm" for f in stalled):  # else no need of the timings
-        report.order = step_order(meta, report.skipped, run)
+        report.order = (orders or StepOrders())(meta, report.skipped, run)
     timed = report.order.last_step if report.order is not None else {}
     report.gone = {rank: last_seen(beats[rank], timed) for rank in report.gone}
     report.findings = _roles(stalled, report.order)

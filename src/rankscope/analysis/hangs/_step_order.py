@@ -15,7 +15,7 @@ from ..read._run import RunMeta
 if TYPE_CHECKING:
     from ..read._timed import TimedRun
 
-__all__ = ["StepOrder", "step_order"]
+__all__ = ["StepOrder", "StepOrders"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,34 +38,28 @@ class StepOrder:
         }
 
 
-@dataclass
-class _LastRead:
-    """The last order read, and the timings files it was read from (name, size, mtime):
-    `rankscope top` asks every second, and a hung run's timings rarely change."""
+class StepOrders:
+    """Reads a run's step order (`step_order`), and again only when a timings file changed
+    since its last read (name, size, mtime): one is held by a caller that asks every
+    second (`rankscope top`: a hung run's timings rarely change). Each holder its own:
+    nothing is kept between callers."""
 
-    key: tuple[Path, tuple[tuple[str, int, int], ...]] | None = None
-    order: StepOrder | None = None
-    skipped: list[str] = field(default_factory=list)
+    def __init__(self) -> None:
+        self._key: tuple[Path, tuple[tuple[str, int, int], ...]] | None = None
+        self._order: StepOrder | None = None
+        self._skipped: list[str] = []
 
-
-_LAST_READ = _LastRead()
-
-
-def step_order(meta: RunMeta, skipped: list[str], run: TimedRun | None = None) -> StepOrder | None:
-    """The order a step of the run runs its phases in, and which end in a collective,
-    from its timings (`run`, where the caller read them on the default clocks already,
-    analysis/core/_clocks.py); None
-    without timings. What of the timings could not be used is added to `skipped`. Read
-    again only when a timings file changed since the last call."""
-    if run is not None:
-        return _order_of(run)
-    last = _LAST_READ
-    key = (meta.root.resolve(), _timings_files(meta.root))
-    if last.key != key:
-        last.order, last.skipped = _read_order(meta)
-        last.key = key
-    skipped.extend(last.skipped)
-    return last.order
+    def __call__(
+        self, meta: RunMeta, skipped: list[str], run: TimedRun | None = None
+    ) -> StepOrder | None:
+        if run is not None:
+            return _order_of(run)
+        key = (meta.root.resolve(), _timings_files(meta.root))
+        if self._key != key:
+            self._order, self._skipped = _read_order(meta)
+            self._key = key
+        skipped.extend(self._skipped)
+        return self._order
 
 
 def _timings_files(root: Path) -> tuple[tuple[str, int, int], ...]:

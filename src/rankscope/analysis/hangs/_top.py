@@ -7,6 +7,7 @@ from typing import Any
 
 from ..read._watch import read_watch
 from ._hangs import STUCK, WAITS, HangReport, find_hangs
+from ._step_order import StepOrders
 
 __all__ = ["top_rows"]
 
@@ -15,15 +16,18 @@ _ORDER = {STUCK: 0, WAITS: 1, "running": 2, "stopped": 3, "missing": 4}
 
 
 def top_rows(
-    run_dir: str | os.PathLike[str], now_ns: int | None = None
+    run_dir: str | os.PathLike[str],
+    now_ns: int | None = None,
+    orders: StepOrders | None = None,
 ) -> tuple[HangReport, list[dict[str, Any]]]:
     """The run's hang report, and a row per rank: `rank`, `host`, `role` (stuck, waits,
     running, stopped, missing), `step`, `phase`, `kind` (its innermost open phase), `for_s`
     (in that phase, or since it last moved: until now for a stalled rank, until its
     heartbeat was written for the others) and `heartbeat_age_s`. Sorted stuck first,
     then waiting, then by step (the slowest first), then by how long they sit where they are.
+    `orders`: the step order's reader a caller that refreshes holds (see find_hangs).
     """
-    report = find_hangs(run_dir, now_ns=now_ns)
+    report = find_hangs(run_dir, now_ns=now_ns, orders=orders)
     now = report.now_ns
     roles = {finding.rank: finding.role for finding in report.findings}
     rows: list[dict[str, Any]] = []

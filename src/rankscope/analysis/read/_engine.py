@@ -36,7 +36,7 @@ import numpy.typing as npt
 from ..._errors import ConfigError, TraceError
 from ..._text import one_line
 from ...rundir._layout import TIMINGS_FILES, RunDir, open_regular
-from ..core._options import TIME_BASES
+from ..core._options import TIME, TIME_BASES
 from ..core._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 from ._duck import COLUMNS, connect, lines_sql, name_of
@@ -44,7 +44,6 @@ from ._run import run_root
 from ._timings import RankTimings, claim_ranks, read_rank_timings
 
 __all__ = [
-    "TIME_BASES",
     "PhaseRecords",
     "RunRecords",
     "WholeFile",
@@ -216,7 +215,7 @@ class RunRecords:
 def read_run_records(
     run_dir: str | os.PathLike[str],
     *,
-    time: str = "host",
+    time: str = TIME,
     attempt: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,

@@ -16,12 +16,12 @@ from ..._errors import ConfigError
 from ..._text import format_ranks, number_ranges, one_line
 from ..core._clocks import choose_clock
 from ..core._ops import OpsGatherer, StepOps
-from ._engine import TIME_BASES, RunRecords
+from ..core._options import TIME, TIME_BASES
+from ._engine import RunRecords
 from ._timings import RunTimings
 
 __all__ = [
     "STEP",
-    "TIME_BASES",
     "PhaseMatrices",
     "matrices_of",
     "nanmedian",
@@ -163,7 +163,7 @@ class PhaseMatrices:
         ]
 
 
-def phase_matrices(timings: RunTimings, time: str = "host") -> PhaseMatrices:
+def phase_matrices(timings: RunTimings, time: str = TIME) -> PhaseMatrices:
     """Gather every rank's records into per-phase matrices (errored phases left out).
 
     `time` chooses the durations compared: "auto" (each phase on the clock of its work,
