@@ -1,7 +1,7 @@
 """What changed between two runs, or two trace windows: per phase, per rank, per kernel.
 
 Each side is a run directory or one of its windows (RUN_DIR/traces/<window>): phases
-from the timings (through the engine; a window keeps its sampled steps), kernels from
+from the timings (the run's one read, read/_timed.py; a window keeps its sampled steps), kernels from
 the windows' summaries (as `rankscope kernels` reads them). Every change is in ms per
 step (per rank and step for kernels), so all sort together by the step time they
 explain. Noise is judged from the data itself: analysis.md ("rankscope diff") has the rules.
@@ -23,11 +23,11 @@ from ..._errors import TraceError
 from ..._text import format_ranks
 from ...rundir._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folder, window_steps
 from ..core._clocks import clock_words, same_clocks
-from ..core._options import DiffOptions
+from ..core._options import DiffOptions, StragglerOptions
 from ..kernels._kernels import find_traces, latest_of_the_same_steps, read_summaries
-from ..read._engine import read_run_records
-from ..read._matrix import STEP, matrices_of, nanmedian, quiet
-from ..read._run import read_run_meta, run_root
+from ..read._matrix import STEP, nanmedian, quiet
+from ..read._run import run_root
+from ..read._timed import read_timed_run
 from ..stragglers._cost import without_waiting
 from ..stragglers._stragglers import ends_in_collective
 
@@ -324,22 +324,15 @@ class _Side:
         }
 
     def _read_phases(self, time: str, workers: int | None) -> _Phases | None:
-        try:
-            records = read_run_records(self.run_dir, time=time, workers=workers)
+        try:  # the run's one read, as every analysis takes it
+            run = read_timed_run(self.run_dir, StragglerOptions(time=time), workers=workers)
         except TraceError as exc:
             self.notes.append(f"{self.label}: phases not compared: {exc}")
             return None
-        self.skipped += records.skipped
-        if records.attempts.note is not None:
-            self.notes.append(f"{self.label}: {records.attempts.note}")
-        try:
-            meta = read_run_meta(self.run_dir)
-            hosts = meta.hosts
-            self.skipped += meta.skipped
-        except TraceError as exc:  # then every rank's clock may be off: the rule allows for it
-            self.skipped.append(str(exc))
-            hosts = None
-        m = matrices_of(records)
+        self.skipped += run.skipped
+        if run.records.attempts.note is not None:
+            self.notes.append(f"{self.label}: {run.records.attempts.note}")
+        m, hosts = run.matrices, run.meta.hosts
         # Judged over the whole run: a window's few steps cannot show which phases end together.
         sync = set(ends_in_collective(m, hosts))
         values = without_waiting(m, sync)
