@@ -25,7 +25,7 @@ from .kernels._kernels import find_traces, kernel_report
 from .read._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from .read._run import read_run_meta
 from .read._timed import TimedRun, read_timed_run
-from .stragglers._analyse import concurrent_notes, stragglers_in
+from .stragglers._analyse import analyse_stragglers
 
 __all__ = ["REPORT_VERSION", "build_report"]
 
@@ -131,8 +131,7 @@ def _add_timings(
     skipped.extend(run.meta.say_missing(sorted(run.records.ranks)))
     skipped.extend(run.apart)
     m = run.matrices
-    stragglers = stragglers_in(run, options)
-    stragglers.notes[:0] = concurrent_notes(run, options)
+    stragglers = analyse_stragglers(run, options).report
     report["steps"] = {"sampled": m.steps, "first": m.steps[0], "last": m.steps[-1]}
     report["time"] = m.time
     report["clock"] = clock_words(dict(zip(m.phases, m.clocks, strict=True)), m.untimed)

@@ -95,14 +95,19 @@ class StragglerAnalysis:
 
 
 def analyse_stragglers(
-    run_dir: str | os.PathLike[str] | RunMeta,
+    run_dir: str | os.PathLike[str] | RunMeta | TimedRun,
     options: StragglerOptions | None = None,
     *,
     progress: Progress | None = None,
     workers: int | None = None,
 ) -> StragglerAnalysis:
-    """Which rank is slow in which phase, who waits for it, what it costs and why."""
-    run = read_timed_run(run_dir, options, progress=progress, workers=workers)
+    """Which rank is slow in which phase, who waits for it, what it costs and why. A run
+    read already (`read_timed_run`, with the same options) is not read again: the report
+    passes its own read."""
+    if isinstance(run_dir, TimedRun):
+        run = run_dir
+    else:
+        run = read_timed_run(run_dir, options, progress=progress, workers=workers)
     report = stragglers_in(run, options)
     report.notes[:0] = concurrent_notes(run, options, workers=workers)
     return StragglerAnalysis(run=run, report=report)
