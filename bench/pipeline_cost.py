@@ -24,8 +24,8 @@ import numpy as np
 from rankscope.analysis import StragglerOptions, find_stragglers, phase_matrices, read_timings
 from rankscope.analysis.pipeline._replay_build import build_replay
 from rankscope.analysis.read._timed import read_timed_run
+from rankscope.analysis.stragglers._arrivals import ends_in_collective
 from rankscope.analysis.stragglers._model import model_fit
-from rankscope.analysis.stragglers._stragglers import ends_in_collective
 from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
 
 

@@ -12,9 +12,9 @@ from rankscope.analysis import StragglerOptions, analyse_stragglers, phase_matri
 from rankscope.analysis.pipeline._replay import Replay
 from rankscope.analysis.pipeline._replay_build import build_replay
 from rankscope.analysis.read._timed import read_timed_run
+from rankscope.analysis.stragglers._arrivals import ends_in_collective
 from rankscope.analysis.stragglers._findings import cost_lines
 from rankscope.analysis.stragglers._model import model_fit
-from rankscope.analysis.stragglers._stragglers import ends_in_collective
 from rankscope.rundir._layout import timing_path
 from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
 from rankscope.testing._synthetic import Uneven

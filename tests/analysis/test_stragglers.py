@@ -12,13 +12,12 @@ import pytest
 from rankscope import ConfigError
 from rankscope.analysis import StragglerOptions, read_run_meta, read_timings
 from rankscope.analysis.read._matrix import phase_matrices
+from rankscope.analysis.stragglers._arrivals import _late_by_own_work, ends_in_collective
 from rankscope.analysis.stragglers._rows import row_of as _row
 from rankscope.analysis.stragglers._rows import rows_of as _rows
 from rankscope.analysis.stragglers._stragglers import (
-    _late_by_own_work,
     _medians_without,
     _slow_at_its_best,
-    ends_in_collective,
     find_stragglers,
     format_ranks,
     ratio_text,

@@ -28,8 +28,8 @@ from ..kernels._kernels import find_traces, latest_of_the_same_steps, read_summa
 from ..read._matrix import STEP, nanmedian, quiet
 from ..read._run import run_root
 from ..read._timed import read_timed_run
+from ..stragglers._arrivals import ends_in_collective
 from ..stragglers._cost import without_waiting
-from ..stragglers._stragglers import ends_in_collective
 
 __all__ = ["FEWEST_TRACES", "Change", "RunDiff", "diff_runs"]
 

@@ -19,7 +19,7 @@ from the ranks that wait for it (docs/hangs.md says these rules for users).
   phase, in the order the run's timings show a step runs its phases) are stuck, and
   those further along wait for them. A stuck candidate in a phase that the timings show
   to end in a collective (its ranks leave it together though they enter apart: a DDP
-  backward, analysis/stragglers/_stragglers.py's rule) waits there instead when no stalled rank is
+  backward, analysis/stragglers/_arrivals.py's rule) waits there instead when no stalled rank is
   further along: the rank it waits for is one that is not stalled. Without timings the
   order within a step is unknown: the ranks at the lowest step are stuck.
 """

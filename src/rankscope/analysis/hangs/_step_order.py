@@ -27,7 +27,7 @@ class StepOrder:
     """Each phase's place in the step, the first 0."""
     sync: frozenset[str]
     """The phases of kind "comm", and those whose ranks leave them together though they
-    enter apart (analysis/stragglers/_stragglers.py's rule: a DDP backward)."""
+    enter apart (analysis/stragglers/_arrivals.py's rule: a DDP backward)."""
     last_step: dict[int, int] = field(default_factory=dict)
     """Each rank's latest step with a record: where the timings last saw it."""
 
@@ -86,7 +86,7 @@ def _read_order(meta: RunMeta) -> tuple[StepOrder | None, list[str]]:
 
 def _order_of(run: TimedRun) -> StepOrder:
     from ..read._matrix import STEP
-    from ..stragglers._stragglers import ends_in_collective
+    from ..stragglers._arrivals import ends_in_collective
 
     m = run.matrices
     named = [phase for phase in m.phases if phase != STEP]

@@ -8,36 +8,36 @@ not negligible against the step. An excess must also hold at the rank's fast ste
 rank that is slower is slower every time); one that comes and goes, as a busy machine's
 does, stands only where other ranks are found waiting for that rank.
 
-Waiting is told apart by when ranks arrive. A phase that ends in a collective (kind
-"comm", or a phase whose ranks leave it together although they entered it apart, such as
-a DDP backward with its gradient all-reduce inside) lasts longer on the ranks that
-arrive early: their excess there is waiting, and the rank that arrives last is the one
-they wait for. Arrival is the host wall clock at phase entry, corrected by each rank's
-clock offset where comm phases show one; with device times it is the device time spent
-in the step before the phase. Lateness a rank carries in, having left the last
-collective (or entered the step) after the others, is not its own: on one host that is
-the order the scheduler woke them in. It waits for a rank only when that rank made most
-of its lateness in its own work.
+Who waits for whom, from when the ranks arrive: _arrivals.py.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..._text import format_ranks
-from ..collectives._collective_clocks import clock_offsets, unmeasured_clocks
-from ..core._chance import binomial_tail, steps_needed
+from ..collectives._collective_clocks import unmeasured_clocks
 from ..core._options import StragglerOptions
 from ..pipeline._replay import Replay
 from ..pipeline._replay_build import build_replay
 from ..read._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ..read._values import CpuTimes, PhaseValues
+from ._arrivals import (
+    arrivals,
+    ends_in_a_collective,
+    ends_in_collective,
+    first_arrival,
+    last_arrivals,
+    lateness,
+    times_of,
+    whom_it_waits_for,
+)
 from ._cause import causes_of
 from ._cost import drop_the_cheap, estimate_costs
 from ._findings import ratio_text, sentences
@@ -62,24 +62,11 @@ __all__ = [
 Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
 
-# A phase is taken to end in a collective at a step when its exits spread across ranks
-# by less than this share of how far its entries spread...
-_SYNC_SPREAD = 0.25
-# ...judged only at steps where entries spread by at least this share of its time.
-_CONCLUSIVE = 0.05
-# A phase that issued a collective ends in it unless its exits spread by more than
-# this share of its time (and twice its entries) at most steps: work follows the collective.
-_APART = 0.25
-# ...on this many steps or more (fewer cannot overturn what the records say).
-_OVERTURN = 5
-# A late rank is late by its own work when it made at least this share of its lateness
-# after the ranks were last together (the step began, or they left a collective).
-_EXPLAINED = 0.5
 # A rank's fast steps: this percentile of its times (see _slow_at_its_best).
 _FAST = 10
 
 
-def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top to bottom
+def find_stragglers(
     m: PhaseMatrices,
     options: StragglerOptions | None = None,
     *,
@@ -115,195 +102,55 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
             f"find_stragglers takes PhaseMatrices (phase_matrices), not {type(m).__name__}"
         )
     options = StragglerOptions() if options is None else options
-    threshold, min_persistence = options.threshold, options.min_persistence
-    min_share = options.min_share
-    reference = "median" if len(m.ranks) > 2 else "faster rank"
-    report = StragglerReport(
-        threshold=threshold,
-        min_persistence=min_persistence,
-        min_share=min_share,
-        reference=reference,
-        time=m.time,
-        clocks=dict(zip(m.phases, m.clocks, strict=True)),
-        untimed=m.untimed,
-        ranks=m.ranks,
-        steps=m.steps,
-        phases=[p for p in m.phases if p != STEP],
-        sync_phases=[],
-    )
+    report = _empty_report(m, options)
     if len(m.ranks) < 2 or not m.steps:
         return report
-    timeline = m.on_timeline()  # where phases are read on two clocks, the GPU's one
-    arrive, leave = _arrivals(timeline, hosts)
-    floor = min_share * _step_ms(m)
-    # Where each rank's own work since the ranks were last together began: the step's
-    # first phase, then the end of each phase that ends in a collective.
-    since = _first_arrival(m, arrive)
-    unconfirmed: list[StragglerFinding] = []
-    steady: set[tuple[int, str]] = set()  # slow rows slow at their fastest steps too
-    waiting: dict[tuple[int, str], Row] = {}  # the rows of the "waits" findings
-    for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True)):
-        if phase == STEP:
-            continue
-        d = m.ms[p]
-        ref = _reference(d, reference)
-        sync = _sync(m, p, arrive[p], leave[p], timeline.ms[p])
-        scoped = None
-        if sync:
-            report.sync_phases.append(phase)
-            # Work phases nested in it (a Trainer's batch fetch before its all-gather)
-            # are each rank's own: it reaches the collective after them.
-            held = timeline.work_inside({phase}).get(p)
-            at, d_sync = arrive[p], d
-            if held is not None:
-                at, d_sync = arrive[p] + held[1] * 1e6, d - held[1]
-            # In a phase that ends in a collective a rank can only take longer by
-            # arriving earlier: measure each rank against the last one to arrive.
-            last = _last_arrivals(at)
-            late_ns, made_ns = _lateness(at, since, last)
-            # Where ranks leave it in groups (a pipeline's all-reduce per stage), each
-            # waits for the last of its own group (analysis/stragglers/_scopes.py).
-            once = phase not in m.repeats  # a p2p phase's last exit says nothing of groups
-            scoped = scopes_of(at, leave[p], d_sync, since) if once and not m.on_device else None
-            if m.depths[p] == 0:
-                since = np.where(np.isnan(leave[p]), since, leave[p])
-            ref_w = _times_of(d_sync, last)
-        ratio, excess = _against(d, ref)
-        report.table.extend(_table(m.ranks, phase, ratio, excess, threshold=threshold, floor=floor))
-        if sync:
-            ratio, excess = _against(
-                d_sync, ref_w[None, :] if scoped is None else scoped.times(d_sync)
-            )
-        # Only rows with enough steps above can hold a finding; on a clean run that is few.
-        above = np.sum((ratio > threshold) & (excess >= floor), axis=1)
-        steps = np.sum(np.isfinite(ratio), axis=1)
-        needed = min_persistence * max(3, math.ceil(0.2 * steps.max()))
-        # How often a rank is above here by chance: the share of the typical other rank.
-        shares = above / np.maximum(steps, 1)
-        tests = len(m.ranks) * len(m.phases) * max(1, len(m.steps))
-        chances = _medians_without(shares)
-        candidates = np.flatnonzero(above >= needed)
-        rows = rows_of(
-            ratio,
-            excess,
-            candidates,
-            threshold=threshold,
-            floor=floor,
-            min_persistence=min_persistence,
-        )
-        waits_memo: dict[tuple[int, int], Any] = {}  # rows whose steps and window agree
-        for r in candidates.tolist():
-            rank = m.ranks[r]
-            row = rows[r]
-            onset = row.onset(min_persistence)
-            if onset is None:
-                continue
-            onset = _first_above(row, onset)  # its figures count from the step it says
-            if row.median_excess(onset) < floor:
-                continue
-            chance = float(chances[r])
-            if not sync and not row.beyond_chance(onset, chance, tests):
-                more = row.steps_needed(onset, chance, tests)
-                if more is not None and _slow_at_its_best(d, r, row.valid[onset:], threshold):
-                    hits, n = int(np.sum(row.above[onset:])), len(row.valid) - onset
-                    ratio_r = row.median_ratio(onset)
-                    report.undecided.append(Undecided(rank, phase, "slow", ratio_r, hits, n, more))
-                continue
-            waits_for: tuple[int, ...] = ()
-            if sync:
-                # Waiting differs between rows only by the row's own rank leaving the
-                # window: rows of every step that were never last there share an answer.
-                key = (onset, r if row.whole and r in row.last_at(last, onset) else -1)
-                if scoped is not None:
-                    cols = row.valid[onset:]
-                    waits_memo[key] = _waited_for(
-                        r,
-                        cols,
-                        scoped.last[r],
-                        scoped.late_ns[r],
-                        scoped.made_ns[r],
-                        ranks=scoped.members(r, cols),
-                        tests=tests,
-                    )
-                elif not row.whole or key not in waits_memo:
-                    waits_memo[key] = _waited_for(
-                        r,
-                        row.valid[onset:],
-                        last,
-                        late_ns,
-                        made_ns,
-                        ranks=len(m.ranks),
-                        tests=tests,
-                    )
-                waits_for, short = waits_memo[key]
-                if short is not None:
-                    hits, more, late = short
-                    n, ratio_r = len(row.valid) - onset, row.median_ratio(onset)
-                    late_rank = (m.ranks[late],)
-                    report.undecided.append(
-                        Undecided(rank, phase, "waits", ratio_r, hits, n, more, late_rank)
-                    )
-                if not waits_for:
-                    continue
-            finding = StragglerFinding(
-                rank=rank,
-                phase=phase,
-                kind=kind,
-                role="waits" if sync else "slow",
-                median_ratio=row.median_ratio(onset),
-                share_above=row.share(onset),
-                lost_ms=row.lost(onset),
-                steps=len(row.valid) - onset,
-                since_step=m.steps[int(row.valid[onset])],
-                waits_for=tuple(m.ranks[i] for i in waits_for),
-                ratios=rounded(ratio[r]),
-            )
-            if sync:
-                waiting[rank, phase] = row
-            if sync or _slow_at_its_best(d, r, row.valid[onset:], threshold):
-                steady.add((rank, phase))
-                report.findings.append(finding)
-            else:
-                unconfirmed.append(finding)
+    # 1. Each (rank, phase) row: slow, waiting, or neither.
+    rows = _Rows(m, report, options, hosts)
+    for p in range(len(m.phases)):
+        if m.phases[p] != STEP:
+            rows.judge_phase(p)
     reads = CpuReads(cpu_times)
+    unconfirmed = rows.unconfirmed
     if shared_cores:  # ranks taking turns on the cores: a wait for one is no one's fault
         unconfirmed = let_turns_go(
             m,
             report,
             unconfirmed,
             reads,
-            threshold=threshold,
-            min_persistence=min_persistence,
-            floor=floor,
+            threshold=options.threshold,
+            min_persistence=options.min_persistence,
+            floor=rows.floor,
         )
     # An excess the rank sheds at its fastest steps comes and goes, as a busy machine's
     # does: it stands only where the others are found waiting for this rank.
     waited_for = {f.waits_for[0] for f in report.findings if f.waits_for}
     report.findings.extend(f for f in unconfirmed if f.rank in waited_for)
-    # The pipeline's replay (analysis/pipeline/_replay.py): its sends and recvs say who waits for
-    # whom, its stages are the ranks whose loads are taken against one pace, and it
-    # prices the fixes where it fits.
-    pipeline = build_replay(timeline, set(report.sync_phases), groups)
+    # 2. The pipeline's replay (analysis/pipeline/_replay.py): its sends and recvs say who
+    # waits for whom, its stages are the ranks whose loads are taken against one pace,
+    # and it prices the fixes where it fits.
+    pipeline = build_replay(rows.timeline, set(report.sync_phases), groups)
     if isinstance(pipeline, Replay):
         for finding, row in waiting_in_pipeline(
             m,
             pipeline,
             report.findings,
-            threshold=threshold,
-            min_persistence=min_persistence,
-            floor=floor,
+            threshold=options.threshold,
+            min_persistence=options.min_persistence,
+            floor=rows.floor,
         ):
             report.findings.append(finding)
-            waiting[finding.rank, finding.phase] = row
-    report.findings = _waiting_since_the_cause(report.findings, waiting, m.steps)
+            rows.waiting[finding.rank, finding.phase] = row
+    report.findings = _waiting_since_the_cause(report.findings, rows.waiting, m.steps)
     # The cause before its consequence: a slow rank's waiters often lose more time than it.
     report.findings.sort(key=lambda f: (f.role != "slow", -f.lost_ms, f.rank, f.phase))
+    # 3. Uneven data, and groups slow as one.
     report.imbalance = find_imbalance(
         m,
         set(report.sync_phases),
-        threshold=threshold,
-        min_persistence=min_persistence,
-        floor=floor,
+        threshold=options.threshold,
+        min_persistence=options.min_persistence,
+        floor=rows.floor,
         slow={(f.rank, f.phase) for f in report.findings if f.role == "slow"},
         values=values,
         groups=groups,
@@ -313,52 +160,289 @@ def find_stragglers(  # noqa: PLR0915 - one pass over phases and rows, read top 
     )
     report.groups = waiting_for_groups(
         slow_groups(report.findings, m.ranks, groups),
-        timeline,
+        rows.timeline,
         set(report.sync_phases),
-        threshold=threshold,
-        min_persistence=min_persistence,
-        floor=floor,
+        threshold=options.threshold,
+        min_persistence=options.min_persistence,
+        floor=rows.floor,
     )
-    costs = None
+    # 4. What each costs, and why.
     if report.findings or report.imbalance:
-        costs = estimate_costs(timeline, report, hosts, gpus, pipeline)
-        if drop_the_cheap(report, costs, options.min_saving * _step_ms(m)):
-            found = report.findings or report.imbalance
-            costs = estimate_costs(timeline, report, hosts, gpus, pipeline) if found else None
-    if costs is not None:
-        report.imbalance = [
-            replace(u, cost=c) for u, c in zip(report.imbalance, costs.imbalance, strict=True)
-        ]
-        report.groups = [
-            replace(g, cost=c) for g, c in zip(report.groups, costs.groups, strict=True)
-        ]
-        slow = {f.phase for f in report.findings if f.role == "slow"}
-        known = values(slow) if values is not None and slow else None
-        slow_ranks = {f.rank for f in report.findings if f.role == "slow"}
-        cpu = reads(slow, slow_ranks)
-        causes = causes_of(
+        _price_and_explain(
+            report,
             m,
-            report.findings,
-            threshold=threshold,
-            steady=steady,
-            values=known,
-            hosts=hosts,
-            groups=groups,
-            gpus=gpus,
-            cpu=cpu,
+            rows,
+            options,
+            pipeline,
+            _Context(hosts=hosts, groups=groups, values=values, gpus=gpus, reads=reads),
         )
-        report.findings = [
-            replace(f, cost=c, cost_of=of, cause=why)
-            for f, c, of, why in zip(report.findings, costs.each, costs.of, causes, strict=True)
-        ]
-        report.notes = costs.notes + (known.notes if known is not None else [])
-        report.cost, report.host_costs = costs.all, costs.hosts
-        report.model_step_ms = costs.model_step_ms
     clocks = unmeasured_clocks(m, hosts)
     if clocks is not None:
         report.notes.append(clocks)
     report.summary = sentences(report)
     return report
+
+
+def _empty_report(m: PhaseMatrices, options: StragglerOptions) -> StragglerReport:
+    """The report before any finding: the settings and what the matrices hold."""
+    return StragglerReport(
+        threshold=options.threshold,
+        min_persistence=options.min_persistence,
+        min_share=options.min_share,
+        reference="median" if len(m.ranks) > 2 else "faster rank",
+        time=m.time,
+        clocks=dict(zip(m.phases, m.clocks, strict=True)),
+        untimed=m.untimed,
+        ranks=m.ranks,
+        steps=m.steps,
+        phases=[p for p in m.phases if p != STEP],
+        sync_phases=[],
+    )
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What the run's files say that the costs and causes read (see find_stragglers)."""
+
+    hosts: Mapping[int, str] | None
+    groups: Mapping[int, Mapping[str, object]] | None
+    values: Callable[[set[str]], PhaseValues] | None
+    gpus: bool | None
+    reads: CpuReads
+
+
+def _price_and_explain(  # noqa: PLR0917 - the report and what pricing it reads
+    report: StragglerReport,
+    m: PhaseMatrices,
+    rows: _Rows,
+    options: StragglerOptions,
+    pipeline: Replay | str | None,
+    run: _Context,
+) -> None:
+    """Each finding's, group's and uneven phase's cost (the cheap ones dropped) and each
+    slow finding's cause, into `report`."""
+    costs = estimate_costs(rows.timeline, report, run.hosts, run.gpus, pipeline)
+    if drop_the_cheap(report, costs, options.min_saving * _step_ms(m)):
+        if not (report.findings or report.imbalance):
+            return
+        costs = estimate_costs(rows.timeline, report, run.hosts, run.gpus, pipeline)
+    report.imbalance = [
+        replace(u, cost=c) for u, c in zip(report.imbalance, costs.imbalance, strict=True)
+    ]
+    report.groups = [replace(g, cost=c) for g, c in zip(report.groups, costs.groups, strict=True)]
+    slow = {f.phase for f in report.findings if f.role == "slow"}
+    known = run.values(slow) if run.values is not None and slow else None
+    slow_ranks = {f.rank for f in report.findings if f.role == "slow"}
+    causes = causes_of(
+        m,
+        report.findings,
+        threshold=options.threshold,
+        steady=rows.steady,
+        values=known,
+        hosts=run.hosts,
+        groups=run.groups,
+        gpus=run.gpus,
+        cpu=run.reads(slow, slow_ranks),
+    )
+    report.findings = [
+        replace(f, cost=c, cost_of=of, cause=why)
+        for f, c, of, why in zip(report.findings, costs.each, costs.of, causes, strict=True)
+    ]
+    report.notes = costs.notes + (known.notes if known is not None else [])
+    report.cost, report.host_costs = costs.all, costs.hosts
+    report.model_step_ms = costs.model_step_ms
+
+
+class _Rows:
+    """The rules over each (rank, phase) row (see the module): the slow rows and the
+    waiting ones into the report's findings; the slow ones that shed their excess at their
+    fastest steps held back (`unconfirmed`) until a rank is found waiting for them."""
+
+    def __init__(
+        self,
+        m: PhaseMatrices,
+        report: StragglerReport,
+        options: StragglerOptions,
+        hosts: Mapping[int, str] | None,
+    ) -> None:
+        self.m, self.report, self.options = m, report, options
+        self.timeline = m.on_timeline()  # where phases are read on two clocks, the GPU's one
+        self.arrive, self.leave = arrivals(self.timeline, hosts)
+        self.floor = options.min_share * _step_ms(m)
+        # Where each rank's own work since the ranks were last together began: the step's
+        # first phase, then the end of each phase that ends in a collective.
+        self.since = first_arrival(m, self.arrive)
+        self.tests = len(m.ranks) * len(m.phases) * max(1, len(m.steps))
+        self.unconfirmed: list[StragglerFinding] = []
+        self.steady: set[tuple[int, str]] = set()
+        """Slow rows slow at their fastest steps too."""
+        self.waiting: dict[tuple[int, str], Row] = {}
+        """The rows of the "waits" findings."""
+
+    def judge_phase(self, p: int) -> None:
+        """Phase `p`'s rows: its table, and the rows that hold a finding."""
+        m, report, options = self.m, self.report, self.options
+        threshold, floor = options.threshold, self.floor
+        phase = m.phases[p]
+        d = m.ms[p]
+        ref = _reference(d, report.reference)
+        arrive, leave = self.arrive[p], self.leave[p]
+        at = None
+        if ends_in_a_collective(m, p, arrive, leave, self.timeline.ms[p]):
+            report.sync_phases.append(phase)
+            # Work phases nested in it (a Trainer's batch fetch before its all-gather)
+            # are each rank's own: it reaches the collective after them.
+            held = self.timeline.work_inside({phase}).get(p)
+            reach, d_sync = arrive, d
+            if held is not None:
+                reach, d_sync = arrive + held[1] * 1e6, d - held[1]
+            # In a phase that ends in a collective a rank can only take longer by
+            # arriving earlier: measure each rank against the last one to arrive.
+            last = last_arrivals(reach)
+            late_ns, made_ns = lateness(reach, self.since, last)
+            # Where ranks leave it in groups (a pipeline's all-reduce per stage), each
+            # waits for the last of its own group (analysis/stragglers/_scopes.py).
+            once = phase not in m.repeats  # a p2p phase's last exit says nothing of groups
+            scoped = (
+                scopes_of(reach, leave, d_sync, self.since) if once and not m.on_device else None
+            )
+            if m.depths[p] == 0:
+                self.since = np.where(np.isnan(leave), self.since, leave)
+            at = _Arrived(last, late_ns, made_ns, scoped, d_sync)
+        ratio, excess = _against(d, ref)
+        report.table.extend(_table(m.ranks, phase, ratio, excess, threshold=threshold, floor=floor))
+        if at is not None:
+            theirs = (
+                times_of(at.d, at.last)[None, :] if at.scoped is None else at.scoped.times(at.d)
+            )
+            ratio, excess = _against(at.d, theirs)
+        # Only rows with enough steps above can hold a finding; on a clean run that is few.
+        above = np.sum((ratio > threshold) & (excess >= floor), axis=1)
+        steps = np.sum(np.isfinite(ratio), axis=1)
+        needed = options.min_persistence * max(3, math.ceil(0.2 * steps.max()))
+        # How often a rank is above here by chance: the share of the typical other rank.
+        chances = _medians_without(above / np.maximum(steps, 1))
+        candidates = np.flatnonzero(above >= needed)
+        rows = rows_of(
+            ratio,
+            excess,
+            candidates,
+            threshold=threshold,
+            floor=floor,
+            min_persistence=options.min_persistence,
+        )
+        memo: dict[tuple[int, int], Any] = {}  # rows whose steps and window agree
+        for r in candidates.tolist():
+            self._judge_row(p, r, rows[r], float(chances[r]), ratio[r], at, memo)
+
+    def _judge_row(  # noqa: PLR0917 - one row and what its phase's judgement holds
+        self,
+        p: int,
+        r: int,
+        row: Row,
+        chance: float,
+        ratios: Vector,
+        at: _Arrived | None,
+        memo: dict[tuple[int, int], Any],
+    ) -> None:
+        """Row `r` of phase `p`: a finding (slow, or waiting where the phase ends in a
+        collective, `at`), an undecided row, or nothing."""
+        m, report, options = self.m, self.report, self.options
+        phase, rank = m.phases[p], m.ranks[r]
+        onset = row.onset(options.min_persistence)
+        if onset is None:
+            return
+        onset = _first_above(row, onset)  # its figures count from the step it says
+        if row.median_excess(onset) < self.floor:
+            return
+        if at is None and not row.beyond_chance(onset, chance, self.tests):
+            more = row.steps_needed(onset, chance, self.tests)
+            if more is not None and _slow_at_its_best(
+                m.ms[p], r, row.valid[onset:], options.threshold
+            ):
+                hits, n = int(np.sum(row.above[onset:])), len(row.valid) - onset
+                ratio_r = row.median_ratio(onset)
+                report.undecided.append(Undecided(rank, phase, "slow", ratio_r, hits, n, more))
+            return
+        waits_for: tuple[int, ...] = ()
+        if at is not None:
+            waits_for = self._waits_for(p, r, row, onset, at, memo)
+            if not waits_for:
+                return
+        finding = StragglerFinding(
+            rank=rank,
+            phase=phase,
+            kind=m.kinds[p],
+            role="waits" if at is not None else "slow",
+            median_ratio=row.median_ratio(onset),
+            share_above=row.share(onset),
+            lost_ms=row.lost(onset),
+            steps=len(row.valid) - onset,
+            since_step=m.steps[int(row.valid[onset])],
+            waits_for=tuple(m.ranks[i] for i in waits_for),
+            ratios=rounded(ratios),
+        )
+        if at is not None:
+            self.waiting[rank, phase] = row
+        if at is not None or _slow_at_its_best(m.ms[p], r, row.valid[onset:], options.threshold):
+            self.steady.add((rank, phase))
+            report.findings.append(finding)
+        else:
+            self.unconfirmed.append(finding)
+
+    def _waits_for(  # noqa: PLR0917 - one row and what its phase's judgement holds
+        self,
+        p: int,
+        r: int,
+        row: Row,
+        onset: int,
+        at: _Arrived,
+        memo: dict[tuple[int, int], Any],
+    ) -> tuple[int, ...]:
+        """The rank indices row `r` waits for from `onset` on; where only more sampled
+        steps could tell, an undecided row is added to the report."""
+        # Waiting differs between rows only by the row's own rank leaving the window:
+        # rows of every step that were never last there share an answer.
+        key = (onset, r if row.whole and r in row.last_at(at.last, onset) else -1)
+        cols = row.valid[onset:]
+        if at.scoped is not None:
+            memo[key] = whom_it_waits_for(
+                r,
+                cols,
+                at.scoped.last[r],
+                at.scoped.late_ns[r],
+                at.scoped.made_ns[r],
+                ranks=at.scoped.members(r, cols),
+                tests=self.tests,
+            )
+        elif not row.whole or key not in memo:
+            memo[key] = whom_it_waits_for(
+                r, cols, at.last, at.late_ns, at.made_ns, ranks=len(self.m.ranks), tests=self.tests
+            )
+        waits_for, short = memo[key]
+        if short is not None:
+            hits, more, late = short
+            n, ratio_r = len(row.valid) - onset, row.median_ratio(onset)
+            rank, phase, late_rank = self.m.ranks[r], self.m.phases[p], (self.m.ranks[late],)
+            self.report.undecided.append(
+                Undecided(rank, phase, "waits", ratio_r, hits, n, more, late_rank)
+            )
+        out: tuple[int, ...] = waits_for
+        return out
+
+
+@dataclass(frozen=True)
+class _Arrived:
+    """Of a phase that ends in a collective: per step the rank index that arrived last,
+    how late it was and how much of that it made since the ranks were last together (ns),
+    the groups it is left in (or None: all together), and the ranks' times in it less the
+    work nested in it."""
+
+    last: npt.NDArray[np.int64]
+    late_ns: Vector
+    made_ns: Vector
+    scoped: Any
+    d: Matrix
 
 
 def _first_above(row: Row, onset: int) -> int:
@@ -423,94 +507,6 @@ def _step_ms(m: PhaseMatrices) -> float:
     return float(np.median(finite)) if finite.size else 0.0
 
 
-def ends_in_collective(m: PhaseMatrices, hosts: Mapping[int, str] | None = None) -> list[str]:
-    """The phases of `m` that end in a collective: kind "comm", or ranks that leave the
-    phase together although they entered it apart (a DDP backward). The one rule the
-    stragglers, the hangs and the diff share."""
-    timeline = m.on_timeline()
-    arrive, leave = _arrivals(timeline, hosts)
-    return [
-        phase
-        for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True))
-        if phase != STEP and _sync(m, p, arrive[p], leave[p], timeline.ms[p])
-    ]
-
-
-def _sync(m: PhaseMatrices, p: int, arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
-    """Phase `p` ends in a collective: kind "comm"; else where its records say whether
-    a collective was issued in it, what they say; else where ranks leave it together
-    though they entered it apart (a guess that a busy machine's late wake-ups defeat).
-    In a pipeline (a comm phase runs more than once in
-    a rank's step: its sends and recvs), a work phase that runs once per microbatch does
-    not: each run is followed by a send, and on device time, where arrivals are the time
-    spent before a phase, two stages' backwards were taken to leave together."""
-    if m.kinds[p] == "comm":
-        return True
-    if m.pipelined and m.phases[p] in m.repeats:
-        return False
-    said = m.issued.get(m.phases[p])
-    if said is not None:  # the records say (timing/_collectives.py)
-        return said and not _leave_apart(arrive, leave, d)
-    return _ends_together(arrive, leave, d)
-
-
-def _arrivals(
-    m: PhaseMatrices, hosts: Mapping[int, str] | None
-) -> tuple[list[Matrix], list[Matrix]]:
-    """Per phase, when each rank entered and left it, on one clock for all ranks."""
-    if m.on_device:
-        # No device timestamps: arrival is the time the step spent before the phase, each
-        # phase on its own clock (host time where the host is the work).
-        arrive, leave = [], []
-        before = np.zeros((len(m.ranks), len(m.steps)))
-        for p, depth in enumerate(m.depths):
-            d = np.nan_to_num(m.ms[p]) * 1e6  # ns, as host arrivals are
-            arrive.append(before.copy())
-            leave.append(before + d)
-            if depth == 0 and m.phases[p] != STEP:
-                before = before + d
-        return arrive, leave
-    offset = clock_offsets(m, hosts)
-    if offset.ndim == 1:  # one offset a rank for the whole run
-        offset = offset[:, None]
-    return [s - offset for s in m.start_ns], [e - offset for e in m.end_ns]
-
-
-def _leave_apart(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
-    """Ranks leave the phase much further apart than they entered it, at most steps, and
-    the same rank leaves last at most of those: its collective comes first and one rank's
-    work after it is longer (FSDP's all-gathers open a forward; one rank's compute after
-    them is slow), so the phase does not end in it. What the records say (a collective
-    was issued) is overturned only on `_OVERTURN` such steps or more. A busy machine's
-    late wake-ups after a collective spread the exits too, by more than `_APART` of a
-    0.1 ms DDP backward, but a different rank's each time."""
-    with quiet():
-        entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
-        left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
-        typical = nanmedian(d, 0) * 1e6
-    known = np.isfinite(entered) & np.isfinite(left) & np.isfinite(typical)
-    if not known.any():
-        return False
-    apart = known & (left > 2 * entered) & (left > _APART * typical)
-    if apart.sum() < _OVERTURN or apart.sum() < 0.5 * known.sum():
-        return False
-    last = np.argmax(np.where(np.isfinite(leave[:, apart]), leave[:, apart], -np.inf), axis=0)
-    return bool(np.bincount(last).max() >= 0.5 * len(last))
-
-
-def _ends_together(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
-    """Ranks leave the phase together though they entered it apart, at most conclusive steps."""
-    with quiet():
-        entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
-        left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
-        typical = nanmedian(d, 0) * 1e6
-    conclusive = entered > _CONCLUSIVE * typical
-    if not conclusive.any():
-        return False
-    together = left[conclusive] < _SYNC_SPREAD * entered[conclusive]
-    return bool(together.mean() >= 0.5)
-
-
 def _table(
     ranks: list[int], phase: str, ratio: Matrix, excess: Matrix, *, threshold: float, floor: float
 ) -> list[RankPhase]:
@@ -533,49 +529,6 @@ def _against(d: Matrix, ref: Matrix) -> tuple[Matrix, Matrix]:
         return np.where(ref > 0, d / ref, np.nan), d - ref
 
 
-def _last_arrivals(arrive: Matrix) -> npt.NDArray[np.int64]:
-    """Per step, the index of the rank that entered last; -1 where fewer than two did."""
-    present = np.sum(~np.isnan(arrive), axis=0)
-    last = np.argmax(np.where(np.isnan(arrive), -np.inf, arrive), axis=0)
-    return np.where(present >= 2, last, -1)
-
-
-def _first_arrival(m: PhaseMatrices, arrive: list[Matrix]) -> Matrix:
-    """Per rank and step, when it entered the step's first top-level phase."""
-    for p, depth in enumerate(m.depths):
-        if depth == 0 and m.phases[p] != STEP:
-            return arrive[p]
-    return np.full((len(m.ranks), len(m.steps)), np.nan)
-
-
-def _lateness(arrive: Matrix, since: Matrix, last: npt.NDArray[np.int64]) -> tuple[Vector, Vector]:
-    """Per step, how late the last rank to arrive was, and how much of that it made since `since`.
-
-    Both are against the median rank, in ns; NaN where a record is missing.
-    """
-    cols = np.arange(arrive.shape[1])
-    at = np.maximum(last, 0)
-    own = arrive - since
-    with quiet():
-        late = arrive[at, cols] - nanmedian(arrive, 0)
-        made = own[at, cols] - nanmedian(own, 0)
-    return late, made
-
-
-def _late_by_own_work(late: Vector, made: Vector) -> bool:
-    """Most of the lateness was made in the rank's own work, not carried in.
-
-    A rank that left the previous collective after the others, or entered the step after
-    them, carries that lateness in: on one host that is the scheduler waking it last (or
-    the collective releasing ranks in a fixed order), not its own work.
-    """
-    known = np.isfinite(late) & np.isfinite(made)
-    if not known.any():
-        return True  # nothing to tell it by: as before this was checked
-    total = float(np.sum(np.clip(late[known], 0, None)))
-    return total <= 0 or float(np.sum(made[known])) >= _EXPLAINED * total
-
-
 def _slow_at_its_best(d: Matrix, r: int, cols: npt.NDArray[np.int64], threshold: float) -> bool:
     """The rank's fast steps are above `threshold` times the other ranks' fast steps.
 
@@ -593,44 +546,6 @@ def _slow_at_its_best(d: Matrix, r: int, cols: npt.NDArray[np.int64], threshold:
         return False
     theirs = float(np.percentile(others, _FAST, method="lower"))
     return theirs > 0 and float(np.percentile(mine, _FAST, method="lower")) > threshold * theirs
-
-
-def _waited_for(
-    r: int,
-    cols: npt.NDArray[np.int64],
-    last: npt.NDArray[np.int64],
-    late_ns: Vector,
-    made_ns: Vector,
-    *,
-    ranks: int,
-    tests: int,
-) -> tuple[tuple[int, ...], tuple[int, int, int] | None]:
-    """The ranks that row `r` waits for over the steps `cols` (() where it is not
-    waiting), and where only more sampled steps could tell: (times the same rank was
-    last, about how many steps would tell, that rank's index).
-
-    Waiting for whoever is late this time is jitter, not a straggler: the same rank must
-    arrive last far more often than one time in len(ranks) (a binomial test at 1% over
-    all the rows tried), and be late by its own work, not by leaving a collective late.
-    """
-    window = last[cols]
-    waits_for = _often(window, r)
-    if not waits_for:
-        return (), None
-    hits = window == waits_for[0]
-    if not _late_by_own_work(late_ns[cols[hits]], made_ns[cols[hits]]):
-        return (), None
-    k, n = int(np.sum(hits)), len(window)
-    if binomial_tail(k, n, 1 / ranks) >= 0.01 / tests:
-        needed = steps_needed(k, n, lambda _: 1 / ranks, lambda m: tests * m / n)
-        return (), None if needed is None else (k, needed, waits_for[0])
-    return waits_for, None
-
-
-def _times_of(d: Matrix, who: npt.NDArray[np.int64]) -> Vector:
-    """Per step, the time of rank index `who` (NaN where it is -1)."""
-    times = np.take_along_axis(d, np.maximum(who, 0)[None, :], axis=0)[0]
-    return np.where(who >= 0, times, np.nan)
 
 
 def _medians_without(values: Vector) -> Vector:
@@ -653,13 +568,3 @@ def _medians_without(values: Vector) -> Vector:
     if (n - 1) % 2:
         return at(half)
     return (at(half - 1) + at(half)) / 2
-
-
-def _often(last: npt.NDArray[np.int64], r: int) -> tuple[int, ...]:
-    """Ranks (other than `r`) that arrived last at 30% of these steps or more, most often first."""
-    last = last[(last >= 0) & (last != r)]
-    if not len(last):
-        return ()
-    counts = np.bincount(last)
-    order = np.argsort(-counts, kind="stable")
-    return tuple(order[counts[order] >= 0.3 * len(last)].tolist())

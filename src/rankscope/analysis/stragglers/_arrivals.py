@@ -1,0 +1,233 @@
+"""When each rank reaches a phase, and whom it waits for in one that ends in a collective.
+
+Waiting is told apart by when ranks arrive. A phase that ends in a collective (kind
+"comm", or a phase whose ranks leave it together although they entered it apart, such as
+a DDP backward with its gradient all-reduce inside) lasts longer on the ranks that
+arrive early: their excess there is waiting, and the rank that arrives last is the one
+they wait for. Arrival is the host wall clock at phase entry, corrected by each rank's
+clock offset where comm phases show one; with device times it is the device time spent
+in the step before the phase. Lateness a rank carries in, having left the last
+collective (or entered the step) after the others, is not its own: on one host that is
+the order the scheduler woke them in. It waits for a rank only when that rank made most
+of its lateness in its own work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from ..collectives._collective_clocks import clock_offsets
+from ..core._chance import binomial_tail, steps_needed
+from ..read._matrix import STEP, PhaseMatrices, nanmedian, quiet
+
+__all__ = [
+    "arrivals",
+    "ends_in_a_collective",
+    "ends_in_collective",
+    "first_arrival",
+    "last_arrivals",
+    "lateness",
+    "times_of",
+    "whom_it_waits_for",
+]
+
+Matrix = npt.NDArray[np.float64]
+Vector = npt.NDArray[np.float64]
+
+# A phase is taken to end in a collective at a step when its exits spread across ranks
+# by less than this share of how far its entries spread...
+_SYNC_SPREAD = 0.25
+# ...judged only at steps where entries spread by at least this share of its time.
+_CONCLUSIVE = 0.05
+# A phase that issued a collective ends in it unless its exits spread by more than
+# this share of its time (and twice its entries) at most steps: work follows the collective.
+_APART = 0.25
+# ...on this many steps or more (fewer cannot overturn what the records say).
+_OVERTURN = 5
+# A late rank is late by its own work when it made at least this share of its lateness
+# after the ranks were last together (the step began, or they left a collective).
+_EXPLAINED = 0.5
+
+
+def ends_in_collective(m: PhaseMatrices, hosts: Mapping[int, str] | None = None) -> list[str]:
+    """The phases of `m` that end in a collective: kind "comm", or ranks that leave the
+    phase together although they entered it apart (a DDP backward). The one rule the
+    stragglers, the hangs and the diff share."""
+    timeline = m.on_timeline()
+    arrive, leave = arrivals(timeline, hosts)
+    return [
+        phase
+        for p, (phase, kind) in enumerate(zip(m.phases, m.kinds, strict=True))
+        if phase != STEP and ends_in_a_collective(m, p, arrive[p], leave[p], timeline.ms[p])
+    ]
+
+
+def ends_in_a_collective(
+    m: PhaseMatrices, p: int, arrive: Matrix, leave: Matrix, d: Matrix
+) -> bool:
+    """Phase `p` ends in a collective: kind "comm"; else where its records say whether
+    a collective was issued in it, what they say; else where ranks leave it together
+    though they entered it apart (a guess that a busy machine's late wake-ups defeat).
+    In a pipeline (a comm phase runs more than once in
+    a rank's step: its sends and recvs), a work phase that runs once per microbatch does
+    not: each run is followed by a send, and on device time, where arrivals are the time
+    spent before a phase, two stages' backwards were taken to leave together."""
+    if m.kinds[p] == "comm":
+        return True
+    if m.pipelined and m.phases[p] in m.repeats:
+        return False
+    said = m.issued.get(m.phases[p])
+    if said is not None:  # the records say (timing/_collectives.py)
+        return said and not _leave_apart(arrive, leave, d)
+    return _ends_together(arrive, leave, d)
+
+
+def arrivals(
+    m: PhaseMatrices, hosts: Mapping[int, str] | None
+) -> tuple[list[Matrix], list[Matrix]]:
+    """Per phase, when each rank entered and left it, on one clock for all ranks."""
+    if m.on_device:
+        # No device timestamps: arrival is the time the step spent before the phase, each
+        # phase on its own clock (host time where the host is the work).
+        arrive, leave = [], []
+        before = np.zeros((len(m.ranks), len(m.steps)))
+        for p, depth in enumerate(m.depths):
+            d = np.nan_to_num(m.ms[p]) * 1e6  # ns, as host arrivals are
+            arrive.append(before.copy())
+            leave.append(before + d)
+            if depth == 0 and m.phases[p] != STEP:
+                before = before + d
+        return arrive, leave
+    offset = clock_offsets(m, hosts)
+    if offset.ndim == 1:  # one offset a rank for the whole run
+        offset = offset[:, None]
+    return [s - offset for s in m.start_ns], [e - offset for e in m.end_ns]
+
+
+def _leave_apart(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
+    """Ranks leave the phase much further apart than they entered it, at most steps, and
+    the same rank leaves last at most of those: its collective comes first and one rank's
+    work after it is longer (FSDP's all-gathers open a forward; one rank's compute after
+    them is slow), so the phase does not end in it. What the records say (a collective
+    was issued) is overturned only on `_OVERTURN` such steps or more. A busy machine's
+    late wake-ups after a collective spread the exits too, by more than `_APART` of a
+    0.1 ms DDP backward, but a different rank's each time."""
+    with quiet():
+        entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
+        left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
+        typical = nanmedian(d, 0) * 1e6
+    known = np.isfinite(entered) & np.isfinite(left) & np.isfinite(typical)
+    if not known.any():
+        return False
+    apart = known & (left > 2 * entered) & (left > _APART * typical)
+    if apart.sum() < _OVERTURN or apart.sum() < 0.5 * known.sum():
+        return False
+    last = np.argmax(np.where(np.isfinite(leave[:, apart]), leave[:, apart], -np.inf), axis=0)
+    return bool(np.bincount(last).max() >= 0.5 * len(last))
+
+
+def _ends_together(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
+    """Ranks leave the phase together though they entered it apart, at most conclusive steps."""
+    with quiet():
+        entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
+        left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
+        typical = nanmedian(d, 0) * 1e6
+    conclusive = entered > _CONCLUSIVE * typical
+    if not conclusive.any():
+        return False
+    together = left[conclusive] < _SYNC_SPREAD * entered[conclusive]
+    return bool(together.mean() >= 0.5)
+
+
+def last_arrivals(arrive: Matrix) -> npt.NDArray[np.int64]:
+    """Per step, the index of the rank that entered last; -1 where fewer than two did."""
+    present = np.sum(~np.isnan(arrive), axis=0)
+    last = np.argmax(np.where(np.isnan(arrive), -np.inf, arrive), axis=0)
+    return np.where(present >= 2, last, -1)
+
+
+def first_arrival(m: PhaseMatrices, arrive: list[Matrix]) -> Matrix:
+    """Per rank and step, when it entered the step's first top-level phase."""
+    for p, depth in enumerate(m.depths):
+        if depth == 0 and m.phases[p] != STEP:
+            return arrive[p]
+    return np.full((len(m.ranks), len(m.steps)), np.nan)
+
+
+def lateness(arrive: Matrix, since: Matrix, last: npt.NDArray[np.int64]) -> tuple[Vector, Vector]:
+    """Per step, how late the last rank to arrive was, and how much of that it made since `since`.
+
+    Both are against the median rank, in ns; NaN where a record is missing.
+    """
+    cols = np.arange(arrive.shape[1])
+    at = np.maximum(last, 0)
+    own = arrive - since
+    with quiet():
+        late = arrive[at, cols] - nanmedian(arrive, 0)
+        made = own[at, cols] - nanmedian(own, 0)
+    return late, made
+
+
+def _late_by_own_work(late: Vector, made: Vector) -> bool:
+    """Most of the lateness was made in the rank's own work, not carried in.
+
+    A rank that left the previous collective after the others, or entered the step after
+    them, carries that lateness in: on one host that is the scheduler waking it last (or
+    the collective releasing ranks in a fixed order), not its own work.
+    """
+    known = np.isfinite(late) & np.isfinite(made)
+    if not known.any():
+        return True  # nothing to tell it by: as before this was checked
+    total = float(np.sum(np.clip(late[known], 0, None)))
+    return total <= 0 or float(np.sum(made[known])) >= _EXPLAINED * total
+
+
+def whom_it_waits_for(
+    r: int,
+    cols: npt.NDArray[np.int64],
+    last: npt.NDArray[np.int64],
+    late_ns: Vector,
+    made_ns: Vector,
+    *,
+    ranks: int,
+    tests: int,
+) -> tuple[tuple[int, ...], tuple[int, int, int] | None]:
+    """The ranks that row `r` waits for over the steps `cols` (() where it is not
+    waiting), and where only more sampled steps could tell: (times the same rank was
+    last, about how many steps would tell, that rank's index).
+
+    Waiting for whoever is late this time is jitter, not a straggler: the same rank must
+    arrive last far more often than one time in len(ranks) (a binomial test at 1% over
+    all the rows tried), and be late by its own work, not by leaving a collective late.
+    """
+    window = last[cols]
+    waits_for = _often(window, r)
+    if not waits_for:
+        return (), None
+    hits = window == waits_for[0]
+    if not _late_by_own_work(late_ns[cols[hits]], made_ns[cols[hits]]):
+        return (), None
+    k, n = int(np.sum(hits)), len(window)
+    if binomial_tail(k, n, 1 / ranks) >= 0.01 / tests:
+        needed = steps_needed(k, n, lambda _: 1 / ranks, lambda m: tests * m / n)
+        return (), None if needed is None else (k, needed, waits_for[0])
+    return waits_for, None
+
+
+def times_of(d: Matrix, who: npt.NDArray[np.int64]) -> Vector:
+    """Per step, the time of rank index `who` (NaN where it is -1)."""
+    times = np.take_along_axis(d, np.maximum(who, 0)[None, :], axis=0)[0]
+    return np.where(who >= 0, times, np.nan)
+
+
+def _often(last: npt.NDArray[np.int64], r: int) -> tuple[int, ...]:
+    """Ranks (other than `r`) that arrived last at 30% of these steps or more, most often first."""
+    last = last[(last >= 0) & (last != r)]
+    if not len(last):
+        return ()
+    counts = np.bincount(last)
+    order = np.argsort(-counts, kind="stable")
+    return tuple(order[counts[order] >= 0.3 * len(last)].tolist())
