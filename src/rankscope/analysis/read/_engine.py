@@ -77,8 +77,8 @@ SELECT filename, phase, kind,
     max(rank) FILTER (WHERE known) AS high_rank,
     min(depth) FILTER (WHERE known AND record) AS depth,
     max(step) FILTER (WHERE known AND record) AS last_step,
-    count(DISTINCT step) FILTER (WHERE known AND record AND NOT error AND coll > 0) AS issued,
-    count(DISTINCT step) FILTER (WHERE known AND record AND NOT error AND coll >= 0) AS said,
+    count(*) FILTER (WHERE known AND record AND NOT error AND coll > 0) AS issued,
+    count(*) FILTER (WHERE known AND record AND NOT error AND coll >= 0) AS said,
     count(*) FILTER (WHERE known AND record AND NOT error) AS used,
     list(step) FILTER (WHERE known AND record AND NOT error) AS step,
     list(coalesce({{ms}}, 'nan'::DOUBLE)) FILTER (WHERE known AND record AND NOT error) AS ms,
@@ -102,9 +102,11 @@ class PhaseRecords:
     depth: int = 2**62
     """The smallest nesting depth it was recorded at."""
     issued: int = 0
-    """Rank-steps at which a record of the phase says it issued a collective ("coll")..."""
+    """Records of the phase that say they issued a collective ("coll")...
+    (records, not distinct rank-steps: counting distinct steps took 38% of DuckDB's scan,
+    and the two differ only where a phase runs more than once in a step)"""
     said: int = 0
-    """...of those at which a record says how many it issued (0 included)."""
+    """...of those that say how many they issued (0 included)."""
 
     def add(self, columns: tuple[Int64s, Int64s, Floats, Int64s, Floats], depth: int) -> None:
         """Records of the phase: (rank, step, duration in ms, start_ns, host ms)."""
@@ -199,8 +201,8 @@ class RunRecords:
                 phase.kinds[timings.kinds[kind]] += 1
             use = mine & ~timings.error
             counted = timings.coll[use]
-            phase.issued += len(np.unique(timings.step[use][counted > 0]))
-            phase.said += len(np.unique(timings.step[use][counted >= 0]))
+            phase.issued += int(np.sum(counted > 0))
+            phase.said += int(np.sum(counted >= 0))
             ranks = np.full(int(use.sum()), timings.rank, np.int64)
             columns = (
                 ranks,

@@ -71,9 +71,9 @@ class PhaseMatrices:
     typically ran each in a step (the median over the rank-steps that ran it)."""
     issued: Mapping[str, bool] = dataclasses.field(default_factory=dict)
     """The phases whose records say whether a collective was issued in them ("coll",
-    timing/_collectives.py): True where one was at half the rank-steps that say or more.
+    timing/_collectives.py): True where half the records that say, or more, say one was.
     A phase absent here has records that do not say (an older rankscope, no process
-    group): whether it ends in a collective is then guessed (analysis/stragglers/_stragglers.py)."""
+    group): whether it ends in a collective is then guessed (analysis/stragglers/_arrivals.py)."""
 
     @property
     def repeats(self) -> frozenset[str]:
