@@ -6,7 +6,7 @@ Every process group counts the collectives issued on it (its sequence number, wh
 Flight Recorder and the desync debugger read too): the sum over this process's groups,
 read at a phase's entry and exit, says whether the phase issued one. The analysis then
 knows that ranks wait for each other there, instead of guessing it from how they leave
-the phase (analysis/stragglers/_stragglers.py).
+the phase (analysis/stragglers/_arrivals.py).
 
 Reading it costs one C++ call per process group (about 0.14 us on gloo), only on
 sampled steps. A group that cannot say (a backend without sequence numbers) is left

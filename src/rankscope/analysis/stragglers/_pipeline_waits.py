@@ -1,6 +1,6 @@
 """Who waits in a pipeline's send and recv calls, and for whom.
 
-The wait rule for a phase that ends in a collective (analysis/stragglers/_stragglers.py) measures
+The wait rule for a phase that ends in a collective (analysis/stragglers/_arrivals.py) measures
 each rank against the last to arrive, and names that rank. A pipeline's p2p calls join two
 ranks, not all: the last rank to reach a recv says nothing of whom the others wait for, and
 a stage's wait for a slow rank upstream lies in every call it makes (on a real Megatron
