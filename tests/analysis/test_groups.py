@@ -134,3 +134,21 @@ def test_the_terminal_lists_a_slow_groups_ranks_one_by_one_only_with_all(
     assert "2 rows of the slow groups' ranks, one by one (--all, or --json)" in out
     assert main(["stragglers", str(tmp_path), "--all"]) == 0
     assert len(rows.findall(capsys.readouterr().out)) == 2
+
+
+def test_a_slow_group_alone_prints_no_empty_findings_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every finding is the slow stage's ranks (their waiters named in its sentence): the
+    # table of findings would be a header over no row.
+    from rankscope.testing._pipeline import Pipeline, SlowStage, write_pipeline
+
+    shape = Pipeline(schedule="1f1b", calls="megatron", chunks=2)
+    write_pipeline(tmp_path, shape=shape, slow=[SlowStage(1, 1.0)])
+    assert main(["stragglers", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline_stage=1 (ranks 2, 3) is slow in backward and forward as a group" in out
+    assert "4 rows of the slow groups' ranks, one by one" in out
+    assert "time lost" not in out  # the table's header
+    assert main(["stragglers", str(tmp_path), "--all"]) == 0
+    assert "time lost" in capsys.readouterr().out

@@ -306,7 +306,8 @@ def stragglers(
         rows = [r for r in rows if not (r["role"] == "slow" and (r["rank"], r["phase"]) in grouped)]
         _causes(rows, found.notes)
         _evidence(rows)
-        _console.print(_findings_table(rows, found.reference, limit))
+        if rows:  # a slow group alone: its sentence says it, no empty table under it
+            _console.print(_findings_table(rows, found.reference, limit))
         if limit is not None and len(rows) > limit:
             _console.print(f"  ... {len(rows) - limit} more findings (--all, or --json)")
         if members:
