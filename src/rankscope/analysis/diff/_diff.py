@@ -25,11 +25,12 @@ from ...rundir._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folde
 from ..core._clocks import clock_words, same_clocks
 from ..core._options import DiffOptions, StragglerOptions
 from ..kernels._kernels import find_traces, latest_of_the_same_steps, read_summaries
-from ..read._matrix import STEP, nanmedian, quiet
+from ..read._matrix import STEP
 from ..read._run import run_root
 from ..read._timed import read_timed_run
 from ..stragglers._arrivals import ends_in_collective
 from ..stragglers._cost import without_waiting
+from ._noise import MEDIAN_SE, PerRank, Z, median_of, robust_spread, shared_shift, strays, z_for
 
 __all__ = ["FEWEST_TRACES", "Change", "RunDiff", "diff_runs"]
 
@@ -37,12 +38,6 @@ Matrix = npt.NDArray[np.float64]
 Vector = npt.NDArray[np.float64]
 Figures = dict[str, Any] | None
 
-_Z = 4.0
-"""Standard errors of the difference a change must exceed, with many steps (see `_z`)."""
-_MAD_SD = 1.4826
-"""A normal spread's standard deviation over its median absolute deviation."""
-_MEDIAN_SE = 1.2533
-"""A median's standard error over the mean's (sqrt(pi / 2)), for normal spreads."""
 _ORDER = {"phase": 0, "rank": 1, "kernel": 2}
 FEWEST_TRACES = 3
 """Traces of a kind each side needs for its kernels' noise to be judged (`unjudged`)."""
@@ -131,7 +126,7 @@ class RunDiff:
             "time": self.time,
             "clocks": self.clocks,
             "clock": clock_words(self.clocks) if self.clocks else f"{self.time} time",
-            "noise": {"multiplier": self.noise, "min_share": self.min_share, "z": _Z},
+            "noise": {"multiplier": self.noise, "min_share": self.min_share, "z": Z},
             "floor_ms": self.floor_ms,
             "step": self.step,
             "changes": [change.to_dict() for change in self.changes],
@@ -212,23 +207,23 @@ class _Phases:
     def errors(self, phase: str) -> tuple[Vector, float]:
         """How far this side's medians may stray by chance: per rank (against the change
         the others share), and for the change the ranks share. A window is judged by how
-        far blocks of as many steps elsewhere in its run stray (`_strays`: one spike moves
-        a window of two steps); a whole run by `_z` standard errors of its medians."""
+        far blocks of as many steps elsewhere in its run stray (`strays`: one spike moves
+        a window of two steps); a whole run by `z_for` standard errors of its medians."""
         if phase not in self._errors:
-            found = _strays(self.whole[phase], self.steps) if self.window else None
+            found = strays(self.whole[phase], self.steps) if self.window else None
             if found is None:
                 per = self.per_rank(phase).pooled()
                 se = per.se()
-                z = _z(len(self.ranks) * (_median(per.basis) - 1))
+                z = z_for(len(self.ranks) * (median_of(per.basis) - 1))
                 # A rank is measured against the others' shared change, itself an estimate.
                 many = len(self.ranks)
-                shared_se = _median(se) * (1.0 if many < 3 else _MEDIAN_SE / math.sqrt(many))
-                found = (z * np.hypot(se, shared_se), z * _median(se))
+                shared_se = median_of(se) * (1.0 if many < 3 else MEDIAN_SE / math.sqrt(many))
+                found = (z * np.hypot(se, shared_se), z * median_of(se))
             self._errors[phase] = found
         return self._errors[phase]
 
-    def per_rank(self, phase: str) -> _PerRank:
-        return _PerRank.of(self.values[phase], self.whole[phase])
+    def per_rank(self, phase: str) -> PerRank:
+        return PerRank.of(self.values[phase], self.whole[phase])
 
     def step_ms(self) -> float | None:
         """The median step time: of the step records, or of the top phases summed."""
@@ -395,37 +390,6 @@ class _Side:
             )
 
 
-@dataclass(frozen=True)
-class _PerRank:
-    """Per rank (rows of a [rank, step] matrix): median, spread from step to step, steps."""
-
-    median: Vector
-    sigma: Vector
-    steps: Vector
-    basis: Vector
-    """The steps the spread was judged on."""
-
-    @classmethod
-    def of(cls, values: Matrix, whole: Matrix) -> _PerRank:
-        """The medians of `values`, the spread of `whole` (the same, or more steps)."""
-        with quiet():
-            median = nanmedian(values, 1)
-            middle = median if whole is values else nanmedian(whole, 1)
-            mad = nanmedian(np.abs(whole - middle[:, None]), 1)
-        steps = np.sum(np.isfinite(values), axis=1).astype(np.float64)
-        basis = np.sum(np.isfinite(whole), axis=1).astype(np.float64)
-        return cls(median, _MAD_SD * mad * _small_sample(basis), steps, basis)
-
-    def pooled(self) -> _PerRank:
-        """Each rank's spread at least the median rank's."""
-        sigma = np.fmax(self.sigma, _median(self.sigma))
-        return _PerRank(self.median, sigma, self.steps, self.basis)
-
-    def se(self) -> Vector:
-        """The standard error of each rank's median (0 where it has one step: no spread)."""
-        return _MEDIAN_SE * self.sigma / np.sqrt(np.maximum(self.steps, 1))
-
-
 def _compare_phases(diff: RunDiff, a: _Phases, b: _Phases) -> None:
     common = [p for p in a.values if p in b.values and p != STEP]
     common, apart = same_clocks(common, a.clocks, b.clocks)
@@ -483,11 +447,11 @@ class _PhasePair:
         half the ranks share it)."""
         ra, rb = self.a.per_rank(phase), self.b.per_rank(phase)
         if self.ranks:
-            delta = _shared(rb.median[self.ib] - ra.median[self.ia])
-            spread = _median(np.fmax(ra.sigma[self.ia], rb.sigma[self.ib]))
+            delta = shared_shift(rb.median[self.ib] - ra.median[self.ia])
+            spread = median_of(np.fmax(ra.sigma[self.ia], rb.sigma[self.ib]))
         else:  # no rank in both: the ranks' typical times
-            delta = _shared(rb.median) - _shared(ra.median)
-            spread = max(_median(ra.sigma), _median(rb.sigma))
+            delta = shared_shift(rb.median) - shared_shift(ra.median)
+            spread = max(median_of(ra.sigma), median_of(rb.sigma))
         error = math.hypot(self.a.errors(phase)[1], self.b.errors(phase)[1])
         figures = self.figures(phase)
         return Change(
@@ -524,8 +488,8 @@ class _PhasePair:
         spread = np.fmax(ra.sigma[ia], rb.sigma[ib])
         error = np.hypot(self.a.errors(phase)[0][ia], self.b.errors(phase)[0][ib])
         # How far the ranks' changes scatter anyway (what few steps per rank make of noise).
-        scatter = _spread(moved[np.isfinite(moved)]) if len(self.ranks) > 3 else 0.0
-        bar = np.maximum(self.noise * np.fmax(np.fmax(spread, error), _Z * scatter), self.floor)
+        scatter = robust_spread(moved[np.isfinite(moved)]) if len(self.ranks) > 3 else 0.0
+        bar = np.maximum(self.noise * np.fmax(np.fmax(spread, error), Z * scatter), self.floor)
         for i in np.flatnonzero(np.abs(excess) > bar).tolist():
             yield Change(
                 what="rank",
@@ -543,8 +507,8 @@ class _PhasePair:
     def lone(self, phase: str, side: _Phases, label: str) -> Change:
         """A phase one side alone has: its whole time is the change."""
         per = side.per_rank(phase)
-        time = _shared(per.median)
-        spread, error = _median(per.sigma), side.errors(phase)[1]
+        time = shared_shift(per.median)
+        spread, error = median_of(per.sigma), side.errors(phase)[1]
         figures = _phase_figures(side.values[phase])
         return Change(
             what="phase",
@@ -587,10 +551,10 @@ def _compare_kernels(diff: RunDiff, a: dict[str, _KernelKind], b: dict[str, _Ker
             bar = None
             if judged:
                 va, vb = ka.per_trace_ms(name), kb.per_trace_ms(name)
-                sa, sb = _spread(va), _spread(vb)
+                sa, sb = robust_spread(va), robust_spread(vb)
                 se = math.hypot(sa / math.sqrt(len(va)), sb / math.sqrt(len(vb)))
                 bar = max(
-                    diff.noise * max(sa, sb, float(_z(min(len(va), len(vb)) - 1)) * se), floor
+                    diff.noise * max(sa, sb, float(z_for(min(len(va), len(vb)) - 1)) * se), floor
                 )
             _keep(diff, Change("kernel", name, kind, None, delta, bar, fa, fb), floor)
 
@@ -616,77 +580,3 @@ def _phase_figures(values: Matrix) -> dict[str, Any] | None:
         "ranks": int(np.sum(np.any(np.isfinite(values), axis=1))),
         "steps": int(np.sum(np.any(np.isfinite(values), axis=0))),
     }
-
-
-def _shared(values: Vector) -> float:
-    """The median; of two middle values the one nearer zero (at least half the values are
-    as far from zero), and 0 where they are as near on either side: the answer for the
-    values negated is this one negated, so B against A mirrors A against B."""
-    finite = np.sort(values[np.isfinite(values)])
-    n = len(finite)
-    if not n:
-        return math.nan
-    low, high = float(finite[(n - 1) // 2]), float(finite[n // 2])  # one value for odd n
-    if abs(low) == abs(high):
-        return low if low == high else 0.0
-    return low if abs(low) < abs(high) else high
-
-
-def _median(values: Any) -> float:
-    finite = np.asarray(values, np.float64)[np.isfinite(values)]
-    return float(np.median(finite)) if finite.size else 0.0
-
-
-def _spread(values: Vector) -> float:
-    """The robust standard deviation of `values`: the median absolute deviation, scaled."""
-    if not values.size:
-        return 0.0
-    mad = float(np.median(np.abs(values - np.median(values))))
-    return _MAD_SD * mad * float(_small_sample(np.asarray([values.size], np.float64))[0])
-
-
-_MAX_BLOCKS = 200
-"""Blocks of steps a window is judged against, at most (evenly spread over the run)."""
-
-
-_BLOCK_MARGIN = 1.5
-"""The most that a run's blocks stray is about their 97th percentile; a window is held to
-1.5 times that, as far out as `_Z` standard errors reach (no clean pair of synthetic
-windows, 1 to 4 steps, 2 to 8 ranks, with spikes, crossed it)."""
-_FEWEST_BLOCKS = 8
-"""Blocks a window's run must hold for them to judge it (else the standard errors do)."""
-
-
-def _strays(whole: Matrix, width: int) -> tuple[Vector, float] | None:
-    """(per rank, shared): how far the medians of `width` consecutive sampled steps stray
-    from the whole run's, at most over the run's blocks; None for a run too short."""
-    steps = whole.shape[1]
-    if steps - width + 1 < _FEWEST_BLOCKS:
-        return None
-    starts = range(0, steps - width + 1, max(1, (steps - width + 1) // _MAX_BLOCKS))
-    with quiet():
-        typical = nanmedian(whole, 1)
-        moved = np.stack([nanmedian(whole[:, s : s + width], 1) for s in starts])
-    moved -= typical[None, :]
-    shared = np.array([_shared(row) for row in moved])
-    with quiet():
-        apart = np.nanmax(np.abs(moved - shared[:, None]), axis=0)
-    apart = np.nan_to_num(apart)
-    most = float(np.nanmax(np.abs(shared), initial=0.0))
-    return _BLOCK_MARGIN * np.fmax(apart, _median(apart)), _BLOCK_MARGIN * most
-
-
-def _z(freedom: float) -> float:
-    """`_Z` for a spread judged with `freedom` degrees of freedom: larger with few (a
-    first-order Student's t, as the spread of few values is itself unsure)."""
-    return _Z * (1 + (_Z**2 + 1) / (4 * max(freedom, 1.0)))
-
-
-# The MAD of few values falls short of the spread: Croux and Rousseeuw's (1992) factors
-# for 2 to 9 values, then n / (n - 0.8).
-_FEW = np.array([1.0, 1.0, 1.196, 1.495, 1.363, 1.206, 1.200, 1.140, 1.129, 1.107])
-
-
-def _small_sample(n: Vector) -> Vector:
-    many = n / np.maximum(n - 0.8, 1.0)
-    return np.where(n < len(_FEW), _FEW[np.clip(n, 0, len(_FEW) - 1).astype(np.int64)], many)
