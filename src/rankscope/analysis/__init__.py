@@ -30,7 +30,8 @@ if TYPE_CHECKING:
         StragglerOptions,
     )
     from .diff._diff import RunDiff, diff_runs
-    from .hangs._hangs import HangFinding, HangReport, find_hangs
+    from .hangs._hang_model import HangFinding, HangReport
+    from .hangs._hangs import find_hangs
     from .hosts._hosts import HostRecord, HostReport, find_recurring_hosts
     from .kernels._kernels import KernelReport, KernelTable, find_traces, kernel_report
     from .merge import MergeResult, merge_traces
@@ -113,8 +114,8 @@ _WHERE = {
     "CollectiveReport": "collectives._collectives",
     "find_collectives": "collectives._collectives",
     "render_html": "render._html",
-    "HangFinding": "hangs._hangs",
-    "HangReport": "hangs._hangs",
+    "HangFinding": "hangs._hang_model",
+    "HangReport": "hangs._hang_model",
     "find_hangs": "hangs._hangs",
     "KernelReport": "kernels._kernels",
     "KernelTable": "kernels._kernels",

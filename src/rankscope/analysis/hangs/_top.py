@@ -6,7 +6,8 @@ import os
 from typing import Any
 
 from ..read._watch import read_watch
-from ._hangs import STUCK, WAITS, HangReport, find_hangs
+from ._hang_model import STUCK, WAITS, HangReport
+from ._hangs import find_hangs
 from ._step_order import StepOrders
 
 __all__ = ["top_rows"]
