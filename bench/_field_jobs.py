@@ -230,7 +230,7 @@ def interleaved(rank: int, world: int, run_dir: str, case: Case) -> None:
     """Megatron's interleaved 1F1B, two chunks a rank, its calls batched as Megatron's
     p2p module makes them (`batch_isend_irecv`) and timed under their names; rank
     `stage * 2 + replica`, the fault slowing a stage (its `rank`)."""
-    from rankscope.testing._pipeline import Pipeline, calls_of
+    from rankscope.testing._pipeline import Pipeline, calls_of, exchange
 
     stages = world // _DP
     stage, replica = divmod(rank, _DP)
@@ -242,7 +242,6 @@ def interleaved(rank: int, world: int, run_dir: str, case: Case) -> None:
     truth = _Truth()
     groups = {"pipeline_stage": stage, "dp": replica}
     config = _config(run_dir, case.every)
-    tags = {"F": 1, "B": 2}
     with rankscope.Profiler(config, rank=rank, world_size=world, groups=groups) as prof:
         for step in range(case.steps):
             slow = case.fault is not None and case.fault.rank == stage and step >= case.fault.since
@@ -256,23 +255,8 @@ def interleaved(rank: int, world: int, run_dir: str, case: Case) -> None:
                             out.sum().backward()
                         time.sleep((0.002 + extra) * (1 if forward else 2))
                     continue
-                name, sends, recvs = item
-                ops = [
-                    dist.P2POp(
-                        dist.isend,
-                        torch.ones(32, 128),
-                        (stage + (1 if way == "F" else -1)) % stages * _DP + replica,
-                        tag=tags[way],
-                    )
-                    for way, _, _ in sends
-                ]
-                ops += [
-                    dist.P2POp(dist.irecv, torch.zeros(32, 128), src * _DP + replica, tag=tags[way])
-                    for way, src, _ in recvs
-                ]
-                with prof.phase(name, kind="comm"):
-                    for request in dist.batch_isend_irecv(ops):
-                        request.wait()
+                with prof.phase(item[0], kind="comm"):
+                    exchange(item, stage, stages, _DP, replica, (32, 128))
             with prof.phase("dp_allreduce", kind="comm"):
                 for p in lin.parameters():
                     if p.grad is not None:

@@ -17,7 +17,7 @@ from rankscope.analysis import analyse_stragglers, phase_matrices, read_timings
 from rankscope.analysis.stragglers._findings import cost_lines
 from rankscope.analysis.stragglers._model import model_fit
 from rankscope.testing._gloo import GlooRanks
-from rankscope.testing._pipeline import Pipeline, calls_of
+from rankscope.testing._pipeline import Pipeline, calls_of, exchange
 
 STAGES, DP = 2, 2
 MICROBATCHES = 4
@@ -105,7 +105,6 @@ def test_a_slow_stage_of_a_real_pipeline_is_named_with_the_stage_that_waits_for_
 INTERLEAVED = Pipeline(
     stages=STAGES, dp=DP, microbatches=4, schedule="1f1b", calls="megatron", chunks=2
 )
-_TAGS = {"F": 1, "B": 2}
 
 
 def interleaved_job(rank: int, world: int, run_dir: str, slow_stage: int) -> None:
@@ -128,23 +127,8 @@ def interleaved_job(rank: int, world: int, run_dir: str, slow_stage: int) -> Non
                     with prof.phase("forward" if item[0] == "F" else "backward"):
                         time.sleep(work if item[0] == "F" else 2 * work)
                     continue
-                name, sends, recvs = item
-                ops = [
-                    dist.P2POp(
-                        dist.isend,
-                        torch.ones(64),
-                        (stage + (1 if way == "F" else -1)) % STAGES * DP + replica,
-                        tag=_TAGS[way],
-                    )
-                    for way, _, _ in sends
-                ]
-                ops += [
-                    dist.P2POp(dist.irecv, torch.zeros(64), source * DP + replica, tag=_TAGS[way])
-                    for way, source, _ in recvs
-                ]
-                with prof.phase(name, kind="comm"):
-                    for request in dist.batch_isend_irecv(ops):
-                        request.wait()
+                with prof.phase(item[0], kind="comm"):
+                    exchange(item, stage, STAGES, DP, replica, (64,))
             with prof.phase("dp_allreduce", kind="comm"):
                 dist.all_reduce(torch.ones(64), group=stage_groups[stage])
             with prof.phase("optimizer"):

@@ -23,7 +23,7 @@ from ..rundir._layout import timing_path
 from ..timing._record import STEP_PHASE, Span, format_record
 from ._synthetic import _EPOCH_NS, Uneven, _gpu_ms, _span, _write_meta
 
-__all__ = ["Pipeline", "SlowStage", "calls_of", "write_pipeline"]
+__all__ = ["Pipeline", "SlowStage", "calls_of", "exchange", "write_pipeline"]
 
 _NS = 1_000_000
 
@@ -210,6 +210,38 @@ def _interleaved_calls(
         if sends or recvs:
             out.append(call(sends, recvs))
     return out
+
+
+_TAGS = {"F": 1, "B": 2}
+"""A message's tag by direction: two ranks exchange both ways on a two-stage ring."""
+
+
+def exchange(  # noqa: PLR0917 - a call and where its rank stands
+    call: _Call, stage: int, stages: int, dp: int, replica: int, size: tuple[int, ...]
+) -> None:
+    """Run a p2p call of `calls_of` on torch.distributed as Megatron's p2p module does:
+    its sends and recvs (tensors of `size`) posted in one `batch_isend_irecv` and waited
+    on together, with rank `stage * dp + replica`'s neighbours in its own replica. For
+    real jobs (the tests' and the field suite's); needs an initialized process group."""
+    import torch
+    import torch.distributed as dist
+
+    _, sends, recvs = call
+    ops = [
+        dist.P2POp(
+            dist.isend,
+            torch.ones(size),
+            (stage + (1 if way == "F" else -1)) % stages * dp + replica,
+            tag=_TAGS[way],
+        )
+        for way, _, _ in sends
+    ]
+    ops += [
+        dist.P2POp(dist.irecv, torch.zeros(size), source * dp + replica, tag=_TAGS[way])
+        for way, source, _ in recvs
+    ]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
 
 
 def _megatron_replica(  # noqa: PLR0917 - the simulation's state, passed down

@@ -20,6 +20,7 @@ __all__ = [
     "IN_SYNC",
     "LATER_PHASE",
     "LATER_STEP",
+    "NS_PER_S",
     "STALL_FACTOR",
     "STALL_FLOOR_S",
     "STUCK",
@@ -42,7 +43,8 @@ STALL_FLOOR_S = _DEFAULTS.after_s
 """...and never less than this many seconds (hang.after_s)."""
 
 
-_NS = 1_000_000_000
+NS_PER_S = 1_000_000_000
+"""Nanoseconds a second: heartbeats and hang files are in epoch ns."""
 
 
 STUCK = "stuck"
@@ -104,7 +106,7 @@ class HangFinding:
 
     @property
     def for_s(self) -> float:
-        return max(0, self.now_ns - self.since_ns) / _NS
+        return max(0, self.now_ns - self.since_ns) / NS_PER_S
 
     def to_dict(self) -> dict[str, Any]:
         hang = self.hang
@@ -120,8 +122,8 @@ class HangFinding:
             "for_s": round(self.for_s, 3),
             "heartbeat_age_s": None
             if self.written_ns is None
-            else round(max(0, self.now_ns - self.written_ns) / _NS, 3),
-            "moved_ago_s": round(max(0, self.now_ns - self.moved_ns) / _NS, 3),
+            else round(max(0, self.now_ns - self.written_ns) / NS_PER_S, 3),
+            "moved_ago_s": round(max(0, self.now_ns - self.moved_ns) / NS_PER_S, 3),
             "threshold_s": self.threshold_s,
             "open": [_open_dict(p) for p in self.open],
             "hang_file": None if hang is None else str(hang.path),
@@ -209,7 +211,7 @@ class HangReport:
             "as_of": _epoch_s(self.now_ns),
             "newest_heartbeat_age_s": None
             if newest is None
-            else round(max(0, self.now_ns - newest) / _NS, 3),
+            else round(max(0, self.now_ns - newest) / NS_PER_S, 3),
             "rules": {"stall_factor": STALL_FACTOR, "stall_floor_s": STALL_FLOOR_S},
             "ranks": {
                 "world_size": self.world_size,
@@ -238,7 +240,7 @@ class HangReport:
 
 
 def _epoch_s(ns: int) -> float:
-    return round(ns / _NS, 3)
+    return round(ns / NS_PER_S, 3)
 
 
 def _open_dict(phase: OpenPhase) -> dict[str, Any]:

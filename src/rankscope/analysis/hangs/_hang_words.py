@@ -9,9 +9,9 @@ from ..core._options import HangOptions
 from ..read._watch import Heartbeat
 from ._hang_ends import ended_words, stopped_words
 from ._hang_model import (
-    _NS,
     LATER_PHASE,
     LATER_STEP,
+    NS_PER_S,
     STUCK,
     WAITS,
     HangReport,
@@ -123,7 +123,8 @@ def notes_of(report: HangReport, options: HangOptions) -> list[str]:
     unwatched = [
         f.rank
         for f in report.findings
-        if f.hang is None and (report.now_ns - f.moved_ns) / _NS > f.threshold_s + options.grace_s
+        if f.hang is None
+        and (report.now_ns - f.moved_ns) / NS_PER_S > f.threshold_s + options.grace_s
     ]
     if unwatched:
         their = "its" if len(unwatched) == 1 else "their"

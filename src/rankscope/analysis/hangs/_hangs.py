@@ -39,13 +39,13 @@ from ..read._watch import HangFile, Heartbeat, read_watch
 from ._hang_ends import behind_note, last_seen, process_gone
 from ._hang_launches import current_hangs, latest_launch, world_size_of
 from ._hang_model import (
-    _NS,
     EARLIEST,
     FOR_ENDED,
     IN_COMM,
     IN_SYNC,
     LATER_PHASE,
     LATER_STEP,
+    NS_PER_S,
     STALL_FACTOR,
     STALL_FLOOR_S,
     STUCK,
@@ -173,13 +173,13 @@ def _judge(
             continue
         threshold = _threshold(beat, hang, meta.meta.get(rank, {}))
         host = (beat.host if beat else None) or (hang.host if hang else None)
-        unmoved = max(0, now - moved) / _NS
+        unmoved = max(0, now - moved) / NS_PER_S
         if hang is None and beat is not None and unmoved <= threshold:
             report.running.append(rank)
             # How long it had not moved when its heartbeat was written: past that nothing
             # is known. A job of 30 steps a second moves between two heartbeats, and now
             # less moved_ns would be the heartbeat's age, not a pause of the rank's.
-            known = max(0, min(now, beat.written_ns) - moved) / _NS
+            known = max(0, min(now, beat.written_ns) - moved) / NS_PER_S
             if report.longest_unmoved is None or known > report.longest_unmoved[0]:
                 report.longest_unmoved = (known, rank)
             continue

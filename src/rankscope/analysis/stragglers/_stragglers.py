@@ -419,6 +419,7 @@ class _Rows:
             memo[key] = whom_it_waits_for(
                 r, cols, at.last, at.late_ns, at.made_ns, ranks=len(self.m.ranks), tests=self.tests
             )
+        waits_for: tuple[int, ...]
         waits_for, short = memo[key]
         if short is not None:
             hits, more, late = short
@@ -427,8 +428,7 @@ class _Rows:
             self.report.undecided.append(
                 Undecided(rank, phase, "waits", ratio_r, hits, n, more, late_rank)
             )
-        out: tuple[int, ...] = waits_for
-        return out
+        return waits_for
 
 
 @dataclass(frozen=True)
