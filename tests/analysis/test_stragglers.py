@@ -488,22 +488,29 @@ def test_rows_worked_out_together_equal_rows_worked_out_one_by_one(seed: int) ->
     assert {together[r].onset(0.5) for r in range(8)} - {None, 0}  # onsets part-way, too
 
 
-@pytest.mark.parametrize(("last", "ends_in_it"), [("a different rank", True), ("rank 1", False)])
+@pytest.mark.parametrize(
+    ("last", "ends_in_it"),
+    [("a different rank", True), ("rank 1", False), ("rank 1 from the middle on", False)],
+)
 def test_a_phase_that_issued_a_collective_is_work_only_where_one_rank_leaves_it_last(
     last: str, ends_in_it: bool
 ) -> None:
     # Ranks enter together and leave 3 ms apart in a 4 ms phase that issued a collective.
     # A different rank last each time is a busy machine's late wake-ups after it (a tiny
     # DDP backward on two shared cores): the phase still ends in it. Rank 1 last every
-    # time is its own work after the collective (an FSDP forward): the phase is work.
+    # time is its own work after the collective (an FSDP forward): the phase is work;
+    # so too where that began part-way (a real FSDP job, rank 1 slow from step 80 of
+    # 160, was read as ending in a collective: the exits spread at under half the steps).
     from dataclasses import replace
 
     from .test_cost import _matrices
 
-    steps = list(range(12))
+    steps = list(range(24))
     late = [(s % 4 if last == "a different rank" else 1) for s in steps]
+    if last == "rank 1 from the middle on":
+        late = [1 if s >= 13 else -1 for s in steps]  # 11 of 24 steps
     forward = [[4.0 + (3.0 if late[s] == r else 0.0) for s in steps] for r in range(4)]
-    m = _matrices({"data": ("data", [[2.0] * 12] * 4), "forward": ("compute", forward)}, steps)
+    m = _matrices({"data": ("data", [[2.0] * 24] * 4), "forward": ("compute", forward)}, steps)
     m = replace(m, issued={"data": False, "forward": True})
     assert ("forward" in ends_in_collective(m)) is ends_in_it
 
