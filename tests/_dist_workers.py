@@ -115,3 +115,46 @@ def hang_one_rank(rank: int, world_size: int, run_dir: str, stuck: int) -> None:
             with prof.phase("all_reduce", kind="comm"):
                 dist.all_reduce(x)
             prof.step()
+
+
+def flight_recorder_hang(rank: int, world_size: int, run_dir: str, fault: str) -> None:
+    """Four ranks all-reduce in a comm phase each step, in the world group and, for
+    ranks 0 and 1, a sub-group (`new_group`); at step 3 a fault (the test kills them):
+
+    - "skip": rank 3 skips the step's all-reduce, then blocks for good in its data phase;
+    - "mismatch": rank 1 calls all_gather where the others call all_reduce;
+    - "subgroup": rank 1 blocks for good in its data phase before the sub-group's
+      all-reduce, which rank 0 enters; ranks 2 and 3 wait in a phase of their own, the
+      world group's collectives all done.
+    """
+    import threading
+
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir,
+        timer=rankscope.TimerConfig(enable=True, every_n_steps=1),
+        hang=rankscope.HangConfig(after_s=2.0, heartbeat_s=0.5),
+    )
+    pair = dist.new_group([0, 1], group_desc="pair")
+    x = torch.ones(4)
+    forever = threading.Event()
+    with rankscope.Profiler(config) as prof:
+        for step in range(10_000):
+            faulty = step == 3
+            with prof.phase("data", kind="data"):
+                if faulty and fault == "skip" and rank == 3:
+                    forever.wait()
+                if faulty and fault == "subgroup" and rank == 1:
+                    forever.wait()
+                time.sleep(0.01)
+            with prof.phase("sync", kind="comm"):
+                if faulty and fault == "mismatch" and rank == 1:
+                    dist.all_gather([torch.zeros(4) for _ in range(world_size)], x)
+                elif not (faulty and fault == "subgroup"):
+                    dist.all_reduce(x)
+            if rank in (0, 1):
+                with prof.phase("pair_sync", kind="comm"):
+                    dist.all_reduce(x, group=pair)
+            elif faulty and fault == "subgroup":
+                with prof.phase("eval", kind="compute"):
+                    forever.wait()  # waits on the pair, outside any collective
+            prof.step()

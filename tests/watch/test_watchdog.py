@@ -164,7 +164,11 @@ def test_the_watchdog_calls_no_collective(tmp_path: Path, monkeypatch: pytest.Mo
     assert called == []
     tmp_path = tmp_path / "run"
     hang = _json(next((tmp_path / "hangs").glob("step-000002-*/rank-00000.json")))
-    assert hang["flight_recorder"] == {"skipped": "no NCCL process group (backend gloo)"}
+    # gloo's Flight Recorder buffer, dumped from this process without a collective.
+    assert hang["flight_recorder"] == {"path": "rank-00000.flight-recorder.pickle"}
+    assert hang["process_groups"] == [
+        {"name": "0", "desc": "default_pg", "ranks": [0], "backend": "gloo"}
+    ]
     assert os.path.exists(tmp_path / "live" / "rank-00000.json")
 
 
@@ -318,16 +322,18 @@ def test_plain_ddp_names_the_rank_stuck_in_forward_and_the_others_wait_in_backwa
     assert (by_rank[stuck]["phase"], by_rank[stuck]["step"]) == ("forward", DDP_STUCK_STEP)
     for rank in (0, 2, 3):
         assert (by_rank[rank]["phase"], by_rank[rank]["step"]) == ("backward", DDP_STUCK_STEP)
+    # The Flight Recorder dumps show the all-reduce inside backward that rank 1 never
+    # entered: the heartbeats' guess from the phase order, confirmed by the collectives.
     assert found["summary"].startswith(
-        f"rank {stuck} has been stuck in forward (compute) at step {DDP_STUCK_STEP} for "
-    )
-    # The stall has not ended: the hang file says why there is no dump from the start.
+        f"rank {stuck}, stuck in forward (compute) at step {DDP_STUCK_STEP} for "
+    ), found["summary"]
+    assert "never entered all_reduce #" in found["summary"]
+    assert "in which ranks 0, 2, 3 wait" in found["summary"]
+    for rank in (0, 2, 3):
+        assert by_rank[rank]["why"] == "in a collective that a rank of its group never entered"
     for f in by_rank.values():
-        assert f["flight_recorder_skipped"] == "no NCCL process group (backend gloo)"
-    assert "no Flight Recorder dump: no NCCL process group (backend gloo)" in terminal
-    (note,) = [n for n in found["notes"] if "comm" in n]
-    assert 'time the collective as its own phase (kind="comm")' in note
-    assert f"note: {note[:40]}" in " ".join(terminal.split())
+        assert f["flight_recorder"].endswith(".flight-recorder.pickle")
+    assert "Collectives by process group (4 Flight Recorder dumps)" in " ".join(terminal.split())
 
 
 def test_a_run_that_ends_inside_a_stall_ends_the_stall(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from ..analysis.stragglers._findings import cost_lines, in_groups
 from ..analysis.stragglers._stragglers import StragglerReport
 from ..rundir._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
 from ._lines import SafeStdout, skipped_lines
+from ._render_flight import flight_recorder_lines
 
 __all__ = [
     "Progress",
@@ -464,6 +465,9 @@ def hang(data: dict[str, Any], title: bool = True) -> None:
         _stuck(f)
     if len(stuck) > _STACKS_SHOWN:
         _console.print(f"  ... {len(stuck) - _STACKS_SHOWN} more stuck ranks (--json has them)")
+    recorder = data.get("flight_recorder") or {"groups": [], "dumps": {}}
+    for part in flight_recorder_lines(recorder):
+        _console.print(part)
     ranks = data["ranks"]
     if ranks["missing"]:
         _console.print(Text(f"no heartbeat: {_rank_list(ranks['missing'])}", style="yellow"))

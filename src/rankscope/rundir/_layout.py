@@ -297,7 +297,7 @@ def hang_path(
 def flight_recorder_path(
     run_dir: str | os.PathLike[str], step: int, rank: int, attempt: str | None = None
 ) -> Path:
-    """Beside a hang file: torch's Flight Recorder dump (NCCL only), as torch pickled it."""
+    """Beside a hang file: torch's Flight Recorder dump (any backend), as torch pickled it."""
     folder = Path(run_dir) / HANGS / stall_name(step, attempt)
     return folder / f"{rank_name(rank)}.flight-recorder.pickle"
 

@@ -10,8 +10,9 @@ watchdog first saw its number, a phase's start when it first saw the phase open
   more at stop() with state "stopped";
 - RUN_DIR/hangs/step-NNNNNN-<attempt>/rank-NNNNN.json: when a step has not ended after
   max(after_s, factor x the median step), with the open phases, the last completed
-  step, the Python stack of every thread and, where NCCL is in use, torch's Flight
-  Recorder dump beside it; rewritten with `ended_ns` when the rank moves again.
+  step, the Python stack of every thread, the process groups the rank is in and, where
+  torch.distributed is in use (NCCL, gloo), torch's Flight Recorder dump beside it
+  (watch/_flight.py); rewritten with `ended_ns` when the rank moves again.
 
 Every write goes through `_files` (under RUN_DIR, no link followed). A failure is
 warned about once and the watchdog goes on; it never raises into the job, never stops
@@ -36,6 +37,7 @@ from ..config._ranks import RankInfo
 from ..rundir._attempt import current_attempt
 from ..rundir._files import write_atomic
 from ..rundir._layout import flight_recorder_path, hang_path, live_path, stall_name
+from ._flight import dump_flight_recorder, no_flight_recorder, process_groups
 from ._pulse import Pulse
 
 __all__ = ["Watchdog"]
@@ -228,8 +230,9 @@ class Watchdog:
             "median_step_s": None if median is None else round(median, 6),
             "open": self._open_phases(now),
             "threads": _stacks(self._pulse.owner),
-            # Why there is no dump is known at once (no process group, not NCCL).
-            "flight_recorder": _no_flight_recorder() or _ASKED,
+            "process_groups": process_groups(),
+            # Why there is no dump is known at once (no process group).
+            "flight_recorder": no_flight_recorder() or _ASKED,
             "ended_ns": None,
             "stalled_s": None,
         }
@@ -259,20 +262,9 @@ class Watchdog:
         self._write(path, stall, "a hang file")
 
     def _flight_recorder(self, step: int) -> dict[str, str]:
-        """torch's Flight Recorder dump, beside the hang file (NCCL is in use)."""
-        try:
-            dump = getattr(sys.modules["torch"]._C._distributed_c10d, "_dump_nccl_trace", None)
-            if dump is None:
-                return {"skipped": "this torch has no Flight Recorder dump"}
-            path = flight_recorder_path(self._run_dir, step, self._rank, self._token)
-            try:  # the entries only: their stack traces make the dump slow
-                raw = dump(includeStackTraces=False, onlyActive=True)
-            except TypeError:  # a torch whose dump takes no options
-                raw = dump()
-            write_atomic(self._run_dir, path, bytes(raw), str(os.getpid()))
-            return {"path": path.name}
-        except Exception as exc:
-            return {"skipped": f"the dump failed ({type(exc).__name__}: {exc})"}
+        """torch's Flight Recorder dump, beside the hang file."""
+        path = flight_recorder_path(self._run_dir, step, self._rank, self._token)
+        return dump_flight_recorder(self._run_dir, path)
 
     def _write(self, path: Any, data: dict[str, Any], what: str) -> None:
         try:
@@ -293,21 +285,6 @@ class Watchdog:
             type(exc).__name__,
             exc,
         )
-
-
-def _no_flight_recorder() -> dict[str, str] | None:
-    """Why there can be no Flight Recorder dump (no NCCL process group); None where NCCL
-    is in use. Asks torch nothing that could block: no collective, no NCCL call."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is None or not dist.is_available() or not dist.is_initialized():
-            return {"skipped": "torch.distributed is not initialized"}
-        backend = str(dist.get_backend())
-    except Exception as exc:
-        return {"skipped": f"the backend could not be read ({type(exc).__name__}: {exc})"}
-    if "nccl" not in backend:
-        return {"skipped": f"no NCCL process group (backend {backend})"}
-    return None
 
 
 def _stacks(training: int) -> list[dict[str, Any]]:

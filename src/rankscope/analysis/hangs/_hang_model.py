@@ -9,22 +9,30 @@ from pathlib import Path
 from typing import Any
 
 from ...config._config import HangConfig
+from ..read._flight import FlightEntry, FlightFrame
 from ..read._watch import Frame, HangFile, OpenPhase
 from ._step_order import StepOrder
 
 __all__ = [
     "EARLIEST",
     "FOR_ENDED",
+    "FROM_DUMPS",
+    "FROM_PG_CONFIG",
+    "FROM_WATCHDOG",
     "HANGS_VERSION",
     "IN_COMM",
+    "IN_PENDING",
     "IN_SYNC",
     "LATER_PHASE",
     "LATER_STEP",
+    "NOT_ENTERED",
     "NS_PER_S",
     "STALL_FACTOR",
     "STALL_FLOOR_S",
     "STUCK",
     "WAITS",
+    "CallMismatch",
+    "GroupCollectives",
     "HangFinding",
     "HangReport",
 ]
@@ -73,6 +81,120 @@ LATER_PHASE = "at a later phase of the step"
 FOR_ENDED = "for a rank that ended (its process is gone)"
 
 
+IN_PENDING = "in a collective that a rank of its group never entered"
+
+
+NOT_ENTERED = "never entered a collective its group waits in"
+
+
+# How a process group's members are known (GroupCollectives.members_from).
+FROM_WATCHDOG = "recorded"
+"""rankscope's watchdog wrote them beside its dump, from torch's own table."""
+
+
+FROM_PG_CONFIG = "dump"
+"""The dump's pg_config (NCCL's dumps)."""
+
+
+FROM_DUMPS = "inferred"
+"""Neither says: the default group holds every rank, any other the ranks whose dumps name it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallMismatch:
+    """One collective (by sequence number) called differently by the ranks: what differs
+    ("ops", "dtypes" or "sizes") and which ranks called it each way."""
+
+    seq: int
+    what: str
+    ways: dict[str, tuple[int, ...]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "what": self.what,
+            "ways": [{"value": v, "ranks": list(r)} for v, r in self.ways.items()],
+        }
+
+
+@dataclass(frozen=True)
+class GroupCollectives:
+    """A process group's collectives as its members' Flight Recorder dumps show them
+    (analysis/hangs/_flight.py has the rules)."""
+
+    name: str
+    """The group's name in the dumps ("0": the default group)."""
+    desc: str
+    ranks: tuple[int, ...]
+    """Its members (global ranks), as `members_from` says they are known."""
+    members_from: str
+    dumped: tuple[int, ...]
+    missing: tuple[int, ...]
+    """Members with no dump: what they did is not known."""
+    last_done: int | None
+    """The last collective every dumped member completed (sequence number)."""
+    last_done_op: str | None
+    pending: int | None
+    """The next, where some member entered it: the collective the group hangs in."""
+    pending_op: str | None
+    entered: tuple[int, ...]
+    """Members that entered `pending` and wait in it."""
+    absent: tuple[int, ...]
+    """Dumped members that never entered `pending`."""
+    last_entered: dict[int, int]
+    """Of `absent`: the last collective each entered."""
+    last_entered_op: dict[int, str | None]
+    calls: dict[int, FlightEntry]
+    """Of `entered`: each one's call of `pending`, where its ring buffer still holds it."""
+    mismatches: tuple[CallMismatch, ...]
+    p2p: int = 0
+    """Sends and receives in the dumps, not matched."""
+
+    @property
+    def state(self) -> str:
+        """ "waits" (some member never entered `pending`), "mismatched" (all entered, the
+        calls differ), "stalled" (all entered, none of them differ), "unknown" (members
+        without a dump may be the ones missing) or "done" (nothing pending)."""
+        if self.pending is None:
+            return "done"
+        if self.absent:
+            return "waits"
+        if any(m.seq == self.pending for m in self.mismatches):
+            return "mismatched"
+        return "unknown" if self.missing else "stalled"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.name,
+            "desc": self.desc,
+            "state": self.state,
+            "ranks": list(self.ranks),
+            "members_from": self.members_from,
+            "dumped": list(self.dumped),
+            "missing": list(self.missing),
+            "last_completed": self.last_done,
+            "last_completed_op": self.last_done_op,
+            "pending": self.pending,
+            "pending_op": self.pending_op,
+            "entered": list(self.entered),
+            "never_entered": [
+                {"rank": r, "last": self.last_entered[r], "last_op": self.last_entered_op[r]}
+                for r in self.absent
+            ],
+            "calls": {
+                str(r): {
+                    "op": e.op,
+                    "input_sizes": [list(s) for s in e.input_sizes],
+                    "input_dtypes": list(e.input_dtypes),
+                    "frames": [_flight_frame_dict(f) for f in e.frames],
+                }
+                for r, e in sorted(self.calls.items())
+            },
+            "mismatches": [m.to_dict() for m in self.mismatches],
+            "p2p_not_matched": self.p2p,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class HangFinding:
     """A stalled rank: stuck (the cause) or waiting, where, since when."""
@@ -94,7 +216,8 @@ class HangFinding:
     hang: HangFile | None
     """Its open stall's hang file, where its watchdog wrote one."""
     why: str = ""
-    """Why it has its role: EARLIEST (stuck), IN_COMM, IN_SYNC, LATER_STEP, LATER_PHASE."""
+    """Why it has its role: EARLIEST or NOT_ENTERED (stuck), IN_COMM, IN_SYNC, LATER_STEP,
+    LATER_PHASE, IN_PENDING."""
 
     @property
     def phase(self) -> str | None:
@@ -176,11 +299,18 @@ class HangReport:
     every stalled rank is in a comm phase (the timings are then not read)."""
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    collectives: list[GroupCollectives] = field(default_factory=list)
+    """Per process group, what the ranks' Flight Recorder dumps say; empty without dumps."""
+    dumps: dict[int, str] = field(default_factory=dict)
+    """The Flight Recorder dumps read, by rank."""
 
-    def groups(self) -> list[dict[str, Any]]:
-        """The findings by (role, phase, kind, step): stuck first, then the largest."""
+    def groups(self, leave_out: set[int] | frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+        """The findings by (role, phase, kind, step): stuck first, then the largest;
+        without the ranks in `leave_out`."""
         by_key: dict[tuple[str, str | None, str | None, int], list[HangFinding]] = {}
         for f in self.findings:
+            if f.rank in leave_out:
+                continue
             by_key.setdefault((f.role, f.phase, f.kind, f.step), []).append(f)
         ordered = sorted(
             by_key.items(),
@@ -234,6 +364,10 @@ class HangReport:
             "errors": {str(rank): error for rank, error in sorted(self.errors.items())},
             "older_hang_files": self.older_hang_files,
             "phases": None if self.order is None else self.order.to_dict(),
+            "flight_recorder": {
+                "dumps": {str(r): p for r, p in sorted(self.dumps.items())},
+                "groups": [g.to_dict() for g in self.collectives],
+            },
             "notes": self.notes,
             "skipped": self.skipped,
         }
@@ -250,6 +384,10 @@ def _open_dict(phase: OpenPhase) -> dict[str, Any]:
         "since": _epoch_s(phase.since_ns),
         "depth": phase.depth,
     }
+
+
+def _flight_frame_dict(frame: FlightFrame) -> dict[str, Any]:
+    return {"file": frame.file, "line": frame.line, "function": frame.function}
 
 
 def _frame_dict(frame: Frame) -> dict[str, Any]:

@@ -9,11 +9,14 @@ from ..core._options import HangOptions
 from ..read._watch import Heartbeat
 from ._hang_ends import ended_words, stopped_words
 from ._hang_model import (
+    FROM_DUMPS,
     LATER_PHASE,
     LATER_STEP,
     NS_PER_S,
     STUCK,
     WAITS,
+    GroupCollectives,
+    HangFinding,
     HangReport,
 )
 
@@ -23,7 +26,7 @@ _SUMMARY_GROUPS = 3  # groups of one role named in the summary sentence; the tab
 
 
 def state_of(report: HangReport, beats: dict[int, Heartbeat]) -> str:
-    if report.findings:
+    if report.findings or any(g.state != "done" for g in report.collectives):
         return "hung"
     if not beats:
         return "no heartbeats"
@@ -58,16 +61,18 @@ def summary_of(report: HangReport) -> str:
                 f"{seconds_text(longest[0])} (rank {longest[1]})"
             )
         return text
-    groups = report.groups()
+    said, parts = _collectives_said(report)
+    groups = report.groups(leave_out=said)
     stuck = [g for g in groups if g["role"] == STUCK]
     waits = [g for g in groups if g["role"] == WAITS]
-    parts = [ended_words(report.gone)] if report.gone else []
+    if report.gone:
+        parts.insert(0, ended_words(report.gone))
     for g in stuck[:_SUMMARY_GROUPS]:
         parts.append(
             f"{format_ranks(g['ranks'])} {'has' if g['count'] == 1 else 'have'} been stuck "
             f"{_where(g['phase'], g['kind'])} at step {g['step']} for {seconds_text(g['for_s'])}"
         )
-    if not stuck and not report.gone:
+    if not stuck and not report.gone and not said:
         parts.append("no stalled rank is outside a collective")
     for g in waits[:_SUMMARY_GROUPS]:
         parts.append(
@@ -77,9 +82,89 @@ def summary_of(report: HangReport) -> str:
     rest = sum(g["count"] for g in stuck[_SUMMARY_GROUPS:] + waits[_SUMMARY_GROUPS:])
     if rest:
         parts.append(f"{rest} more stalled rank{'s' if rest > 1 else ''} elsewhere (see the table)")
-    if not stuck and not report.gone:
+    if not stuck and not report.gone and not said:
         parts.extend(_suspects(report))
     return "; ".join(parts)
+
+
+def _collectives_said(report: HangReport) -> tuple[set[int], list[str]]:
+    """What the Flight Recorder dumps say of the groups that hang, one clause a group,
+    with where each rank named is by its heartbeat; and the ranks so said (the summary
+    does not name them a second time)."""
+    hung = [g for g in report.collectives if g.state != "done"]
+    by_rank = {f.rank: f for f in report.findings}
+    said: set[int] = set()
+    parts = []
+    for g in hung[:_SUMMARY_GROUPS]:
+        parts.append(_group_words(g, by_rank))
+        said.update(g.entered + g.absent)
+    rest = len(hung) - _SUMMARY_GROUPS
+    if rest > 0:
+        parts.append(f"{rest} more process group{'s' if rest > 1 else ''} hang (see the table)")
+    return said, parts
+
+
+def collective_name(op: str | None, seq: int | None) -> str:
+    """`all_reduce #6`; `collective #6` where no dump still holds its call."""
+    return f"{op or 'collective'} #{seq}"
+
+
+def group_name(g: GroupCollectives) -> str:
+    """`process group 0 (default_pg, ranks 0-3)`."""
+    about = [g.desc] if g.desc and g.desc != "undefined" else []
+    if g.ranks:
+        inferred = ", inferred" if g.members_from == FROM_DUMPS else ""
+        about.append(f"rank{'s' if len(g.ranks) > 1 else ''} {number_ranges(g.ranks)}{inferred}")
+    return f"process group {g.name}" + (f" ({', '.join(about)})" if about else "")
+
+
+def _group_words(g: GroupCollectives, by_rank: dict[int, HangFinding]) -> str:
+    pending = collective_name(g.pending_op, g.pending)
+    inside = format_ranks(g.entered) if g.entered else "no rank with a dump"
+    verb = "waits" if len(g.entered) == 1 else "wait"
+    missing = (
+        f"; {format_ranks(g.missing)} left no dump, so what {'it' if len(g.missing) == 1 else 'they'} "
+        "did there is not known"
+        if g.missing
+        else ""
+    )
+    if g.state == "waits":
+        who = [f"rank {r}{_heartbeat_where(by_rank.get(r))}" for r in g.absent]
+        lasts = [
+            f"rank {r}'s last: {collective_name(g.last_entered_op[r], g.last_entered[r])}"
+            if g.last_entered[r]
+            else f"rank {r} entered none"
+            for r in g.absent
+        ]
+        return (
+            f"{_join(who)} never entered {pending} of {group_name(g)}, in which {inside} "
+            f"{verb} ({'; '.join(lasts)})" + missing
+        )
+    if g.state == "mismatched":
+        first = next(m for m in g.mismatches if m.seq == g.pending)
+        ways = ", ".join(f"{format_ranks(list(rs))} {v}" for v, rs in first.ways.items())
+        return (
+            f"{group_name(g)}: collective #{g.pending} does not match across its ranks "
+            f"({first.what}: {ways}); {inside} {verb} in it" + missing
+        )
+    if g.state == "stalled":
+        return (
+            f"{group_name(g)}: every rank entered {pending} and none completed it: the "
+            "collective itself stalls (a network fault, a peer's device), no rank stayed away"
+        )
+    return f"{group_name(g)}: {inside} {verb} in {pending}" + missing
+
+
+def _heartbeat_where(f: HangFinding | None) -> str:
+    if f is None:
+        return ""
+    if f.role == STUCK:
+        return f", stuck {_where(f.phase, f.kind)} at step {f.step} for {seconds_text(f.for_s)},"
+    return f", {_where(f.phase, f.kind)} at step {f.step},"
+
+
+def _join(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def _ended_summary(report: HangReport) -> str:

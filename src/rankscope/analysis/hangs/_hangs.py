@@ -14,6 +14,11 @@ from the ranks that wait for it (docs/hangs.md says these rules for users).
   than its threshold, judged against now: the hang file's `threshold_s`, else the
   heartbeat's, else max(hang.factor x its median step time, hang.after_s), from the
   rank's config in its meta file (the watchdog's own rule and defaults).
+- Flight Recorder. Where the ranks' dumps are there (beside their hang files, or given
+  by the user), each process group's collectives are matched across them
+  (analysis/hangs/_flight.py): a stalled rank that never entered a collective its group
+  waits in, and entered none that another rank never entered, is stuck; the ranks in
+  such a collective wait. This comes before the rules below, which judge the rest.
 - Stuck or waiting. A stalled rank whose innermost open phase is of kind "comm" waits.
   Of the others, those at the earliest place (the lowest step; in it, the earliest
   phase, in the order the run's timings show a step runs its phases) are stuck, and
@@ -30,26 +35,32 @@ import dataclasses
 import math
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._errors import ConfigError
+from ..._errors import ConfigError, TraceError
 from ..core._options import HangOptions
+from ..read._flight import FlightDump, FlightDumpError, dumps_at, read_flight_dump
 from ..read._run import RunMeta, read_run_meta
 from ..read._watch import HangFile, Heartbeat, read_watch
+from ._flight import collectives_of
 from ._hang_ends import behind_note, last_seen, process_gone
 from ._hang_launches import current_hangs, latest_launch, world_size_of
 from ._hang_model import (
     EARLIEST,
     FOR_ENDED,
     IN_COMM,
+    IN_PENDING,
     IN_SYNC,
     LATER_PHASE,
     LATER_STEP,
+    NOT_ENTERED,
     NS_PER_S,
     STALL_FACTOR,
     STALL_FLOOR_S,
     STUCK,
     WAITS,
+    GroupCollectives,
     HangFinding,
     HangReport,
 )
@@ -68,11 +79,15 @@ def find_hangs(
     *,
     now_ns: int | None = None,
     orders: StepOrders | None = None,
+    flight_recorder: str | os.PathLike[str] | None = None,
 ) -> HangReport:
-    """Read a run's heartbeats (RUN_DIR/live) and hang files (RUN_DIR/hangs) and say
-    who is stuck where, and who waits for it.
+    """Read a run's heartbeats (RUN_DIR/live) and hang files (RUN_DIR/hangs), and the
+    Flight Recorder dumps its watchdog saved beside them, and say who is stuck where, and
+    who waits for it.
 
-    `now_ns` (epoch ns) is the time to judge against; the clock by default. `orders`:
+    `flight_recorder`: dumps the user has (a folder of them, or the prefix torch wrote
+    them under, `TORCH_FR_DUMP_TEMP_FILE`), read in place of the watchdog's. `now_ns`
+    (epoch ns) is the time to judge against; the clock by default. `orders`:
     where a caller asks again and again (`rankscope top`), the reader of the step order
     it holds, which reads the timings again only when they changed. A path that is not a
     run directory is a TraceError; a run without heartbeats or hang files is a report
@@ -83,7 +98,8 @@ def find_hangs(
     ):
         raise ConfigError("now_ns", now_ns, "epoch nanoseconds, an integer >= 0")
     meta = read_run_meta(run_dir)
-    report = hangs_of(meta, time.time_ns() if now_ns is None else now_ns, options, orders=orders)
+    now = time.time_ns() if now_ns is None else now_ns
+    report = hangs_of(meta, now, options, orders=orders, flight_recorder=flight_recorder)
     report.skipped[:0] = meta.skipped
     return report
 
@@ -95,6 +111,7 @@ def hangs_of(
     *,
     run: TimedRun | None = None,
     orders: StepOrders | None = None,
+    flight_recorder: str | os.PathLike[str] | None = None,
 ) -> HangReport:
     """`find_hangs` for a run whose meta files are read already; what the meta files
     could not give is the caller's to say (not in `skipped`). `run`: its timings, where
@@ -127,6 +144,14 @@ def hangs_of(
     timed = report.order.last_step if report.order is not None else {}
     report.gone = {rank: last_seen(beats[rank], timed) for rank in report.gone}
     report.findings = _roles(stalled, report.order)
+    dumps = _dumps(open_hangs, flight_recorder, report.skipped)
+    if dumps:
+        recorded = {
+            g.name: (g.desc, g.ranks) for h in open_hangs.values() for g in h.process_groups
+        }
+        report.dumps = {rank: str(d.path) for rank, d in sorted(dumps.items())}
+        report.collectives = collectives_of(dumps, recorded, world)
+        report.findings = _flight_roles(report.findings, report.collectives)
     if report.gone:  # the ranks still there wait for the ones that ended
         report.findings = [
             dataclasses.replace(f, role=WAITS, why=FOR_ENDED) for f in report.findings
@@ -253,6 +278,44 @@ def _roles(stalled: list[HangFinding], order: StepOrder | None) -> list[HangFind
         else:
             why = EARLIEST
         out.append(dataclasses.replace(f, role=STUCK if why == EARLIEST else WAITS, why=why))
+    return out
+
+
+def _flight_roles(findings: list[HangFinding], groups: list[GroupCollectives]) -> list[HangFinding]:
+    """Where the dumps say: a rank that never entered a collective its group waits in,
+    and is inside none that a rank never entered, is stuck; the ranks inside wait."""
+    waiting = [g for g in groups if g.state == "waits"]
+    inside = {r for g in waiting for r in g.entered}
+    absent = {r for g in waiting for r in g.absent}
+    out = []
+    for f in findings:
+        if f.rank in absent and f.rank not in inside:
+            out.append(dataclasses.replace(f, role=STUCK, why=NOT_ENTERED))
+        elif f.rank in inside:
+            out.append(dataclasses.replace(f, role=WAITS, why=IN_PENDING))
+        else:
+            out.append(f)
+    return out
+
+
+def _dumps(
+    hangs: dict[int, HangFile], given: str | os.PathLike[str] | None, skipped: list[str]
+) -> dict[int, FlightDump]:
+    """The dumps to read: the user's (`given`), else those the watchdog saved beside the
+    open stalls' hang files. One that cannot be read is said in `skipped`."""
+    paths: dict[int, Path | str]
+    if given is not None:
+        found, notes = dumps_at(given)
+        paths = dict(found)
+        skipped.extend(notes)
+    else:
+        paths = {r: h.flight_recorder for r, h in hangs.items() if h.flight_recorder}
+    out = {}
+    for rank, path in sorted(paths.items()):
+        try:
+            out[rank] = read_flight_dump(path, rank)
+        except (FlightDumpError, OSError, TraceError) as exc:
+            skipped.append(str(exc) if isinstance(exc, FlightDumpError) else f"{path}: {exc}")
     return out
 
 

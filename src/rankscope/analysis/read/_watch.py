@@ -29,6 +29,7 @@ __all__ = [
     "HangFile",
     "Heartbeat",
     "OpenPhase",
+    "ProcessGroup",
     "WatchFiles",
     "read_watch",
 ]
@@ -46,6 +47,8 @@ _MAX_TEXT = 4096
 """A name (phase, kind, host, attempt) longer than this is no name."""
 _MAX_CODE = 1 << 16
 _MAX_OPEN = 1024
+_MAX_GROUPS = 4096
+"""Process groups a hang file lists at most (the watchdog's own limit)."""
 """Open phases nest; more than this many at once is not a training loop."""
 FRAMES_KEPT = 12
 """The innermost frames kept of a hang file's training thread."""
@@ -69,6 +72,18 @@ class Frame:
     line: int | None
     function: str
     code: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessGroup:
+    """A process group a rank was in when its watchdog declared a hang."""
+
+    name: str
+    """As torch's Flight Recorder names it ("0": the default group)."""
+    desc: str
+    ranks: tuple[int, ...]
+    """Its global ranks."""
+    backend: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +142,8 @@ class HangFile:
     """The path of torch's Flight Recorder dump beside this file, where one was saved."""
     flight_recorder_skipped: str | None
     """Why none was saved, where the file says."""
+    process_groups: tuple[ProcessGroup, ...]
+    """The process groups the rank was in (empty where the file does not say)."""
     ended_ns: int | None
     stalled_s: float | None
 
@@ -268,6 +285,7 @@ def _hang(data: dict[str, Any], found: RankFile) -> HangFile:
         threads=count,
         flight_recorder=recorder,
         flight_recorder_skipped=recorder_skipped,
+        process_groups=_process_groups(data),
         ended_ns=_ns(data, "ended_ns", null=True, optional=True),
         stalled_s=_seconds(data, "stalled_s", null=True, optional=True),
     )
@@ -475,3 +493,24 @@ def _flight_recorder(data: dict[str, Any], path: Path) -> tuple[str | None, str 
             raise _Bad(f"flight_recorder.path is {shown(name)}, expected a file name beside it")
         return str(path.with_name(name)), None
     return None, _text(entry, "skipped", null=True, optional=True)
+
+
+def _process_groups(data: dict[str, Any]) -> tuple[ProcessGroup, ...]:
+    out = []
+    for i, item in enumerate(_list(data, "process_groups", _MAX_GROUPS, optional=True)):
+        entry = _entry(item, f"process_groups[{i}]")
+        try:
+            ranks = [
+                _int({"rank": r}, "rank", hi=_MAX_STEP) for r in _list(entry, "ranks", 1 << 24)
+            ]
+            out.append(
+                ProcessGroup(
+                    name=_text(entry, "name") or "",
+                    desc=_text(entry, "desc", null=True, optional=True) or "",
+                    ranks=tuple(int(r) for r in ranks if r is not None),
+                    backend=_text(entry, "backend", null=True, optional=True),
+                )
+            )
+        except _Bad as exc:
+            raise _Bad(f"process_groups[{i}]: {exc}") from None
+    return tuple(out)

@@ -37,6 +37,7 @@ def hangs_section(report: Mapping[str, Any]) -> str:
         f'<p class="meta">{_as_of(hangs)}</p>',
         verdict,
         _groups(as_list(hangs.get("groups"))),
+        _collectives(as_list(as_map(hangs.get("flight_recorder")).get("groups"))),
         _stacks(as_list(hangs.get("findings"))),
         _others(hangs),
         _rule(as_map(hangs.get("rules"))),
@@ -94,6 +95,39 @@ def _groups(groups: list[Any]) -> str:
         + "\n".join(rows)
         + f"\n</table>{more}"
     )
+
+
+def _collectives(groups: list[Any]) -> str:
+    """The process groups as the ranks' Flight Recorder dumps show them."""
+    if not groups:
+        return ""
+    rows = []
+    for g in (as_map(g) for g in groups[:_ROWS]):
+        state = as_text(g.get("state"))
+        never = [as_int(as_map(n).get("rank")) for n in as_list(g.get("never_entered"))]
+        rows.append(
+            f'<tr class="{"slow" if state not in ("done", "") else ""}">'
+            f"<td>{esc(as_text(g.get('group')))} {esc(as_text(g.get('desc')))}</td>"
+            f"<td>{esc(state) or HTML.missing}</td>"
+            f"<td>{_call(g, 'last_completed')}</td><td>{_call(g, 'pending')}</td>"
+            f"<td>{esc(number_ranges(as_ints(g.get('entered')))) or HTML.missing}</td>"
+            f"<td>{esc(number_ranges([r for r in never if r is not None]))}</td>"
+            f"<td>{esc(number_ranges(as_ints(g.get('missing'))))}</td></tr>"
+        )
+    return (
+        "<h3>Collectives by process group (Flight Recorder)</h3>\n"
+        '<table class="data hang-collectives">\n<tr><th>group</th><th>state</th>'
+        "<th>last completed</th><th>hangs in</th><th>inside</th><th>never entered</th>"
+        "<th>no dump</th></tr>\n" + "\n".join(rows) + "\n</table>"
+    )
+
+
+def _call(group: Mapping[str, Any], key: str) -> str:
+    seq = as_int(group.get(key))
+    if seq is None:
+        return HTML.missing
+    op = as_text(group.get(f"{key}_op" if key == "pending" else "last_completed_op"))
+    return esc(f"{op or 'collective'} #{seq}")
 
 
 def _stacks(findings: list[Any]) -> str:
