@@ -172,6 +172,41 @@ def test_the_watchdog_calls_no_collective(tmp_path: Path, monkeypatch: pytest.Mo
     assert os.path.exists(tmp_path / "live" / "rank-00000.json")
 
 
+@pytest.mark.parametrize("fault", ["raises", "too large"])
+def test_a_flight_recorder_dump_that_fails_is_a_reason_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    import torch
+
+    from rankscope.watch import _flight
+
+    if fault == "raises":
+
+        def dump(**_: Any) -> bytes:
+            raise RuntimeError("the buffer is locked")
+
+        monkeypatch.setattr(torch._C._distributed_c10d, "_dump_fr_trace", dump)
+    else:
+        monkeypatch.setattr(_flight, "DUMP_LIMIT", 10)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1
+    )
+    try:
+        _run(tmp_path / "run", lambda i: 2.5 if i == 2 else 0.0)  # all 6 steps run
+    finally:
+        dist.destroy_process_group()
+    hang = _json(next((tmp_path / "run" / "hangs").glob("step-000002-*/rank-00000.json")))
+    skipped = hang["flight_recorder"]["skipped"]
+    if fault == "raises":
+        assert skipped == "the dump failed (RuntimeError: the buffer is locked)"
+    else:
+        assert skipped.startswith("the dump is ") and skipped.endswith(
+            "bytes, over 10: not written"
+        )
+    assert not list((tmp_path / "run" / "hangs").glob("*/*.flight-recorder.pickle"))
+    assert hang["ended_ns"] is not None  # the stall ended: the job went on
+
+
 # -- the trigger, answered by the heartbeat -------------------------------------------------
 
 

@@ -95,6 +95,12 @@ class PhaseTimer:
             "rankscope_depth", default=0
         )
         self._owner = threading.get_ident()
+        # A record's start is wall time (hosts' records are lined up by it) read off the
+        # monotonic clock its duration is measured on: one clock, so a phase nested in
+        # another ends inside it even where the wall clock is stepped (NTP, a VM resumed)
+        # between the two. The wall clock is read once, here.
+        self._wall0 = time.time_ns()
+        self._perf0 = time.perf_counter_ns()
         self._lock = threading.Lock()  # guards the spans below, which phases on any thread add to
         self._write_lock = threading.Lock()  # one flush writes at a time
         self._ready: Ready = []  # finished without device marks, waiting to be written
@@ -223,13 +229,13 @@ class PhaseTimer:
             if issued is not None:
                 span.coll = issued
             self._depth.set(depth + 1)
-            span.start_ns = time.time_ns()
             span.ident = ident
             runq = self._runq
             if thread is None and runq is not None and runq.fd >= 0:
                 span.q0 = runq.now()
             span.c0 = time.thread_time_ns()
             span.t0 = time.perf_counter_ns()
+            span.start_ns = self._wall0 + (span.t0 - self._perf0)
             return span
         except Exception as exc:
             self.fault(f"phase {name!r} failed to start", exc)
@@ -335,13 +341,13 @@ class PhaseTimer:
         span = Span(step, STEP_PHASE, STEP_PHASE, None, 0, None)
         if self._clock is not None:
             span.dev_start = self._clock.mark()
-        span.start_ns = time.time_ns()
         span.ident = threading.get_ident()
         runq = self._runq
         if runq is not None and runq.fd >= 0 and span.ident == self._owner:
             span.q0 = runq.now()
         span.c0 = time.thread_time_ns()
         span.t0 = time.perf_counter_ns()
+        span.start_ns = self._wall0 + (span.t0 - self._perf0)
         self._step_span = span
         return True
 

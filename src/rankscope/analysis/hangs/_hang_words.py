@@ -10,6 +10,7 @@ from ..read._watch import Heartbeat
 from ._hang_ends import ended_words, stopped_words
 from ._hang_model import (
     FROM_DUMPS,
+    IN_PENDING,
     LATER_PHASE,
     LATER_STEP,
     NS_PER_S,
@@ -269,6 +270,11 @@ def _hidden_collective(report: HangReport) -> str | None:
             "and to tell the stuck rank from its waiters"
         )
     how = []
+    if any(f.why == IN_PENDING for f in waits):
+        how.append(
+            "their Flight Recorder dumps show them inside a collective that "
+            f"{format_ranks(stuck) if stuck else 'another rank'} never entered"
+        )
     if any(f.why in (LATER_STEP, LATER_PHASE) for f in waits):
         how.append(f"further along than {format_ranks(stuck) if stuck else 'the others'}")
     synced = [p for p in phases if report.order is not None and p in report.order.sync]
