@@ -67,6 +67,26 @@ def test_a_stall_writes_one_hang_file_with_phases_and_stacks_then_its_end(tmp_pa
     assert beat["attempt"] == _json(tmp_path / "meta" / "rank-00000.json")["attempt"]["attempt"]
 
 
+def test_a_wall_clock_step_during_a_stall_moves_no_interval_the_hang_file_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The wall clock steps 10 min forward once the stalled phase is open (NTP catching
+    # up after a VM was paused): how long the phase was open and how long the stall
+    # lasted are the monotonic clock's, not 10 min more.
+    real = time.time_ns
+
+    def stall(i: int) -> float:
+        if i == 4:
+            monkeypatch.setattr(time, "time_ns", lambda: real() + 600 * 10**9)
+        return 2.5 if i == 4 else 0.0
+
+    _run(tmp_path, stall)
+    (hang,) = sorted((tmp_path / "hangs").rglob("*.json"))
+    data = _json(hang)
+    assert all(0.5 < p["open_s"] < 2.5 for p in data["open"]), data["open"]
+    assert 2.0 < data["stalled_s"] < 4.0
+
+
 def test_a_live_heartbeat_says_the_step_and_the_open_phases(tmp_path: Path) -> None:
     config = _config(tmp_path)
     with rankscope.Profiler(config, rank=0, world_size=1) as prof:

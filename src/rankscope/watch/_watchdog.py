@@ -76,8 +76,11 @@ class Watchdog:
         self._steps: deque[float] = deque(maxlen=_STEPS_KEPT)  # seconds per step
         # The Phase objects seen open, with when each was first seen: held, so that a new
         # phase cannot take a freed one's address and pass for it.
-        self._seen: list[tuple[Any, int]] = []
-        self._open: list[tuple[str, str, int]] = []  # (name, kind, since_ns), outermost first
+        self._seen: list[tuple[Any, int, int]] = []  # (phase, epoch ns, monotonic ns)
+        # (name, kind, since epoch ns, since monotonic ns), outermost first: the epoch for
+        # the files, the monotonic clock for how long (a wall-clock step moves no interval).
+        self._open: list[tuple[str, str, int, int]] = []
+        self._stall_at = 0  # monotonic ns: the stalled step's start
         self._stall: dict[str, Any] | None = None  # the hang file of the stall under way
         self.ended_by: str | None = None
         """The error the training loop left on ("RuntimeError: ..."), said by the last heartbeat."""
@@ -148,15 +151,19 @@ class Watchdog:
         earlier = self._seen
         # A phase open across step() counts from the step's start: a Phase object that
         # a loop enters anew each step is the same object.
+        mono = time.monotonic_ns()
         seen = [
-            (p, now if stepped else next((t for q, t in earlier if q is p), now)) for p in phases
+            (p, now, mono)
+            if stepped
+            else next(((q, t, m) for q, t, m in earlier if q is p), (p, now, mono))
+            for p in phases
         ]
         if len(seen) != len(earlier) or any(
-            p is not q for (p, _), (q, _) in zip(seen, earlier, strict=True)
+            p is not q for (p, _, _), (q, _, _) in zip(seen, earlier, strict=True)
         ):
             self._moved, self._changed = now, True
         self._seen = seen
-        self._open = [(str(p._name), str(p._kind), since) for p, since in seen]
+        self._open = [(str(p._name), str(p._kind), since, at) for p, since, at in seen]
 
     def _threshold(self) -> float:
         median = self.median_step_s
@@ -187,12 +194,13 @@ class Watchdog:
             "attempt": current_attempt().token,
         }
 
-    def _open_phases(self, now: int | None = None) -> list[dict[str, Any]]:
+    def _open_phases(self, open_s: bool = False) -> list[dict[str, Any]]:
         out = []
-        for depth, (name, kind, since) in enumerate(self._open):
+        mono = time.monotonic_ns()
+        for depth, (name, kind, since, at) in enumerate(self._open):
             entry: dict[str, Any] = {"phase": name, "kind": kind, "since_ns": since, "depth": depth}
-            if now is not None:
-                entry["open_s"] = round((now - since) / 1e9, 3)
+            if open_s:
+                entry["open_s"] = round((mono - at) / 1e9, 3)
             out.append(entry)
         return out
 
@@ -219,6 +227,7 @@ class Watchdog:
 
     def _begin_stall(self, now: int) -> None:
         step = self._step
+        self._stall_at = self._step_seen_at
         median = self.median_step_s
         self._stall = {
             **self._identity(),
@@ -228,7 +237,7 @@ class Watchdog:
             "detected_ns": now,
             "threshold_s": round(self._threshold(), 3),
             "median_step_s": None if median is None else round(median, 6),
-            "open": self._open_phases(now),
+            "open": self._open_phases(open_s=True),
             "threads": _stacks(self._pulse.owner),
             "process_groups": process_groups(),
             # Why there is no dump is known at once (no process group).
@@ -247,8 +256,8 @@ class Watchdog:
             "rankscope: rank %d has not finished step %d in %.0f s (in %s); wrote %s",
             self._rank,
             step,
-            (now - self._step_seen) / 1e9,
-            " > ".join(name for name, _, _ in self._open) or "no phase",
+            (time.monotonic_ns() - self._step_seen_at) / 1e9,
+            " > ".join(name for name, _, _, _ in self._open) or "no phase",
             path,
         )
 
@@ -257,7 +266,7 @@ class Watchdog:
         if stall is None:
             return
         stall["ended_ns"] = now
-        stall["stalled_s"] = round((now - stall["step_started_ns"]) / 1e9, 3)
+        stall["stalled_s"] = round((time.monotonic_ns() - self._stall_at) / 1e9, 3)
         path = hang_path(self._run_dir, stall["step"], self._rank, self._token)
         self._write(path, stall, "a hang file")
 
