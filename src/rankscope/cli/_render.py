@@ -20,13 +20,13 @@ from rich.progress import Progress as _RichProgress
 from rich.table import Table
 from rich.text import Text
 
-from .._text import format_ranks
 from ..analysis.core._format import SENTENCE, TERMINAL, seconds_text
 from ..analysis.kernels._kernels import KernelReport
 from ..analysis.stragglers._evidence import evidence_line
 from ..analysis.stragglers._findings import cost_lines, in_groups
 from ..analysis.stragglers._stragglers import StragglerReport
 from ..rundir._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
+from ._columns import cut, rank_list
 from ._lines import SafeStdout, skipped_lines
 from ._render_flight import flight_recorder_lines
 
@@ -97,7 +97,7 @@ class Progress:
 
 
 def _name(text: str, width: int = _NAME_WIDTH) -> Text:
-    return Text(text if len(text) <= width else text[: width - 1] + "…", no_wrap=True)
+    return cut(text, width)
 
 
 def _skipped(lines: list[str]) -> None:
@@ -198,7 +198,7 @@ def _sentences(summary: list[str], threshold: float, persistence: float) -> None
 def report(data: dict[str, Any], html: Path | None) -> None:
     ranks = data["ranks"]
     _console.print(Text(f"rankscope report: {data['run_dir']}", style="bold"))
-    missing = f", missing {_rank_list(ranks['missing'])}" if ranks["missing"] else ""
+    missing = f", missing {rank_list(ranks['missing'])}" if ranks["missing"] else ""
     _console.print(f"ranks: {len(ranks['present'])} of {ranks['world_size']}{missing}")
     _attempts(data.get("attempts", {}).get("note"))
     hangs: dict[str, Any] | None = data.get("hangs")
@@ -238,7 +238,7 @@ def report(data: dict[str, Any], html: Path | None) -> None:
         _console.print("no timings in this run (was the timer on?)")
     for window in data.get("kernels", {}).get("windows", []):
         what = "GPU kernels" if window["kind"] == "gpu_kernels" else "CPU ops by self time"
-        title = f"Top {what}, window {window['window']}, {_rank_list(window['ranks'])}"
+        title = f"Top {what}, window {window['window']}, {rank_list(window['ranks'])}"
         for reason in window.get("why", []):
             _console.print(Text(f"window {window['window']}: {reason}"))
         _console.print(_items_table(window["items"][:10], title))
@@ -247,13 +247,13 @@ def report(data: dict[str, Any], html: Path | None) -> None:
         _console.print(
             Text(
                 f"nsys capture range {entry['window']} (steps {entry['first']}-{entry['last']}): "
-                f"{_rank_list(entry['ranks'])}; the report is where nsys -o put it"
+                f"{rank_list(entry['ranks'])}; the report is where nsys -o put it"
             )
         )
     for entry in captures.get("memory", []):
         _console.print(
             Text(
-                f"memory snapshots {entry['path']}: {_rank_list(entry['ranks'])}, "
+                f"memory snapshots {entry['path']}: {rank_list(entry['ranks'])}, "
                 f"{entry['bytes'] / 1e6:.1f} MB (open at https://pytorch.org/memory_viz)"
             )
         )
@@ -359,7 +359,7 @@ def merged(result: Any) -> None:
     data = result.to_dict()
     _console.print(
         Text(
-            f"merged {len(data.get('ranks', []))} ranks ({_rank_list(data.get('ranks', []))}) "
+            f"merged {len(data.get('ranks', []))} ranks ({rank_list(data.get('ranks', []))}) "
             f"into {data['output']}"
         )
     )
@@ -375,10 +375,6 @@ def merged(result: Any) -> None:
     _console.print(
         "Open it at https://ui.perfetto.dev ('Open trace file'); each rank is its own group."
     )
-
-
-def _rank_list(ranks: list[int]) -> str:
-    return format_ranks(ranks) if ranks else "no ranks"
 
 
 # -- hangs ---------------------------------------------------------------------
@@ -452,7 +448,7 @@ def hang(data: dict[str, Any], title: bool = True) -> None:
         for g in groups:
             table.add_row(
                 g["role"],
-                _name(_rank_list(g["ranks"]), 40),
+                _name(rank_list(g["ranks"]), 40),
                 _name(g["phase"] or "(outside any phase)", 30),
                 g["kind"] or TERMINAL.missing,
                 str(g["step"]),
@@ -470,7 +466,7 @@ def hang(data: dict[str, Any], title: bool = True) -> None:
         _console.print(part)
     ranks = data["ranks"]
     if ranks["missing"]:
-        _console.print(Text(f"no heartbeat: {_rank_list(ranks['missing'])}", style="yellow"))
+        _console.print(Text(f"no heartbeat: {rank_list(ranks['missing'])}", style="yellow"))
     for note in data["notes"]:
         _console.print(Text(f"note: {note}", style="yellow"))
     _skipped(data.get("skipped", []))
@@ -524,13 +520,13 @@ def trigger_written(data: dict[str, Any]) -> None:
     )
     _console.print(
         Text(
-            f"  {_rank_list(data['listening'])} will record it (ranks look for triggers "
+            f"  {rank_list(data['listening'])} will record it (ranks look for triggers "
             f"every {data['check_every']} steps)"
         )
     )
     unheard = data["not_listening"]
     for group, reason in _grouped(unheard, [int(r) for r in unheard]):
-        _console.print(Text(f"  {_rank_list(group)} will not: {reason}", style="yellow"))
+        _console.print(Text(f"  {rank_list(group)} will not: {reason}", style="yellow"))
     if data["note"]:
         _console.print(Text(f"  note: {data['note']}", style="yellow"))
     _console.print(Text(f"  traces: {data['traces']}/"))
@@ -567,12 +563,12 @@ def trigger_status(data: dict[str, Any]) -> None:
                 continue
             if state == "saved":
                 where = str(Path(t["saved"][str(ranks[0])]).parent)
-                _console.print(Text(f"  {label}: {_rank_list(ranks)} -> {where}/"))
+                _console.print(Text(f"  {label}: {rank_list(ranks)} -> {where}/"))
             elif state in ("declined", "not_listening"):
                 for group, reason in _grouped(t["reasons"], ranks):
-                    _console.print(Text(f"  {label}: {_rank_list(group)}: {reason}"))
+                    _console.print(Text(f"  {label}: {rank_list(group)}: {reason}"))
             else:
-                _console.print(Text(f"  {label}: {_rank_list(ranks)}"))
+                _console.print(Text(f"  {label}: {rank_list(ranks)}"))
     _skipped(data["skipped"])
 
 
@@ -601,7 +597,7 @@ def demo_start(job: Any, out: Path) -> None:
     nth = "every step" if job.every_n_steps == 1 else f"1 step in {job.every_n_steps}"
     _console.print(
         f"  timer: every rank, {nth}; trace: steps {job.window_start}-{job.window_start + 1} "
-        f"on {_rank_list(job.traced_ranks)}"
+        f"on {rank_list(job.traced_ranks)}"
     )
     _console.print(Text(f"  run directory: {out}"))
 
@@ -631,7 +627,7 @@ def demo_end(job: Any, data: dict[str, Any], trained_s: float, total_s: float) -
     for window in windows:
         what = "GPU kernels" if window["kind"] == "gpu_kernels" else "CPU ops by self time"
         title = (
-            f"Top {what} in the captured window {window['window']}, {_rank_list(window['ranks'])}"
+            f"Top {what} in the captured window {window['window']}, {rank_list(window['ranks'])}"
         )
         _console.print(_items_table(window["items"][:8], title))
     _skipped(data.get("skipped", []))

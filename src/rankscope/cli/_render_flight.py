@@ -9,8 +9,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from .._text import format_ranks
 from ..analysis.core._format import TERMINAL
+from ._columns import cut, rank_list
 
 __all__ = ["flight_recorder_lines"]
 
@@ -41,7 +41,7 @@ def flight_recorder_lines(recorder: dict[str, Any]) -> list[Table | Text]:
         done = g["last_completed"]
         pending = g["pending"]
         table.add_row(
-            _cut(f"{g['group']}{desc}", 30),
+            cut(f"{g['group']}{desc}", 30),
             g["state"],
             TERMINAL.missing
             if done is None
@@ -49,14 +49,14 @@ def flight_recorder_lines(recorder: dict[str, Any]) -> list[Table | Text]:
             TERMINAL.missing
             if pending is None
             else f"{g['pending_op'] or 'collective'} #{pending}",
-            _ranks(g["entered"]) if g["entered"] else TERMINAL.missing,
-            _ranks([n["rank"] for n in g["never_entered"]]) if g["never_entered"] else "",
-            _ranks(g["missing"]) if g["missing"] else "",
+            rank_list(g["entered"]) if g["entered"] else TERMINAL.missing,
+            rank_list([n["rank"] for n in g["never_entered"]]) if g["never_entered"] else "",
+            rank_list(g["missing"]) if g["missing"] else "",
         )
     out.append(table)
     for g in groups:
         for m in g["mismatches"][:1]:
-            ways = "; ".join(f"{_ranks(w['ranks'])}: {w['value']}" for w in m["ways"])
+            ways = "; ".join(f"{rank_list(w['ranks'])}: {w['value']}" for w in m["ways"])
             out.append(
                 Text(
                     f"  group {g['group']}, collective #{m['seq']}: the {m['what']} differ ({ways})"
@@ -86,11 +86,3 @@ def _callers_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
         if "/torch/" not in str(frame["file"]).replace("\\", "/"):
             return dict(frame)
     return dict(frames[-1]) if frames else None
-
-
-def _ranks(ranks: list[int]) -> str:
-    return format_ranks(ranks) if ranks else "no ranks"
-
-
-def _cut(text: str, width: int) -> Text:
-    return Text(text if len(text) <= width else text[: width - 1] + "…", no_wrap=True)

@@ -47,9 +47,9 @@ _MAX_TEXT = 4096
 """A name (phase, kind, host, attempt) longer than this is no name."""
 _MAX_CODE = 1 << 16
 _MAX_OPEN = 1024
+"""Open phases nest; more than this many at once is not a training loop."""
 _MAX_GROUPS = 4096
 """Process groups a hang file lists at most (the watchdog's own limit)."""
-"""Open phases nest; more than this many at once is not a training loop."""
 FRAMES_KEPT = 12
 """The innermost frames kept of a hang file's training thread."""
 
@@ -500,14 +500,12 @@ def _process_groups(data: dict[str, Any]) -> tuple[ProcessGroup, ...]:
     for i, item in enumerate(_list(data, "process_groups", _MAX_GROUPS, optional=True)):
         entry = _entry(item, f"process_groups[{i}]")
         try:
-            ranks = [
-                _int({"rank": r}, "rank", hi=_MAX_STEP) for r in _list(entry, "ranks", 1 << 24)
-            ]
+            ranks = _list(entry, "ranks", 1 << 24)
             out.append(
                 ProcessGroup(
                     name=_text(entry, "name") or "",
                     desc=_text(entry, "desc", null=True, optional=True) or "",
-                    ranks=tuple(int(r) for r in ranks if r is not None),
+                    ranks=tuple(_must(_int({"rank": r}, "rank", hi=_MAX_STEP)) for r in ranks),
                     backend=_text(entry, "backend", null=True, optional=True),
                 )
             )
