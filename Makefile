@@ -63,12 +63,17 @@ test: lint $(CHROMIUM)
 	if [ $$failed -ne 0 ]; then echo "==> make test: some tests failed (above)"; fi; \
 	exit $$failed
 
-# On a machine with an NVIDIA GPU: the gpu-marked tests (they skip without CUDA), then the
-# timer's and the capture's benchmarks on the device.
-test-gpu: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -p no:xdist -m gpu
-	$(BIN)/python bench/timer_overhead.py --device cuda --quick
-	$(BIN)/python bench/capture_stall.py --device cuda --quick
+# On a machine with an NVIDIA GPU: the gpu-marked tests (they skip without CUDA; one that
+# needs an optional package, DuckDB or Ray, skips with its name), then the timer's, the
+# health sampler's and the capture's benchmarks on the device. They run on .venv's python
+# where it is built, else on the host's own python3 from src/: a GPU host has its CUDA
+# torch already, and reaches no package index to build .venv from.
+GPU_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,PYTHONPATH=src $(PYTHON))
+test-gpu:
+	$(GPU_PY) -m pytest -q -p no:xdist -p no:cacheprovider -m gpu
+	$(GPU_PY) bench/timer_overhead.py --device cuda --quick
+	$(GPU_PY) bench/health_overhead.py --quick
+	$(GPU_PY) bench/capture_stall.py --device cuda --quick
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/capture_stall.py

@@ -1,12 +1,15 @@
-"""What GPU health sampling costs the training thread: a sampled step with and without it.
+"""What GPU health sampling costs the training step: side by side, with and without it.
 
-Two phase timers side by side in one run, every step sampled, five phases a step: one
-without health, one whose sampler reads a stand-in NVML (testing/_nvml.py) on its own
-thread. What is timed is the training thread's time inside the timer's calls (enter,
-exit, step), blocks of steps of each in turn, compared by their medians; the stand-in counts its calls per thread, so the run also shows that the
-training thread makes none. On a host without a GPU this is the whole of the training
-thread's part: one Event.set() per sampled step (timing/_health.py). Prints ratios;
-absolute times mean little on a shared machine.
+Three phase timers in one run, every step sampled, five phases a step of Python work the
+training thread spins on (holding the interpreter lock, as a loop's own work does): one
+without health, one reading health every 5 s (the default, TimerConfig.health_every_s),
+and one reading it every 10 ms, about every step here (what the sampler did before it
+read by wall time: at every sampled step). Blocks of steps of each in turn, compared by
+their medians: the whole step's time (where the sampler's turns at the interpreter lock
+show) and the time inside the timer's calls. NVML is the real one (pynvml) where this
+host has a CUDA GPU and nvidia-ml-py, else a stand-in (testing/_nvml.py); the run says
+which. The stand-in counts its calls per thread, so the run also shows that the training
+thread makes none. Prints ratios; absolute times mean little on a shared machine.
 
     python bench/health_overhead.py [--quick]
 """
@@ -25,23 +28,30 @@ from rankscope.config._ranks import RankInfo
 from rankscope.testing._clock import CountingClock
 from rankscope.testing._nvml import StandInGpu, StandInNvml
 from rankscope.timing import PhaseTimer
-from rankscope.timing._health import GpuSource, HealthSampler
+from rankscope.timing._health import GpuSource, HealthSampler, gpu_source
 
 PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
+VARIANTS = {"without health": None, "every 5 s (default)": 5.0, "every 10 ms": 0.01}
 
 
-def _timer(run_dir: Path, gpu: GpuSource | None) -> PhaseTimer:
+def _timer(run_dir: Path, gpu: GpuSource, every_s: float | None) -> PhaseTimer:
     info = RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, host="bench")
-    config = TimerConfig(enable=True, every_n_steps=1, flush_every_n_steps=10)
+    config = TimerConfig(
+        enable=True,
+        every_n_steps=1,
+        flush_every_n_steps=10,
+        health=every_s is not None,
+        health_every_s=every_s or 5.0,
+    )
     return PhaseTimer(config, str(run_dir), info, clock=CountingClock(), gpu=gpu)
 
 
-def _steps(timer: PhaseTimer, n: int, work_ns: int) -> float:
-    """ns per step spent in the timer's calls (enter, exit, step) over `n` sampled steps of
-    five phases, each phase spinning `work_ns` between them (the training thread's own
-    Python work, which holds the GIL as a loop's does; not counted)."""
+def _steps(timer: PhaseTimer, n: int, work_ns: int) -> tuple[float, float]:
+    """(ns per step, ns per step inside the timer's calls) over `n` sampled steps of five
+    phases, each phase spinning `work_ns`."""
     clock = time.perf_counter_ns
     spent = 0
+    began = clock()
     for _ in range(n):
         for name in PHASES:
             t0 = clock()
@@ -57,51 +67,32 @@ def _steps(timer: PhaseTimer, n: int, work_ns: int) -> float:
         t0 = clock()
         timer.step()
         spent += clock() - t0
-    return spent / n
+    return (clock() - began) / n, spent / n
 
 
-def _compare(tmp: Path, nvml: StandInNvml, rounds: int, block: int, work_ns: int) -> None:
-    timers = {
-        "without health": _timer(tmp / f"without-{work_ns}", None),
-        "with health": _timer(tmp / f"with-{work_ns}", GpuSource(nvml, 0)),
-    }
-    for timer in timers.values():
-        timer.start()
-    times: dict[str, list[float]] = {name: [] for name in timers}
-    for i in range(rounds):
-        order = list(timers) if i % 2 == 0 else list(reversed(timers))
-        for name in order:
-            times[name].append(_steps(timers[name], block, work_ns))
-    for timer in timers.values():
-        timer.stop()
-    base = statistics.median(times["without health"])
-    print(
-        f"\nsampled steps of 5 phases of {work_ns / 1000:.0f} us ({rounds * block} per variant): "
-        "the timer's calls per step"
-    )
-    print(f"{'':<24} {'median ns':>10} {'vs without':>11}")
-    for name, values in times.items():
-        med = statistics.median(values)
-        print(f"{name:<24} {med:>10.0f} {med / base:>10.3f}x")
-    extra = statistics.median(times["with health"]) - base
-    without = times["without health"]
-    half = len(without) // 2
-    noise = abs(statistics.median(without[:half]) - statistics.median(without[half:]))
-    print(
-        f"health sampling on the training thread: {extra:+.0f} ns per sampled step "
-        f"(noise floor, without health's first vs second half: {noise:.0f} ns)"
-    )
+def _source() -> tuple[GpuSource, str, StandInNvml | None]:
+    """The real NVML for this host's GPU where there is one, else a stand-in; and which."""
+    try:
+        import torch
+
+        found = gpu_source(torch)
+    except ImportError:
+        found = "torch is not installed"
+    if isinstance(found, GpuSource):
+        return found, "the real NVML (pynvml) of this host's GPU", None
+    nvml = StandInNvml([StandInGpu.throttling()])
+    return GpuSource(nvml, 0), f"a stand-in NVML (testing/_nvml.py): {found}", nvml
 
 
-def _wake_ns(tmp: Path, nvml: StandInNvml, number: int) -> float:
-    """ns per wake() of a running sampler: the training thread's own part, at a sampled step."""
-    sampler = HealthSampler(GpuSource(nvml, 0), str(tmp / "wake"), 0, "bench")
+def _at_ns(source: GpuSource, tmp: Path, number: int) -> float:
+    """ns per at() of a running sampler: the training thread's own part, at a sampled step."""
+    sampler = HealthSampler(source, str(tmp / "at"), 0, "bench")
     sampler.start()
     runs = []
     for _ in range(5):
         t0 = time.perf_counter_ns()
         for step in range(number):
-            sampler.wake(step)
+            sampler.at(step)
         runs.append((time.perf_counter_ns() - t0) / number)
     sampler.close(10.0)
     return statistics.median(runs)
@@ -111,19 +102,63 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run (a smoke test)")
     args = parser.parse_args()
-    rounds, block = (10, 20) if args.quick else (100, 100)
-    nvml = StandInNvml([StandInGpu.throttling()])
+    rounds, block, work_ns = (6, 10, 1_000_000) if args.quick else (30, 20, 2_000_000)
+    source, which, stand_in = _source()
+    print(f"NVML: {which}")
     with tempfile.TemporaryDirectory() as tmp:
-        # Empty phases: the sampler's thread reads and writes while the next steps run,
-        # and the two threads take turns at the GIL. Phases of 200 us (a 1 ms step, still
-        # shorter than a real one): the sample is read between the training thread's turns.
-        print(f"wake() of a running sampler: {_wake_ns(Path(tmp), nvml, rounds * block):.0f} ns")
-        for work_ns in (0, 200_000):
-            _compare(Path(tmp), nvml, rounds, block, work_ns)
-    me = threading.get_ident()
-    on = nvml.on(me)
-    off = sum(n for (_, ident), n in nvml.calls.items() if ident != me)
-    print(f"\nNVML calls on the training thread: {sum(on.values())}; off it: {off}")
+        print(f"at() of a running sampler: {_at_ns(source, Path(tmp), 100_000):.0f} ns")
+        timers = {
+            name: _timer(Path(tmp) / f"v{i}", source, every)
+            for i, (name, every) in enumerate(VARIANTS.items())
+        }
+        for timer in timers.values():
+            timer.start()
+        step: dict[str, list[float]] = {name: [] for name in timers}
+        calls: dict[str, list[float]] = {name: [] for name in timers}
+        for i in range(rounds):
+            order = list(timers)[i % 3 :] + list(timers)[: i % 3]
+            for name in order:
+                whole, inside = _steps(timers[name], block, work_ns)
+                step[name].append(whole)
+                calls[name].append(inside)
+        for timer in timers.values():
+            timer.stop()
+        read = {
+            name: sum(
+                1
+                for line in (Path(tmp) / f"v{i}" / "health").glob("*.jsonl")
+                for text in line.read_text().splitlines()
+                if '"attempt"' not in text
+            )
+            if (Path(tmp) / f"v{i}" / "health").exists()
+            else 0
+            for i, name in enumerate(VARIANTS)
+        }
+    base = statistics.median(step["without health"])
+    base_calls = statistics.median(calls["without health"])
+    without = step["without health"]
+    half = len(without) // 2
+    noise = abs(statistics.median(without[:half]) - statistics.median(without[half:]))
+    print(
+        f"\n{rounds * block} sampled steps per variant, 5 phases of {work_ns / 1e6:.1f} ms "
+        "of Python work each, blocks interleaved"
+    )
+    print(f"{'':<22} {'step us':>9} {'vs without':>11} {'timer calls us':>15} {'readings':>9}")
+    for name in timers:
+        med = statistics.median(step[name])
+        print(
+            f"{name:<22} {med / 1e3:>9.1f} {med / base:>10.4f}x "
+            f"{statistics.median(calls[name]) / 1e3:>15.2f} {read[name]:>9}"
+        )
+    print(
+        f"noise floor (without health, first half vs second): {noise / base:.4%} of a step; "
+        f"the timer's calls without health: {base_calls / 1e3:.2f} us a step"
+    )
+    if stand_in is not None:
+        me = threading.get_ident()
+        on = stand_in.on(me)
+        off = sum(n for (_, ident), n in stand_in.calls.items() if ident != me)
+        print(f"NVML calls on the training thread: {sum(on.values())}; off it: {off}")
 
 
 if __name__ == "__main__":

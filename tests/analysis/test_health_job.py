@@ -37,7 +37,8 @@ def throttled_job(rank: int, world: int, run_dir: str) -> None:
     info = RankInfo(
         rank=rank, local_rank=rank, world_size=world, local_world_size=world, host="node-a"
     )
-    config = TimerConfig(enable=True, every_n_steps=1)
+    # Read every 0.1 s: a run of 2-3 s here is minutes of a real job's, read every 5 s.
+    config = TimerConfig(enable=True, every_n_steps=1, health_every_s=0.1)
     timer = PhaseTimer(config, run_dir, info, clock=None, gpu=GpuSource(nvml, gpu.uuid))
     grad = torch.zeros(64)
     timer.start()

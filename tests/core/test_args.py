@@ -31,7 +31,7 @@ def test_no_flags_give_the_default_config() -> None:
 
 def test_every_field_has_a_flag_with_its_docstring_as_help() -> None:
     fields = config_fields()
-    assert len(fields) == 48  # a new field gets a flag without anyone writing one
+    assert len(fields) == 49  # a new field gets a flag without anyone writing one
     help_text = " ".join(_parser().format_help().split())
     for field in fields:
         assert flag_name(field) in help_text, field.name
@@ -81,6 +81,7 @@ _FLAGS = {
     "timer.flush_every_n_steps": ["7"],
     "timer.max_pending_events": ["99"],
     "timer.health": None,  # on by default: --no-... turns it off
+    "timer.health_every_s": ["0.5"],
     "memory.enable": [],
     "memory.ranks": ["2"],
     "memory.max_entries": ["5000"],
@@ -102,6 +103,7 @@ _EXPECTED = {
     "trace.auto.ranks": "1-2",
     "timer.ranks": "1,3",
     "timer.health": False,
+    "timer.health_every_s": 0.5,
     "memory.ranks": "2",
     "memory.stacks": "all",
     "memory.on_oom": False,

@@ -514,6 +514,7 @@ def test_to_dict_shape(run_dir: Path) -> None:
             "flush_every_n_steps": 10,
             "max_pending_events": 4096,
             "health": True,
+            "health_every_s": 5.0,
         },
         "memory": {
             "enable": False,

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("ray")  # the ray extra's: a GPU host's runtime may lack it
+
 import ray
 import ray.exceptions
 import torch

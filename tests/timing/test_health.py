@@ -1,6 +1,6 @@
-"""GPU health at sampled steps (timing/_health.py), read from a stand-in NVML that the
-tests drive: what a line holds, that the training thread makes no NVML call, and NVML's
-own errors."""
+"""GPU health read every few seconds (timing/_health.py), from a stand-in NVML that the
+tests drive: what a line holds, when it is read, that the training thread makes no NVML
+call, and NVML's own errors."""
 
 from __future__ import annotations
 
@@ -72,13 +72,15 @@ def samples(tmp_path: Path) -> list[dict[str, Any]]:
     return [line for line in lines(tmp_path) if "attempt" not in line]
 
 
-def test_a_throttling_gpu_is_written_at_each_sampled_step(tmp_path: Path) -> None:
+def test_a_throttling_gpu_is_written_with_the_step_it_was_read_at(tmp_path: Path) -> None:
     nvml = StandInNvml([StandInGpu(), StandInGpu.throttling(ecc_corrected=3)])
     timer = make_timer(tmp_path, GpuSource(nvml, 1), every_n_steps=2)
     run_steps(timer, 6)
     said = samples(tmp_path)
-    # Read as each sampled step begins: step 6 too, which stop() ended before its timings.
-    assert [s["step"] for s in said] == [0, 2, 4, 6]
+    # Read soon after the first sampled step, and at stop(): step 6 too, which stop()
+    # ended before its timings.
+    steps = [s["step"] for s in said]
+    assert steps[-1] == 6 and steps == sorted(set(steps)) and set(steps) <= {0, 2, 4, 6}
     first = said[0]
     assert set(first) == HEALTH_KEYS
     assert first["rank"] == 1
@@ -118,8 +120,40 @@ def test_the_training_thread_makes_no_nvml_call(tmp_path: Path) -> None:
     run_steps(timer, 25)
     assert nvml.on(threading.get_ident()) == {}
     assert nvml.calls, "the sampler's thread read it"
-    assert [s["step"] for s in samples(tmp_path)] == [0, 10, 20]
-    assert len(samples(tmp_path)) == 3
+    steps = [s["step"] for s in samples(tmp_path)]
+    assert steps[-1] == 20 and steps == sorted(set(steps)) and set(steps) <= {0, 10, 20}
+
+
+def test_health_is_read_by_wall_time_not_at_every_sampled_step(tmp_path: Path) -> None:
+    """Every step sampled, 60 steps: once a minute reads the first step and the last
+    only; once in 20 ms, over steps of 40 ms, reads most of them."""
+    run_steps(make_timer(tmp_path / "slow", GpuSource(StandInNvml(), 0), health_every_s=60), 60)
+    steps = [s["step"] for s in samples(tmp_path / "slow")]
+    assert 1 <= len(steps) <= 2 and steps[-1] == 60
+    timer = make_timer(
+        tmp_path / "fast", GpuSource(StandInNvml(), 0), every_n_steps=1, health_every_s=0.02
+    )
+    timer.start()
+    for _ in range(12):
+        with_phase(timer)
+        time.sleep(0.04)
+        timer.step()
+    timer.stop()
+    steps = [s["step"] for s in samples(tmp_path / "fast")]
+    assert steps == sorted(set(steps)) and steps[-1] == 12
+    assert len(steps) >= 4, steps  # 12 steps of 40 ms, read every 20 ms
+
+
+def test_a_job_that_stops_stepping_stops_reading(tmp_path: Path) -> None:
+    """No new line while no sampled step begins, however long the wait: a stalled job's
+    file holds its last step once."""
+    timer = make_timer(tmp_path, GpuSource(StandInNvml(), 0), every_n_steps=1, health_every_s=0.01)
+    timer.start()
+    with_phase(timer)
+    timer.step()
+    time.sleep(0.3)
+    timer.stop()
+    assert [s["step"] for s in samples(tmp_path)] in ([0, 1], [1])
 
 
 def test_at_most_one_line_per_sampled_step(tmp_path: Path) -> None:
@@ -152,8 +186,8 @@ def test_a_reading_nvml_refuses_is_null_and_said_once(
     with caplog.at_level(logging.INFO, logger="rankscope"):
         run_steps(timer, 3)
     said = samples(tmp_path)
-    assert [(s["ecc_corrected"], s["ecc_uncorrected"]) for s in said] == [(None, None)] * 4
-    assert [s["sm_mhz"] for s in said] == [1980] * 4
+    assert said and {(s["ecc_corrected"], s["ecc_uncorrected"]) for s in said} == {(None, None)}
+    assert {s["sm_mhz"] for s in said} == {1980}
     refused = [r.getMessage() for r in caplog.records if "NVML does not give" in r.getMessage()]
     assert refused == [
         "rankscope: NVML does not give ecc_corrected on rank 1 (NVML error 3): written as null",
@@ -200,6 +234,12 @@ def test_health_off_reads_nothing(tmp_path: Path) -> None:
 def test_health_must_be_a_bool() -> None:
     with pytest.raises(ConfigError, match=r"timer\.health"):
         TimerConfig(enable=True, health="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("every", [0, -1, float("nan"), float("inf"), "5", True])
+def test_health_every_s_must_be_a_number_of_seconds(every: Any) -> None:
+    with pytest.raises(ConfigError, match=r"timer\.health_every_s"):
+        TimerConfig(enable=True, health_every_s=every)
 
 
 def test_the_gpu_is_found_by_its_uuid_else_by_cudas_index(tmp_path: Path) -> None:

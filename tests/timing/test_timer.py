@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -944,19 +945,24 @@ def test_nvtx_ranges_open_and_close_in_pairs(
 ) -> None:
     """Every range a phase opens is closed, phases that raise and nested ones included: an
     NVTX range left open would swallow the rest of the run in Nsight Systems."""
-    opened: dict[int, str] = {}
+    # NVTX gives every range the id 0 where no tool (nsys) listens, so nested ranges
+    # cannot be told apart by the ids it returns: each range gets a token of its own here,
+    # and the real range is opened and closed on its way.
+    opened: dict[int, tuple[str, int]] = {}
     unmatched: list[int] = []
+    tokens = itertools.count(1)
     start, end = torch.cuda.nvtx.range_start, torch.cuda.nvtx.range_end
 
     def range_start(name: str) -> int:
-        range_id = start(name)  # the real range, counted on its way
-        opened[range_id] = name
-        return range_id
+        token = next(tokens)
+        opened[token] = (name, start(name))
+        return token
 
-    def range_end(range_id: int) -> None:
-        if opened.pop(range_id, None) is None:
-            unmatched.append(range_id)
-        end(range_id)
+    def range_end(token: int) -> None:
+        if token not in opened:
+            unmatched.append(token)
+            return
+        end(opened.pop(token)[1])
 
     monkeypatch.setattr(torch.cuda.nvtx, "range_start", range_start)
     monkeypatch.setattr(torch.cuda.nvtx, "range_end", range_end)
@@ -970,6 +976,7 @@ def test_nvtx_ranges_open_and_close_in_pairs(
                     raise ValueError("a phase that raises")
             prof.step()
     assert opened == {} and unmatched == []
+    assert next(tokens) >= 9, "4 steps of two phases, each with its range"
     errors = [(r["phase"], r["step"]) for r in read_records(tmp_path) if r["error"]]
     assert errors == [("inner", 1), ("outer", 1), ("inner", 3), ("outer", 3)]
 

@@ -16,6 +16,7 @@ from .._errors import ConfigError
 from .._log import get_logger
 from .._text import closest
 from . import _env
+from ._checks import check_bool, check_int, check_seconds
 from ._fields import CONFIG_DEST, NOT_GIVEN, ConfigField, dest, flag_name, leaf_fields
 from ._ranks import RankSet, RankSpec, parse_ranks
 
@@ -50,18 +51,6 @@ _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(name, value, "True or False")
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(name, value, f"an int >= {minimum}")
-    if value < minimum:
-        raise ConfigError(name, value, f"an int >= {minimum}")
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Schedule:
     """Which steps a trace window covers, with torch.profiler.schedule's exact semantics.
@@ -83,8 +72,8 @@ class Schedule:
 
     def __post_init__(self) -> None:
         for name in ("skip_first", "wait", "warmup", "repeat"):
-            _check_int(f"schedule.{name}", getattr(self, name), 0)
-        _check_int("schedule.active", self.active, 1)
+            check_int(f"schedule.{name}", getattr(self, name), 0)
+        check_int("schedule.active", self.active, 1)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,7 +112,7 @@ class AutoTrigger:
     that waits for the slow one fires too)."""
 
     def __post_init__(self) -> None:
-        _check_bool("auto.enable", self.enable)
+        check_bool("auto.enable", self.enable)
         ratio = self.ratio
         if (
             isinstance(ratio, bool)
@@ -133,12 +122,12 @@ class AutoTrigger:
         ):
             raise ConfigError("auto.ratio", ratio, "a finite number > 1")
         object.__setattr__(self, "ratio", float(ratio))
-        _check_int("auto.consecutive", self.consecutive, 1)
-        _check_int("auto.window_steps", self.window_steps, 1)
-        _check_int("auto.history_steps", self.history_steps, 3)
-        _check_int("auto.warmup_steps", self.warmup_steps, 3)
-        _check_int("auto.max_captures", self.max_captures, 1)
-        _check_int("auto.cooldown_steps", self.cooldown_steps, 0)
+        check_int("auto.consecutive", self.consecutive, 1)
+        check_int("auto.window_steps", self.window_steps, 1)
+        check_int("auto.history_steps", self.history_steps, 3)
+        check_int("auto.warmup_steps", self.warmup_steps, 3)
+        check_int("auto.max_captures", self.max_captures, 1)
+        check_int("auto.cooldown_steps", self.cooldown_steps, 0)
         phase = self.phase
         if phase is not None and (not isinstance(phase, str) or not phase.strip()):
             raise ConfigError("auto.phase", phase, "None or a phase name")
@@ -203,7 +192,7 @@ class TraceConfig:
     median; see AutoTrigger. Needs target "step"."""
 
     def __post_init__(self) -> None:
-        _check_bool("trace.enable", self.enable)
+        check_bool("trace.enable", self.enable)
         object.__setattr__(self, "ranks", self.rank_set.spec())
         if not isinstance(self.schedule, Schedule):
             raise ConfigError("trace.schedule", self.schedule, "a Schedule")
@@ -214,16 +203,16 @@ class TraceConfig:
         if self.activities is not None:
             object.__setattr__(self, "activities", _parse_activities(self.activities))
         for name in _TORCH_ONLY:
-            _check_bool(f"trace.{name}", getattr(self, name))
+            check_bool(f"trace.{name}", getattr(self, name))
         if self.tool not in TOOLS:
             raise ConfigError("trace.tool", self.tool, " or ".join(repr(t) for t in TOOLS))
         if self.tool == "nsys":
             _check_nsys_options(self)
-        _check_bool("trace.gzip", self.gzip)
-        _check_int("trace.trigger_check_every_n_steps", self.trigger_check_every_n_steps, 0)
-        _check_int("trace.trigger_max_steps", self.trigger_max_steps, 1)
-        _check_int("trace.trigger_max_windows", self.trigger_max_windows, 1)
-        _check_bool("trace.on_signal", self.on_signal)
+        check_bool("trace.gzip", self.gzip)
+        check_int("trace.trigger_check_every_n_steps", self.trigger_check_every_n_steps, 0)
+        check_int("trace.trigger_max_steps", self.trigger_max_steps, 1)
+        check_int("trace.trigger_max_windows", self.trigger_max_windows, 1)
+        check_bool("trace.on_signal", self.on_signal)
         if self.on_signal and self.target != "step":
             raise ConfigError(
                 "trace.on_signal",
@@ -329,23 +318,33 @@ class TimerConfig:
     written without its device time and the loss is counted in the next record."""
     health: bool = True
     """On CUDA ranks with nvidia-ml-py installed, also read the GPU's health (NVML clocks,
-    throttle reasons, temperature, power, ECC errors) and the host's load and free memory
-    at each sampled step, off the training thread, into RUN_DIR/health/rank-NNNNN.jsonl."""
+    throttle reasons, temperature, power, ECC errors) and the host's load and free memory,
+    off the training thread, into RUN_DIR/health/rank-NNNNN.jsonl."""
+    health_every_s: float = 5.0
+    """Read the health at the first sampled step, then once in this many seconds while
+    steps go on, and at stop(). Clocks, temperature and ECC counts change over seconds,
+    not steps: reading them at every sampled step cost the step its time (the sampler's
+    Python work holds the interpreter lock the training loop needs)."""
 
     def __post_init__(self) -> None:
-        _check_bool("timer.enable", self.enable)
-        _check_bool("timer.health", self.health)
+        check_bool("timer.enable", self.enable)
+        check_bool("timer.health", self.health)
+        object.__setattr__(
+            self,
+            "health_every_s",
+            check_seconds("timer.health_every_s", self.health_every_s, 0.01),
+        )
         object.__setattr__(self, "ranks", self.rank_set.spec())
-        _check_int("timer.start_step", self.start_step, 0)
+        check_int("timer.start_step", self.start_step, 0)
         end = self.end_step
         if end is not None and (
             isinstance(end, bool) or not isinstance(end, int) or end <= self.start_step
         ):
             accepted = f"None or an int > start_step ({self.start_step})"
             raise ConfigError("timer.end_step", end, accepted)
-        _check_int("timer.every_n_steps", self.every_n_steps, 1)
-        _check_int("timer.flush_every_n_steps", self.flush_every_n_steps, 1)
-        _check_int("timer.max_pending_events", self.max_pending_events, 2)
+        check_int("timer.every_n_steps", self.every_n_steps, 1)
+        check_int("timer.flush_every_n_steps", self.flush_every_n_steps, 1)
+        check_int("timer.max_pending_events", self.max_pending_events, 2)
 
     @property
     def rank_set(self) -> RankSet:
@@ -381,12 +380,12 @@ class MemoryConfig:
     error reaches the training loop."""
 
     def __post_init__(self) -> None:
-        _check_bool("memory.enable", self.enable)
+        check_bool("memory.enable", self.enable)
         object.__setattr__(self, "ranks", self.rank_set.spec())
-        _check_int("memory.max_entries", self.max_entries, 1)
+        check_int("memory.max_entries", self.max_entries, 1)
         if self.stacks not in STACKS:
             raise ConfigError("memory.stacks", self.stacks, " or ".join(repr(s) for s in STACKS))
-        _check_bool("memory.on_oom", self.on_oom)
+        check_bool("memory.on_oom", self.on_oom)
 
     @property
     def rank_set(self) -> RankSet:
@@ -412,18 +411,12 @@ class HangConfig:
     """The heartbeat file is rewritten at most this often, and only when something changed."""
 
     def __post_init__(self) -> None:
-        _check_bool("hang.enable", self.enable)
+        check_bool("hang.enable", self.enable)
         # Floors: the watchdog polls every min(1 s, after_s / 4, heartbeat_s).
         for name, least in (("after_s", 0.5), ("factor", 1.0), ("heartbeat_s", 0.1)):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < least
-            ):
-                raise ConfigError(f"hang.{name}", value, f"a number >= {least}")
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(
+                self, name, check_seconds(f"hang.{name}", getattr(self, name), least)
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

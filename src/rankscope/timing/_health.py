@@ -1,24 +1,28 @@
-"""The GPU's and the host's health at sampled steps, read off the training thread.
+"""The GPU's and the host's health, read off the training thread every few seconds.
 
 On a CUDA rank, a HealthSampler reads NVML (the `nvidia-ml-py` package, imported as
 `pynvml`) for its rank's GPU: SM and memory clocks, clock-throttle reasons, temperature,
 power draw and limit, ECC error counts; and /proc for the host's load average and
-available memory. It appends one line per sampled step to RUN_DIR/health/rank-NNNNN.jsonl,
+available memory. It appends one line per reading to RUN_DIR/health/rank-NNNNN.jsonl,
 each write opening with the attempt line, as the timer's do (timing/_timer.py).
 
-The sampler has its own daemon thread, woken by the timer at each sampled step rather
-than polling on an interval: a sample then carries the step the timings carry, so the
-analysis reads a rank's clock at the very steps it found the rank slow (since its
-onset) with no mapping from time to step; and a job that stops stepping stops sampling.
-The training thread's part is one Event.set() per sampled step (bench/timer_overhead.py
---health measures it). A wake that comes while a sample is being read folds into the
-next, so a file holds at most one line per sampled step.
+The sampler has its own daemon thread. It reads at the first sampled step, then once
+every `TimerConfig.health_every_s` seconds while sampled steps go on, and once more at
+stop(); each reading carries the last sampled step the timer began, so the analysis
+takes a rank's clock over the steps it found the rank slow (since its onset) with no
+mapping from time to step, and a job that stops stepping stops reading. Clocks,
+temperature and ECC counts move over seconds, not steps: read at every sampled step,
+the sampler's Python work (six NVML calls, /proc, a JSON line) held the interpreter
+lock the training loop needed for most of the profiled Python time on a GPU host. The
+training thread's part is one store per sampled step (and one Event.set() at the
+first); the sampler keeps its NVML handle, its file and the /proc files open.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -74,14 +78,23 @@ class HealthSampler:
     said once; any other fault is said once and ends the sampling.
     """
 
-    def __init__(self, source: GpuSource, run_dir: str, rank: int, host: str | None) -> None:
+    def __init__(
+        self,
+        source: GpuSource,
+        run_dir: str,
+        rank: int,
+        host: str | None,
+        every_s: float = 5.0,
+    ) -> None:
         self._source = source
+        self._every_s = every_s
         self._run_dir = run_dir
         self._rank = rank
         self.path = health_path(run_dir, rank)
         self._opening = format_attempt(rank, current_attempt().to_dict(), host).encode()
         self._wake = threading.Event()
-        self._step = -1
+        self._step = -1  # the last sampled step begun
+        self._first = True  # no step begun yet: the first wakes the sampler
         self._done = -1  # the step of the last line written
         self._stopping = False
         self._refused: set[str] = set()
@@ -95,13 +108,15 @@ class HealthSampler:
         )
         self._thread.start()
 
-    def wake(self, step: int) -> None:
-        """Sample `step` (the training thread, at a sampled step: two stores and a set)."""
+    def at(self, step: int) -> None:
+        """A sampled step begins (the training thread): one store; at the first, a wake."""
         self._step = step
-        self._wake.set()
+        if self._first:
+            self._first = False
+            self._wake.set()
 
     def close(self, timeout: float) -> bool:
-        """End the thread once the last step woken for is written; False if it outlived
+        """End the thread once the last step begun is read; False if it outlived
         `timeout` (NVML stuck: the daemon thread is left behind)."""
         self._stopping = True
         self._wake.set()
@@ -110,17 +125,6 @@ class HealthSampler:
             return True
         thread.join(timeout)
         return not thread.is_alive()
-
-    def wait(self, timeout: float) -> bool:
-        """Until the last step woken for is written, or the thread has ended (tests and
-        benchmarks). False if `timeout` passed first."""
-        end = time.monotonic() + timeout
-        thread = self._thread
-        while self._done != self._step and thread is not None and thread.is_alive():
-            if time.monotonic() > end:
-                return False
-            time.sleep(0.001)
-        return True
 
     def abandon(self) -> None:
         """End without waiting (a fault): the thread leaves once it has read what it was woken for."""
@@ -140,16 +144,17 @@ class HealthSampler:
             return
         try:
             handle = self._handle(nvml)
-            with open_append(self._run_dir, self.path) as out:
+            with open_append(self._run_dir, self.path) as out, _Proc() as proc:
                 while True:
-                    self._wake.wait()
+                    self._wake.wait(self._every_s)
                     self._wake.clear()
                     step = self._step
-                    if step != self._done:  # close() too lets the last woken step be read
+                    if step >= 0 and step != self._done:  # at stop() too, the last step begun
                         # One append per sample, opening with its attempt line (as the
                         # timer's writes do): the file is unbuffered, so a short write
                         # is written on from where it stopped.
-                        view = memoryview(self._opening + self._sample(nvml, handle, step))
+                        line = self._sample(nvml, handle, step, proc)
+                        view = memoryview(self._opening + line)
                         while view:
                             view = view[out.write(view) :]
                         self.written += 1
@@ -178,7 +183,7 @@ class HealthSampler:
                 device = self._source.index
         return nvml.nvmlDeviceGetHandleByIndex(device)
 
-    def _sample(self, nvml: Any, gpu: Any, step: int) -> bytes:
+    def _sample(self, nvml: Any, gpu: Any, step: int, proc: _Proc) -> bytes:
         def read(name: str, call: Any, *args: Any) -> Any:
             try:
                 return call(gpu, *args)
@@ -222,8 +227,8 @@ class HealthSampler:
                 nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                 nvml.NVML_VOLATILE_ECC,
             ),
-            "load1": _load_average(),
-            "mem_available_mb": _available_mb(),
+            "load1": proc.load_average(),
+            "mem_available_mb": proc.available_mb(),
         }
         return (json.dumps(sample, separators=(",", ":")) + "\n").encode()
 
@@ -232,21 +237,50 @@ def _reasons(mask: int) -> list[str]:
     return [word for bit, word in THROTTLE_REASONS if mask & bit]
 
 
-def _load_average() -> float | None:
-    """The host's 1-minute load average (/proc/loadavg); None where it cannot be read."""
-    try:
-        return float((_PROC / "loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+class _Proc:
+    """The host's /proc/loadavg and /proc/meminfo, opened once and read from their start at
+    each sample; a file that cannot be opened or read gives None."""
 
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+        for name in ("loadavg", "meminfo"):
+            try:
+                self._fds[name] = os.open(_PROC / name, os.O_RDONLY)
+            except OSError:
+                continue
 
-def _available_mb() -> float | None:
-    """The host's available memory in MiB (/proc/meminfo's MemAvailable)."""
-    try:
-        with open(_PROC / "meminfo") as lines:
-            for line in lines:
-                if line.startswith("MemAvailable:"):
+    def __enter__(self) -> _Proc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _read(self, name: str) -> str | None:
+        fd = self._fds.get(name)
+        if fd is None:
+            return None
+        try:
+            return os.pread(fd, 8192, 0).decode("ascii", "replace")
+        except OSError:
+            return None
+
+    def load_average(self) -> float | None:
+        """The host's 1-minute load average; None where it cannot be read."""
+        text = self._read("loadavg")
+        try:
+            return None if text is None else float(text.split()[0])
+        except (ValueError, IndexError):
+            return None
+
+    def available_mb(self) -> float | None:
+        """The host's available memory in MiB (MemAvailable)."""
+        text = self._read("meminfo")
+        for line in (text or "").splitlines():
+            if line.startswith("MemAvailable:"):
+                try:
                     return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
+                except (ValueError, IndexError):
+                    return None
         return None
-    return None
