@@ -136,6 +136,63 @@ def _with_groups(
         dist.destroy_process_group()
 
 
+def parts(run_dir: Path, quick: bool, device: str) -> dict[str, float]:
+    """ns per call of each thing a sampled phase does, each timed alone in this run: where
+    a phase's microseconds go on this host (with --device cuda: what a CUDA event's creation,
+    its record on the cached stream, an NVTX range and the profiler check cost on a real
+    CUDA context). The rows sum to about a phase's enter and exit, without the write."""
+    from rankscope.timing._record import Span, format_record, meta_json
+
+    number, repeat = (20_000, 3) if quick else (200_000, 5)
+    prof = _profiler(run_dir / "parts", 1, flush=10**9, clock=_stand_in(device))
+    prof.start()
+    timer = prof._timer
+    assert timer is not None
+    span = Span(0, "forward", "compute", None, 0, None)
+    span.cpu_ns = 1_000_000
+    env: dict[str, Any] = {
+        "time": time,
+        "threading": threading,
+        "timer": timer,
+        "Span": Span,
+        "span": span,
+        "meta_json": meta_json,
+        "format_record": format_record,
+        "profiler_enabled": torch.autograd._profiler_enabled,
+    }
+    stmts = {
+        "time.perf_counter_ns() x2": "time.perf_counter_ns(); time.perf_counter_ns()",
+        "time.thread_time_ns() x2": "time.thread_time_ns(); time.thread_time_ns()",
+        "threading.get_ident() x2": "threading.get_ident(); threading.get_ident()",
+        "depth: contextvar get + set x2": (
+            "d = timer._depth.get(); timer._depth.set(d + 1); timer._depth.set(d)"
+        ),
+        "Span(...)": "Span(0, 'forward', 'compute', None, 0, None)",
+        "torch profiler running? (check)": "profiler_enabled()",
+        "collective count x2": "timer._collectives.now(); timer._collectives.now()",
+        "meta_json(None)": "meta_json(None)",
+        "format_record (the write's part)": "format_record(0, span, None, 0)",
+    }
+    if timer._runq is not None and timer._runq.fd >= 0:
+        stmts["run-queue wait read"] = "timer._runq.now()"
+    clock = timer._clock
+    if clock is not None:
+        env["clock"] = clock
+        stmts["device mark x2 (pooled, recorded)"] = (
+            "a = clock.mark(); b = clock.mark(); clock.release(a); clock.release(b)"
+        )
+        if device == "cuda":
+            env["torch"] = torch
+            stmts["cuda Event(enable_timing) (new)"] = "torch.cuda.Event(enable_timing=True)"
+            stmts["cuda current_stream() lookup"] = "clock._current_stream()"
+            stmts["cuda NVTX range start + end"] = (
+                "torch.cuda.nvtx.range_end(torch.cuda.nvtx.range_start('forward'))"
+            )
+    rows = {name: _ns_per(stmt, env, number, repeat) for name, stmt in stmts.items()}
+    prof.stop()
+    return rows
+
+
 def device_calls(clock: CountingClock, records: int) -> None:
     """Print the stand-in's device calls per sampled phase, on the training thread and off it."""
     me = threading.get_ident()
@@ -237,6 +294,14 @@ def main() -> None:
         if counted is not None:
             print("\ndevice calls per sampled phase (stand-in clock, the 'with its write' loop):")
             device_calls(counted, records_in(Path(tmp) / "micro" / "written"))
+        costs = parts(Path(tmp) / "parts", args.quick, args.device)
+        print(f"\na sampled phase's parts, each timed alone ({args.device}):")
+        for name, ns in costs.items():
+            print(f"  {name:<36} {ns:>9.1f} ns")
+        print(
+            f"  {'sum':<36} {sum(costs.values()):>9.1f} ns, against "
+            f"{rows['sampled phase(), with its write']:.1f} ns for a phase with its write"
+        )
         times = macro(Path(tmp) / "macro", args.quick, args.device)
     base_ms = statistics.median(times["no profiler"])
     print(f"\nmacro ({args.device}, {len(times['no profiler'])} steps per variant, interleaved):")

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.slow
         ("capture_stall.py", ["--quick"], "stall vs raw export:"),
         ("unselected_cost.py", ["--quick"], "unselected phase() vs nullcontext():"),
         ("timer_overhead.py", ["--quick"], "timer every 10 steps:"),
+        ("timer_overhead.py", ["--quick", "--device", "stand-in"], "a sampled phase's parts"),
+        ("health_overhead.py", ["--quick"], "NVML calls on the training thread: 0;"),
         ("trigger_check.py", ["--quick"], "trigger check (default interval) vs unsampled timer"),
         ("analysis.py", ["--quick", "--no-hta"], "rankscope stragglers --json, end to end:"),
         ("live_figures.py", ["--quick", "--ranks", "64"], "metrics() vs a dict copy:"),
