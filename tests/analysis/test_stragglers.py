@@ -12,7 +12,11 @@ import pytest
 from rankscope import ConfigError
 from rankscope.analysis import StragglerOptions, read_run_meta, read_timings
 from rankscope.analysis.read._matrix import phase_matrices
-from rankscope.analysis.stragglers._arrivals import _late_by_own_work, ends_in_collective
+from rankscope.analysis.stragglers._arrivals import (
+    _late_by_own_work,
+    ends_in_collective,
+    whom_it_waits_for,
+)
 from rankscope.analysis.stragglers._rows import row_of as _row
 from rankscope.analysis.stragglers._rows import rows_of as _rows
 from rankscope.analysis.stragglers._stragglers import (
@@ -569,3 +573,28 @@ def test_a_hosts_clock_stepped_mid_run_is_followed_across_the_step(tmp_path: Pat
     assert {(f.rank, f.role) for f in got.findings} == {(f.rank, f.role) for f in want.findings}
     assert got.cost is not None and want.cost is not None
     assert got.cost.step_ms == pytest.approx(want.cost.step_ms, rel=0.02)
+
+
+def test_a_wait_that_began_part_way_through_its_row_is_found_from_there() -> None:
+    """A waiting row whose own onset came early (a busy machine: its waits before the slow
+    rank turned slow looked long too): rank 1 last at 29 of its 50 steps, too few over all
+    of them for 900 rows tried, but at 27 of the last 30. Whoever arrives last at random
+    over the same 50 steps is no one's wait."""
+    rng = np.random.default_rng(7)
+    before = np.array([1, 1] + [0, 2] * 9)  # 20 steps, rank 1 last at 2
+    after = np.array([1] * 27 + [0, 2, 0])
+    last = np.concatenate([before, rng.permutation(after)])
+    assert int(np.sum(last == 1)) == 29
+    cols = np.arange(50)
+    own = np.ones(50)  # late by its own work
+    found, short = whom_it_waits_for(2, cols, last, own, own, ranks=3, tests=900)
+    assert (found, short) == ((1,), None)
+    # The same 29 hits spread over the whole window: not beyond chance at 900 rows.
+    spread = rng.permutation(last)
+    assert whom_it_waits_for(2, cols, spread, own, own, ranks=3, tests=900)[0] == ()
+    # Clean: who arrives last is chance at every step; over 500 windows at 900 rows, none.
+    found_on_clean = [
+        whom_it_waits_for(2, cols, rng.integers(0, 3, 50), own, own, ranks=3, tests=900)[0]
+        for _ in range(500)
+    ]
+    assert not any(found_on_clean)
