@@ -25,6 +25,7 @@ from . import (
     _export,
     _hang,
     _hosts,
+    _import,
     _kernels,
     _merge,
     _report,
@@ -63,6 +64,7 @@ _COMMANDS = (
     _collectives,
     _hosts,
     _diff,
+    _import,
 )
 
 
