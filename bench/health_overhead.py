@@ -70,6 +70,15 @@ def _steps(timer: PhaseTimer, n: int, work_ns: int) -> tuple[float, float]:
     return (clock() - began) / n, spent / n
 
 
+def _readings(run_dir: Path) -> int:
+    """Health lines written under `run_dir` (not the attempt lines that open each write)."""
+    return sum(
+        '"attempt"' not in line
+        for path in run_dir.glob("health/*.jsonl")
+        for line in path.read_text().splitlines()
+    )
+
+
 def _source() -> tuple[GpuSource, str, StandInNvml | None]:
     """The real NVML for this host's GPU where there is one, else a stand-in; and which."""
     try:
@@ -123,17 +132,7 @@ def main() -> None:
                 calls[name].append(inside)
         for timer in timers.values():
             timer.stop()
-        read = {
-            name: sum(
-                1
-                for line in (Path(tmp) / f"v{i}" / "health").glob("*.jsonl")
-                for text in line.read_text().splitlines()
-                if '"attempt"' not in text
-            )
-            if (Path(tmp) / f"v{i}" / "health").exists()
-            else 0
-            for i, name in enumerate(VARIANTS)
-        }
+        read = {name: _readings(Path(tmp) / f"v{i}") for i, name in enumerate(VARIANTS)}
     base = statistics.median(step["without health"])
     base_calls = statistics.median(calls["without health"])
     without = step["without health"]

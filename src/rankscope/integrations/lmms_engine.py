@@ -41,7 +41,7 @@ from typing import Any
 from .._errors import RankscopeError
 from ..config._ranks import RankInfo
 from ..rundir._attempt import current_attempt
-from ..rundir._files import open_append, read_regular
+from ..rundir._files import append, read_regular
 from ..rundir._layout import timing_path
 from ..rundir._meta import write_meta
 from ..timing._record import STEP_PHASE, Span, format_attempt, format_record
@@ -119,22 +119,19 @@ def import_cuda_events(
     out = ImportedRun(Path(run_dir))
     if timing_path(out.run_dir, 0).parent.exists():
         raise RankscopeError(f"{run_dir} already holds timings: import into a new folder")
-    rows = {rank: _rows(path, rank, out) for rank, path in files.items()}
-    rows = {rank: found for rank, found in rows.items() if found}
-    if not rows:
+    read = {rank: _by_step(_rows(path, rank, out)) for rank, path in files.items()}
+    ranks = {rank: steps for rank, steps in read.items() if steps}
+    if not ranks:
         raise RankscopeError(f"{folder}: no line of any file is a timing row ({out.summary()})")
-    out.ranks = sorted(rows)
+    out.ranks = sorted(ranks)
     out.world_size = max(len(files), max(files) + 1)
-    steps = sorted({row.step for found in rows.values() for row in found})
+    steps = sorted({step for by_step in ranks.values() for step in by_step})
     out.steps = len(steps)
     # Each step begins where the longest rank's previous one ended, on every rank.
     length = dict.fromkeys(steps, 0)
-    for found in rows.values():
-        per: dict[int, int] = {}
-        for row in found:
-            per[row.step] = per.get(row.step, 0) + _ns(row.ms)
-        for step, ns in per.items():
-            length[step] = max(length[step], ns)
+    for by_step in ranks.values():
+        for step, rows in by_step.items():
+            length[step] = max(length[step], sum(_ns(row.ms) for row in rows))
     begin: dict[int, int] = {}
     at = 1_700_000_000_000_000_000  # a fixed instant: the lines hold no time of day
     for step in steps:
@@ -143,7 +140,7 @@ def import_cuda_events(
     out.run_dir.mkdir(parents=True, exist_ok=True)
     attempt = current_attempt().to_dict()
     config = {"imported_from": "lmms-engine cuda_event_profiler", "source": str(folder)}
-    for rank, found in rows.items():
+    for rank, by_step in ranks.items():
         info = RankInfo(
             rank=rank,
             local_rank=rank,
@@ -153,20 +150,22 @@ def import_cuda_events(
         )
         write_meta(str(out.run_dir), info, config, attempt)
         lines = [format_attempt(rank, attempt, HOST, out.world_size)]
-        lines += _records(rank, found, begin)
-        out.records += len(found)
-        with open_append(str(out.run_dir), timing_path(out.run_dir, rank)) as file:
-            view = memoryview("".join(lines).encode())
-            while view:  # unbuffered: a short write is written on from where it stopped
-                view = view[file.write(view) :]
+        lines += _records(rank, by_step, begin)
+        out.records += sum(len(rows) for rows in by_step.values())
+        append(str(out.run_dir), timing_path(out.run_dir, rank), "".join(lines).encode())
     return out
 
 
-def _records(rank: int, rows: list[_Row], begin: dict[int, int]) -> Iterator[str]:
-    """The rank's records, step by step: its phases one after another, then the step."""
+def _by_step(rows: list[_Row]) -> dict[int, list[_Row]]:
+    """A rank's rows by step, each step's in the file's order (its micro-batches apart)."""
     by_step: dict[int, list[_Row]] = {}
     for row in rows:
         by_step.setdefault(row.step, []).append(row)
+    return by_step
+
+
+def _records(rank: int, by_step: dict[int, list[_Row]], begin: dict[int, int]) -> Iterator[str]:
+    """The rank's records, step by step: its phases one after another, then the step."""
     for step in sorted(by_step):
         at = begin[step]
         for row in by_step[step]:

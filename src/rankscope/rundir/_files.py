@@ -49,6 +49,7 @@ __all__ = [
     "read_json_object",
     "read_regular",
     "remove_stale_temps",
+    "write_all",
     "write_atomic",
 ]
 
@@ -379,10 +380,19 @@ def open_append(run_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -
     return os.fdopen(fd, "ab", buffering=0)
 
 
+def write_all(out: BinaryIO, data: bytes) -> None:
+    """Write all of `data` to an unbuffered file: a short write is written on from where
+    it stopped (one append of a whole payload, so that two writers interleave by whole
+    writes)."""
+    view = memoryview(data)
+    while view:
+        view = view[out.write(view) :]
+
+
 def append(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], data: bytes) -> None:
-    """Append `data` to `path` (under RUN_DIR) in one write."""
+    """Append `data` to `path` (under RUN_DIR) in one append."""
     with open_append(run_dir, path) as out:
-        out.write(data)
+        write_all(out, data)
 
 
 def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:

@@ -31,7 +31,7 @@ from typing import Any
 
 from .._log import get_logger
 from ..rundir._attempt import current_attempt
-from ..rundir._files import open_append
+from ..rundir._files import open_append, write_all
 from ..rundir._health import HEALTH_VERSION, THROTTLE_REASONS
 from ..rundir._layout import health_path
 from ._record import format_attempt
@@ -93,8 +93,7 @@ class HealthSampler:
         self.path = health_path(run_dir, rank)
         self._opening = format_attempt(rank, current_attempt().to_dict(), host).encode()
         self._wake = threading.Event()
-        self._step = -1  # the last sampled step begun
-        self._first = True  # no step begun yet: the first wakes the sampler
+        self._step = -1  # the last sampled step begun; -1: none yet
         self._done = -1  # the step of the last line written
         self._stopping = False
         self._refused: set[str] = set()
@@ -110,9 +109,9 @@ class HealthSampler:
 
     def at(self, step: int) -> None:
         """A sampled step begins (the training thread): one store; at the first, a wake."""
+        first = self._step < 0
         self._step = step
-        if self._first:
-            self._first = False
+        if first:
             self._wake.set()
 
     def close(self, timeout: float) -> bool:
@@ -151,12 +150,8 @@ class HealthSampler:
                     step = self._step
                     if step >= 0 and step != self._done:  # at stop() too, the last step begun
                         # One append per sample, opening with its attempt line (as the
-                        # timer's writes do): the file is unbuffered, so a short write
-                        # is written on from where it stopped.
-                        line = self._sample(nvml, handle, step, proc)
-                        view = memoryview(self._opening + line)
-                        while view:
-                            view = view[out.write(view) :]
+                        # timer's writes do).
+                        write_all(out, self._opening + self._sample(nvml, handle, step, proc))
                         self.written += 1
                         self._done = step
                     if self._stopping:

@@ -15,7 +15,7 @@ from .._torch import import_torch
 from ..config._config import TimerConfig
 from ..config._ranks import RankInfo
 from ..rundir._attempt import current_attempt
-from ..rundir._files import open_append
+from ..rundir._files import open_append, write_all
 from ..rundir._layout import timing_path
 from ._clock import CudaEventClock, DeviceClock
 from ._collectives import CollectiveCount
@@ -445,10 +445,7 @@ class PhaseTimer:
         # that write into one file at once interleave by whole writes, each of which
         # says whose records follow (read/_timings.py tells them apart by token).
         payload = self._opening + data
-        view = memoryview(payload)
-        while view:
-            written = file.write(view)
-            view = view[written:]
+        write_all(file, payload)
         self._end = size + len(payload)  # another process's append since shows at the next
 
     def _attempt_line(self) -> bytes:
