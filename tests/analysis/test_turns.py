@@ -36,7 +36,11 @@ pytestmark = [
 ]
 
 STEPS = 40
-WORK_NS = 3_000_000  # each rank's forward: 3 ms of its thread's CPU time
+# Each rank's forward: 6 ms of its thread's CPU time. Rank 0 also leaves each all-reduce
+# 2-3 ms after the others (the ring's last messages wait for its turn on the busy core),
+# lateness carried into its next forward; with 3 ms of work it made only half of its
+# lateness itself, the edge of "late by its own work", and was missed at 1 run in 12.
+WORK_NS = 6_000_000
 
 
 def _cores() -> tuple[int, int]:
