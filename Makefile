@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: demo test test-gpu lint bench clean
+.PHONY: demo test test-gpu test-frameworks lint bench clean
 
 $(BIN)/python:
 	@echo "==> creating the virtual environment $(VENV) (once, about 15 s)"
@@ -75,8 +75,21 @@ test-gpu:
 	$(GPU_PY) bench/health_overhead.py --quick
 	$(GPU_PY) bench/capture_stall.py --device cuda --quick
 
+# The frameworks rankscope plugs into whose packages are too heavy for `make test`
+# (ms-swift: 2 GB, about 5 minutes to install) or pin what the dev environment cannot
+# (ms-swift 4.6: transformers < 5.20): their own environment, their tests run there.
+FW_VENV := .venv-frameworks
+$(FW_VENV)/.installed: pyproject.toml constraints-frameworks.txt
+	@echo "==> installing the frameworks (ms-swift) into $(FW_VENV): the first time about 5 minutes"
+	$(PYTHON) -m venv $(FW_VENV)
+	$(FW_VENV)/bin/python -m pip install -c constraints-frameworks.txt -e ".[cli,ms-swift]" pytest
+	touch $@
+
+test-frameworks: $(FW_VENV)/.installed
+	$(FW_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_ms_swift.py tests/integrations/test_slime.py
+
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/capture_stall.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(FW_VENV) runs
