@@ -5,9 +5,11 @@ SGLang), so no test here imports it. The job below calls the two functions exact
 slime does: `init(args)` at the end of Megatron's initialisation, and
 `before_train_step(args, rollout_id, step_id, model, optimizer, opt_param_scheduler)`
 in `train_one_step` after the gradients are zeroed; `args` holds slime's and Megatron's
-field names with their defaults. The ranks are real gloo ranks training a DDP model
-(its gradient all-reduce inside backward), a rollout's train steps after a short
-generation stand-in.
+field names with their defaults. The ranks are real gloo ranks; each train step is
+shaped as Megatron's schedule runs it without overlap: the batch, forward and backward,
+then the model chunk's `config.finalize_model_grads_func` (here an all-reduce of every
+gradient, as Megatron's data-parallel finish_grad_sync does), then `optimizer.step()`;
+a rollout's train steps follow a short generation stand-in.
 """
 
 from __future__ import annotations
@@ -59,11 +61,19 @@ def _slime_like_job(rank: int, world: int, out: str, slow: bool = True) -> None:
     """Rank SLOW_RANK's get_batch takes 20 ms longer from rollout SLOW_FROM; not `slow`:
     the same job clean."""
     from importlib import import_module
+    from types import SimpleNamespace
 
-    torch.manual_seed(rank)
-    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    model = torch.nn.parallel.DistributedDataParallel(net)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def finalize_model_grads(chunks: list[Any], *_: Any) -> None:
+        for chunk in chunks:
+            for param in chunk.parameters():
+                dist.all_reduce(param.grad)
+                param.grad /= world
+
+    model.config = SimpleNamespace(finalize_model_grads_func=finalize_model_grads)
     # slime's --custom-config-path YAML sets `rankscope` on args. The clean run says how
     # many rollouts there are (its last step ends the run); the other does not (its last
     # rollout's records are flushed at that rollout's end). Ranks exit without atexit,
@@ -90,7 +100,8 @@ def _slime_like_job(rank: int, world: int, out: str, slow: bool = True) -> None:
             batch = torch.randn(32, 64)  # get_batch
             if slow and rank == SLOW_RANK and rollout_id >= SLOW_FROM:
                 time.sleep(SLEEP_S)
-            model(batch).square().mean().backward()  # DDP all-reduces inside backward
+            model(batch).square().mean().backward()
+            model.config.finalize_model_grads_func([model])  # Megatron's schedule calls it
             opt.step()
             truth.append(time.perf_counter() - began)
     dist.barrier()
@@ -125,7 +136,7 @@ def test_stragglers_names_the_rank_slow_in_its_data_and_the_ranks_that_wait(
     slow = [f for f in report["findings"] if f["role"] == "slow"]
     waits = {(f["rank"], f["phase"]) for f in report["findings"] if f["role"] == "waits"}
     assert [(f["rank"], f["phase"]) for f in slow] == [(SLOW_RANK, "data")], report["findings"]
-    assert waits == {(0, "forward_backward"), (2, "forward_backward")}, report["findings"]
+    assert waits == {(0, "grad_sync"), (2, "grad_sync")}, report["findings"]
     capsys.readouterr()
     assert (
         main(["sql", str(slime_run), "select count(distinct step) as n from timings", "--json"])
@@ -155,9 +166,9 @@ def test_the_same_job_clean_gets_no_finding_and_every_phase_is_timed(
     assert main(["sql", str(slime_clean_run), query, "--json"]) == 0
     rows = {r["phase"]: (r["n"], r["steps"]) for r in json.loads(capsys.readouterr().out)}
     steps = ROLLOUTS * STEPS
-    for phase in ("data", "forward_backward", "optimizer"):
+    for phase in ("data", "forward_backward", "grad_sync", "optimizer"):
         assert rows[phase] == (3 * steps, steps), (phase, rows)
-    assert set(rows) >= {"data", "forward_backward", "optimizer", "between_steps"}
+    assert set(rows) >= {"data", "forward_backward", "grad_sync", "optimizer", "between_steps"}
 
 
 def test_megatron_profiling_fields_map_onto_rankscopes(tmp_path: Path) -> None:
@@ -218,3 +229,28 @@ def test_a_value_with_no_rankscope_meaning_names_slimes_field(
 ) -> None:
     with pytest.raises(ConfigError, match=field):
         slime.config_from_args(_args(**over), environ={})
+
+
+def test_a_fault_inside_rankscope_turns_it_off_and_training_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = slime._SlimeRun()  # this process's run, apart from the module's own
+    args = _args(rankscope={"output_dir": str(tmp_path / "run")})
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.weight.detach().clone()
+    run.train_step(args, 0, 0, [model], opt)
+    assert run.profiler is not None
+
+    def broken() -> None:
+        raise RuntimeError("disk full")
+
+    run.profiler.step = broken  # type: ignore[method-assign]
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()  # rankscope's step fails inside it: the update still happens
+    assert not torch.equal(model.weight, before)
+    assert run.off and run.profiler is None
+    assert "the slime integration is off for the rest of the run" in caplog.text
+    assert "disk full" in caplog.text
+    run.train_step(args, 0, 1, [model], opt)  # off: the hooks pass through
+    opt.step()

@@ -38,8 +38,13 @@ step_id`` so a resumed run keeps its numbers. Its phases:
 
 - ``data`` (kind "data"): from the hook to the first forward of the step's model
   chunks: the first micro-batch's ``get_batch``.
-- ``forward_backward``: from that forward to ``optimizer.step()``: every micro-batch's
-  forward and backward, the pipeline's sends and receives, DDP's gradient reduction.
+- ``forward_backward``: from that forward to the gradients' reduction: every
+  micro-batch's forward and backward, the pipeline's sends and receives (and a
+  reduction Megatron overlaps with backward).
+- ``grad_sync`` (kind "comm"): Megatron's ``finalize_model_grads_func`` (the model
+  chunks' ``config``), called once a step after the last backward: the data-parallel
+  gradient reduction's end, the embedding and layernorm all-reduces. The ranks that
+  wait for a slow one wait here, and the records say it is a collective.
 - ``optimizer``: ``optimizer.step()`` (Megatron's: gradient clipping, the update, the
   parameter all-gather of a distributed optimizer).
 - ``between_steps`` (kind "data"): from the end of one step to the next hook; at a
@@ -76,6 +81,7 @@ logger = get_logger(__name__)
 DATA = "data"
 FORWARD_BACKWARD = "forward_backward"
 OPTIMIZER = "optimizer"
+GRAD_SYNC = "grad_sync"
 BETWEEN_STEPS = "between_steps"
 
 _TARGETS = ("train_overall", "train_actor")
@@ -301,12 +307,22 @@ class _SlimeRun:
         atexit.register(self._finish_at_exit, os.getpid())
 
     def _wrap(self, model: Sequence[Any], optimizer: Any) -> None:
-        """Mark the first forward of each step and time optimizer.step(), once per object."""
+        """Mark the first forward of each step, time the gradients' reduction and
+        optimizer.step(), once per object."""
         chunks = model if isinstance(model, (list, tuple)) else [model]
         for chunk in chunks:
             if id(chunk) not in self._hooked and hasattr(chunk, "register_forward_pre_hook"):
                 chunk.register_forward_pre_hook(self._forward_began)
                 self._hooked.add(id(chunk))
+            # Megatron's schedules call config.finalize_model_grads_func once a step, after
+            # the last backward: the data-parallel reduction of the gradients (and the
+            # embedding and layernorm all-reduces). Timed as a comm phase, the ranks that
+            # wait there are known to wait in a collective, not guessed from their exits.
+            config = getattr(chunk, "config", None)
+            finalize = getattr(config, "finalize_model_grads_func", None)
+            if config is not None and callable(finalize) and id(config) not in self._hooked:
+                config.finalize_model_grads_func = self._timed(finalize, GRAD_SYNC, "comm")
+                self._hooked.add(id(config))
         if id(optimizer) not in self._hooked and callable(getattr(optimizer, "step", None)):
             optimizer.step = self._timed_step(optimizer.step)
             self._hooked.add(id(optimizer))
@@ -319,6 +335,30 @@ class _SlimeRun:
             self._open(FORWARD_BACKWARD)
         except Exception as exc:
             self._fault("the first forward", exc)
+
+    def _timed(self, fn: Callable[..., Any], name: str, kind: str) -> Callable[..., Any]:
+        """`fn` run as phase `name` inside a train step; the phase ends with it."""
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self._in_step or self.off or self.profiler is None:
+                return fn(*args, **kwargs)
+            try:
+                self._open(name, kind)
+            except Exception as exc:
+                self._fault(name, exc)
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                self._close(exc)
+                raise
+            finally:
+                try:
+                    self._close()
+                except Exception as exc:
+                    self._fault(name, exc)
+
+        return timed
 
     def _timed_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(step)
