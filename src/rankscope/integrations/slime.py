@@ -63,7 +63,6 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -261,7 +260,6 @@ class _SlimeRun:
         self._in_step = False  # between the hook and optimizer.step's end
         self._step = -1  # the train step in progress (or last), as numbered here
         self._forward_seen = False
-        self._lock = threading.Lock()
 
     def check(self, args: Any) -> ProfileConfig:
         if self._config is None:
@@ -324,7 +322,7 @@ class _SlimeRun:
                 config.finalize_model_grads_func = self._timed(finalize, GRAD_SYNC, "comm")
                 self._hooked.add(id(config))
         if id(optimizer) not in self._hooked and callable(getattr(optimizer, "step", None)):
-            optimizer.step = self._timed_step(optimizer.step)
+            optimizer.step = self._timed(optimizer.step, OPTIMIZER, "compute", self._step_done)
             self._hooked.add(id(optimizer))
 
     def _forward_began(self, *_: Any) -> None:
@@ -336,8 +334,12 @@ class _SlimeRun:
         except Exception as exc:
             self._fault("the first forward", exc)
 
-    def _timed(self, fn: Callable[..., Any], name: str, kind: str) -> Callable[..., Any]:
-        """`fn` run as phase `name` inside a train step; the phase ends with it."""
+    def _timed(
+        self, fn: Callable[..., Any], name: str, kind: str, then: Callable[[], None] | None = None
+    ) -> Callable[..., Any]:
+        """`fn` run as phase `name` inside a train step; the phase ends with it, and
+        `then` (the step's end, for optimizer.step) runs after it."""
+        after = self._close if then is None else then
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -353,39 +355,21 @@ class _SlimeRun:
                 self._close(exc)
                 raise
             finally:
-                try:
-                    self._close()
-                except Exception as exc:
-                    self._fault(name, exc)
-
-        return timed
-
-    def _timed_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(step)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if not self._in_step or self.off or self.profiler is None:
-                return step(*args, **kwargs)
-            try:
-                self._open(OPTIMIZER)
-            except Exception as exc:
-                self._fault("optimizer.step", exc)
-            try:
-                return step(*args, **kwargs)
-            except BaseException as exc:
-                self._close(exc)
-                raise
-            finally:
                 if not self.off:
                     try:
-                        self._end_step()
-                        if self._step == self._last:
-                            self._finish(interrupted=False)  # the run's last train step
-                        else:
-                            self._open(BETWEEN_STEPS, "data")
+                        after()
                     except Exception as exc:
-                        self._fault("optimizer.step", exc)
+                        self._fault(name, exc)
 
         return timed
+
+    def _step_done(self) -> None:
+        """optimizer.step() returned: the train step ends; the run too after its last."""
+        self._end_step()
+        if self._step == self._last:
+            self._finish(interrupted=False)
+        else:
+            self._open(BETWEEN_STEPS, "data")
 
     def _end_step(self) -> None:
         self._close()
@@ -419,10 +403,9 @@ class _SlimeRun:
 
     def _fault(self, where: str, exc: BaseException) -> None:
         """Log once and turn rankscope off in this process; training goes on."""
-        with self._lock:
-            if self.off:
-                return
-            self.off = True
+        if self.off:
+            return
+        self.off = True
         rank = self.profiler.rank if self.profiler is not None else "?"
         logger.warning(
             "rankscope: the slime integration is off for the rest of the run on rank %s: "
