@@ -147,6 +147,11 @@ class HealthSampler:
                 while True:
                     self._wake.wait(self._every_s)
                     self._wake.clear()
+                    # Whether to stop is read before the step: a stop() that comes while
+                    # this reading is written sets the wake again, and the loop reads the
+                    # last step once more (read after it, a stop() during a late first
+                    # reading ended the thread without the last step: seen once in CI).
+                    stopping = self._stopping
                     step = self._step
                     if step >= 0 and step != self._done:  # at stop() too, the last step begun
                         # One append per sample, opening with its attempt line (as the
@@ -154,7 +159,7 @@ class HealthSampler:
                         write_all(out, self._opening + self._sample(nvml, handle, step, proc))
                         self.written += 1
                         self._done = step
-                    if self._stopping:
+                    if stopping:
                         return
         except Exception as exc:
             logger.warning(
