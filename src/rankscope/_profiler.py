@@ -28,6 +28,7 @@ from .rundir._meta import check_groups, write_meta
 
 if TYPE_CHECKING:
     from .capture import TraceCapture
+    from .capture._caller import CallerWindow
     from .capture._memory import MemorySnapshots
     from .timing import PhaseTimer
     from .timing._record import Span
@@ -338,6 +339,15 @@ class Profiler:
         return None if capture is None else capture.last_summary
 
     # -- phases --------------------------------------------------------------------
+
+    def trace_window(self, tag: str) -> CallerWindow:
+        """With trace.target "caller", a trace window from entering what this returns to
+        leaving it, on ranks in trace.ranks: steps where a framework's own start and stop
+        calls say (verl's start_profile, stop_profile), named by their steps and `tag`.
+        Entering returns None where it opened, else why not; it never raises."""
+        from .capture._caller import CallerWindow
+
+        return CallerWindow(lambda: self._live, tag)
 
     def phase(
         self, name: str, kind: str = "compute", **meta: Any

@@ -239,6 +239,7 @@ def test_trace_ranks_rejects(ranks: object) -> None:
     ("target", "phase"),
     [
         ("step", None),
+        ("caller", None),
         ("phase:forward", "forward"),
         ("phase: backward ", "backward"),
         ("phase:a:b", "a:b"),

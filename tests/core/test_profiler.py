@@ -426,3 +426,46 @@ def test_a_loop_that_raises_before_the_first_window_is_not_told_to_call_step(
     (warned,) = [r.getMessage() for r in caplog.records]
     assert "captured nothing: the training loop raised during step 1" in warned
     assert "is step() called" not in warned
+
+
+def test_a_callers_window_records_the_steps_between_its_open_and_close(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # trace.target "caller": no schedule; a framework that picks its own profiled steps
+    # (verl's start_profile / stop_profile) opens and closes the window.
+    prof = Profiler(trace_config(tmp_path, target="caller"), rank=0, world_size=1)
+    model, opt = tiny_model()
+    window = prof.trace_window("verl")
+    said = []
+    with prof:
+        for step in range(7):
+            if step == 3:
+                said.append(window.__enter__())
+                said.append(prof.trace_window("again").__enter__())  # one at a time
+            tiny_step(model, opt, prof)
+            if step == 4:
+                window.__exit__(None, None, None)
+                window.__exit__(None, None, None)  # twice: nothing more
+            prof.step()
+    assert said[0] is None
+    assert said[1] == "a window is open"
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["step-000003-000004-verl"]
+    trace = read_trace(
+        tmp_path / "traces" / "step-000003-000004-verl" / "rank-00000.pt.trace.json.gz"
+    )
+    assert {"forward", "backward", "optimizer"} <= event_names(trace)
+
+
+@pytest.mark.parametrize(
+    ("target", "rank", "why"),
+    [("step", 0, 'not "caller"'), ("caller", 1, "not in trace.ranks")],
+)
+def test_a_callers_window_where_none_may_open_says_why(
+    tmp_path: Path, target: str, rank: int, why: str
+) -> None:
+    config = trace_config(tmp_path, target=target, ranks="0", trigger_check_every_n_steps=1)
+    prof = Profiler(config, rank=rank, world_size=2)
+    with prof, prof.trace_window("verl") as said:
+        prof.step()
+    assert said is not None and why in said
+    assert not any((tmp_path / "traces").glob("*-verl"))

@@ -103,7 +103,9 @@ class TraceCapture(OneFault):
         self._phase_calls = 0
         self._owner = threading.get_ident()  # the thread that drives torch.profiler
         self._export_error: Exception | None = None  # raised inside torch's on_trace_ready
-        self._phase_window: str | None = None  # the open window of a phase target
+        self._phase_window: str | None = None  # the open window of a phase target or caller
+        self._by_caller = config.target == "caller"  # windows where trace_window() says
+        self._held_from: int | None = None  # the first step of the caller's open window
         self._phase_lock = threading.Lock()
         self._failure: str | None = None
         self.recording = False
@@ -133,8 +135,10 @@ class TraceCapture(OneFault):
             # Installed even where capture is off (nsys without CUDA): the promise was that
             # SIGUSR2 asks for a window, and its default action would end the process.
             self._asking.listen_for_signal(self._wake)
-        if self._target_phase is not None or not self._scheduled or not self.enabled:
-            return  # phase windows start at their phase, added ones at their step
+        if self._target_phase is not None or self._by_caller:
+            return  # phase windows start at their phase, a caller's where it says
+        if not self._scheduled or not self.enabled:
+            return  # added ones at their step
         if not self._nsys and self._other_profiler_active():
             return
         if self._plan.schedule_over(first_step):
@@ -171,8 +175,8 @@ class TraceCapture(OneFault):
         if self._failure is not None:
             self.fault(self._failure)  # already warned on the worker thread
             return
-        if self._target_phase is not None:
-            return  # phase windows, which steps do not drive
+        if self._target_phase is not None or self._by_caller:
+            return  # phase or caller windows, which steps do not drive
         step = self._step
         prof = self._prof
         asking = self._asking
@@ -264,7 +268,7 @@ class TraceCapture(OneFault):
         self._asking.close_triggers()
         if self._prof is not None and self._on_owner_thread("stop()"):
             if self._phase_window is not None:
-                self._guarded("stop", self._close_phase_window)
+                self._guarded("stop", self.close_window)
             elif self._guarded("stop", self._prof.stop):
                 self._prof = None
         self.recording = False
@@ -277,26 +281,11 @@ class TraceCapture(OneFault):
             and not self._resumed_past
         ):
             logger.warning(
-                "rankscope: trace capture is on but captured nothing: %s", self._why_empty()
+                "rankscope: trace capture is on but captured nothing: %s",
+                _why_empty(self._config, self._phase_calls, self._step, self.loop_raised),
             )
         self._asking.missed(self._step)
         self._exporter.drain(timeout)
-
-    def _why_empty(self) -> str:
-        """Why no window was recorded: config that silently did nothing is worth a line."""
-        sched = self._config.schedule
-        first_call = sched.skip_first + sched.wait + sched.warmup
-        if self._target_phase is not None:
-            return (
-                f"phase {self._target_phase!r} was entered {self._phase_calls} time(s); "
-                f"the schedule records invocation {first_call} first"
-            )
-        window = (
-            f"the schedule's first window is steps {first_call}-{first_call + sched.active - 1}"
-        )
-        if self.loop_raised:
-            return f"the training loop raised during step {self._step}; {window}"
-        return f"stopped during step {self._step}; {window} (is step() called once per iteration?)"
 
     @property
     def last_summary(self) -> dict[str, Any] | None:
@@ -347,7 +336,7 @@ class TraceCapture(OneFault):
             if rf is not None:
                 rf.__exit__(None, None, None)
             if owns_window:
-                self._close_phase_window()
+                self.close_window()
 
         self._guarded("phase exit", leave)
 
@@ -370,8 +359,39 @@ class TraceCapture(OneFault):
             self.recording = True
             return True
 
-    def _close_phase_window(self) -> None:
-        """Stop and export the open phase window, if it is still open."""
+    def open_window(self, tag: str) -> str | None:
+        """With trace.target "caller", record from now until close_window(): a window its
+        caller opens and closes (on the thread that started the capture), named by its
+        steps and `tag`. None where it opened; else why not (this rank is not in
+        trace.ranks, capture is off, a window is open, another torch.profiler runs)."""
+        with self._phase_lock:
+            why = None
+            if not self._by_caller:
+                why = f'trace.target is {self._config.target!r}, not "caller"'
+            elif not self._scheduled:
+                why = f"rank {self._rank} is not in trace.ranks ({self._config.ranks})"
+            elif not self.enabled or self._stopping:
+                why = "capture is off"
+            elif self._phase_window is not None:
+                why = "a window is open"
+            elif threading.get_ident() != self._owner:
+                why = "torch.profiler windows open and close on the thread that started rankscope"
+            elif not self._nsys and self._torch.autograd._profiler_enabled():
+                why = "another torch.profiler is running in this process"
+            if why is not None:
+                return why
+            made: list[Any] = []
+            if not self._guarded("trace_window", lambda: made.append(self._maker.new(None, 0))):
+                return self.fault_reason or "capture failed"
+            self._prof = made[0]
+            if not self._guarded("trace_window", self._prof.start):
+                return self.fault_reason or "capture failed"
+            self._phase_window, self._held_from = tag, self._step
+            self.recording = True
+            return None
+
+    def close_window(self) -> None:
+        """Stop and export the open phase or caller window, if it is still open."""
         with self._phase_lock:
             window, prof = self._phase_window, self._prof
             if window is None or prof is None:
@@ -380,6 +400,9 @@ class TraceCapture(OneFault):
             self._phase_window = None
             prof.stop()
             self._prof = None
+            if self._held_from is not None:  # a caller's: its steps are known now
+                window = step_window_name(self._held_from, self._step, window)
+                self._held_from = None
             self._export(prof, window)
 
     # -- saving a window -----------------------------------------------------------
@@ -492,6 +515,23 @@ class TraceCapture(OneFault):
         """Called by the worker thread; the training thread acts on it at its next step."""
         if self._switch_off(f"writing a trace failed ({cause})"):
             self._failure = cause
+
+
+def _why_empty(config: TraceConfig, phase_calls: int, step: int, loop_raised: bool) -> str:
+    """Why no window was recorded by `step`: config that silently did nothing is worth a line."""
+    sched = config.schedule
+    first_call = sched.skip_first + sched.wait + sched.warmup
+    if config.target == "caller":
+        return f'trace.target is "caller" and no window was opened by step {step}'
+    if config.target_phase is not None:
+        return (
+            f"phase {config.target_phase!r} was entered {phase_calls} time(s); "
+            f"the schedule records invocation {first_call} first"
+        )
+    window = f"the schedule's first window is steps {first_call}-{first_call + sched.active - 1}"
+    if loop_raised:
+        return f"the training loop raised during step {step}; {window}"
+    return f"stopped during step {step}; {window} (is step() called once per iteration?)"
 
 
 def _nsys_usable(torch: ModuleType, rank: int) -> bool:

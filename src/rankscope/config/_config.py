@@ -153,7 +153,9 @@ class TraceConfig:
     """Which steps (or phase invocations) are recorded; see Schedule."""
     target: str = "step"
     """What the schedule counts: "step" counts step() calls; "phase:NAME" counts invocations of phase NAME
-    and records only inside them, each recorded invocation its own window."""
+    and records only inside them, each recorded invocation its own window; "caller": no schedule,
+    windows open and close where the code says (Profiler.trace_window), as a framework that picks
+    its own profiled steps does (verl's start_profile and stop_profile)."""
     activities: Sequence[str] | None = None
     """Profiler activities from ACTIVITIES; None means cpu, plus cuda where CUDA is available."""
     tool: str = "torch"
@@ -197,9 +199,10 @@ class TraceConfig:
         if not isinstance(self.schedule, Schedule):
             raise ConfigError("trace.schedule", self.schedule, "a Schedule")
         if not isinstance(self.target, str) or not (
-            self.target == "step" or (self.target.startswith("phase:") and self.target[6:].strip())
+            self.target in ("step", "caller")
+            or (self.target.startswith("phase:") and self.target[6:].strip())
         ):
-            raise ConfigError("trace.target", self.target, '"step" or "phase:NAME"')
+            raise ConfigError("trace.target", self.target, '"step", "phase:NAME" or "caller"')
         if self.activities is not None:
             object.__setattr__(self, "activities", _parse_activities(self.activities))
         for name in _TORCH_ONLY:
