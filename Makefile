@@ -80,13 +80,13 @@ test-gpu:
 # (ms-swift 4.6: transformers < 5.20): their own environment, their tests run there.
 FW_VENV := .venv-frameworks
 $(FW_VENV)/.installed: pyproject.toml constraints-frameworks.txt
-	@echo "==> installing the frameworks (ms-swift) into $(FW_VENV): the first time about 5 minutes"
+	@echo "==> installing the frameworks (ms-swift, verl) into $(FW_VENV): the first time about 7 minutes"
 	$(PYTHON) -m venv $(FW_VENV)
-	$(FW_VENV)/bin/python -m pip install -c constraints-frameworks.txt -e ".[cli,ms-swift]" pytest
+	$(FW_VENV)/bin/python -m pip install -c constraints-frameworks.txt -e ".[cli,ms-swift,verl]" pytest
 	touch $@
 
 test-frameworks: $(FW_VENV)/.installed
-	$(FW_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_ms_swift.py tests/integrations/test_slime.py
+	$(FW_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_ms_swift.py tests/integrations/test_slime.py tests/integrations/test_verl.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/capture_stall.py
