@@ -76,8 +76,9 @@ test-gpu:
 	$(GPU_PY) bench/capture_stall.py --device cuda --quick
 
 # The frameworks rankscope plugs into whose packages are too heavy for `make test`
-# (ms-swift: 2 GB, about 5 minutes to install) or pin what the dev environment cannot
-# (ms-swift 4.6: transformers < 5.20): their own environment, their tests run there.
+# (ms-swift: 2 GB, about 5 minutes to install; verl: 1.9 GB with Ray, 2-3 minutes) or
+# pin what the dev environment cannot (ms-swift 4.6: transformers < 5.20; verl 0.9.1:
+# < 5.11): their own environment, their tests run there.
 FW_VENV := .venv-frameworks
 $(FW_VENV)/.installed: pyproject.toml constraints-frameworks.txt
 	@echo "==> installing the frameworks (ms-swift, verl) into $(FW_VENV): the first time about 7 minutes"
