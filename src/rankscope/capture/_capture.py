@@ -381,7 +381,9 @@ class TraceCapture(OneFault):
             if why is not None:
                 return why
             made: list[Any] = []
-            if not self._guarded("trace_window", lambda: made.append(self._maker.new(None, 0))):
+            if not self._guarded(
+                "trace_window", lambda: made.append(self._maker.new(None, self._step))
+            ):
                 return self.fault_reason or "capture failed"
             self._prof = made[0]
             if not self._guarded("trace_window", self._prof.start):

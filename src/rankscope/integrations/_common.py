@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
@@ -13,7 +14,16 @@ from .._log import get_logger
 from .._profiler import Profiler, _as_config
 from ..config._config import ProfileConfig
 
-__all__ = ["CallbackRun", "Interrupted", "check_rank_args", "first_step", "guarded"]
+__all__ = [
+    "CallbackRun",
+    "Interrupted",
+    "ProcessRun",
+    "check_rank_args",
+    "first_step",
+    "guarded",
+    "merged",
+    "plain",
+]
 
 logger = get_logger(__name__)
 
@@ -167,6 +177,87 @@ class CallbackRun:
         rank = self.profiler.rank if self.profiler is not None else "?"
         logger.warning(
             "rankscope: %s off for the rest of the run on rank %s: %s failed: %s: %s",
+            self._WHAT,
+            rank,
+            where,
+            type(exc).__name__,
+            exc,
+        )
+        try:
+            self._finish(interrupted=True)
+        except Exception:
+            logger.debug("rankscope: stopping after a fault failed too", exc_info=True)
+
+
+def plain(value: Any) -> Any:
+    """A framework's config value (OmegaConf, a dataclass, YAML's mappings and lists) as
+    plain dicts and lists."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:
+        pass
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [plain(v) for v in value]
+    fields = getattr(value, "__dataclass_fields__", None)
+    if fields is not None:
+        return {name: plain(getattr(value, name)) for name in fields}
+    return value
+
+
+def merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `over` laid on it, mapping by mapping (the user's own section wins)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class ProcessRun:
+    """One process's run for an integration that hooks a framework with no callback object
+    of its own (slime's hook functions, verl's profiler class): its Profiler, stopped at the
+    process's exit, and turned off for good by the first fault. `_WHAT` names the
+    integration in the warning; `_finish(interrupted)` is the integration's own stop."""
+
+    _WHAT = "integration"
+
+    def __init__(self) -> None:
+        self.profiler: Profiler | None = None
+        self.off = False  # a fault turned rankscope off in this process
+
+    def _finish(self, interrupted: bool) -> None:
+        raise NotImplementedError
+
+    def _stop_at_exit(self) -> None:
+        """Stop the run when this process exits (not a forked child of it)."""
+        atexit.register(self._finish_at_exit, os.getpid())
+
+    def _interrupted_at_exit(self) -> bool:
+        """Whether a phase is cut short when the process exits now."""
+        return False
+
+    def _finish_at_exit(self, pid: int) -> None:
+        if os.getpid() == pid and self.profiler is not None:
+            try:
+                self._finish(interrupted=self._interrupted_at_exit())
+            except Exception:
+                logger.debug("rankscope: stopping at exit failed", exc_info=True)
+
+    def _fault(self, where: str, exc: BaseException) -> None:
+        """Log once and turn rankscope off in this process; training goes on."""
+        if self.off:
+            return
+        self.off = True
+        rank = self.profiler.rank if self.profiler is not None else "?"
+        logger.warning(
+            "rankscope: the %s is off for the rest of the run on rank %s: %s failed: %s: %s",
             self._WHAT,
             rank,
             where,

@@ -60,7 +60,6 @@ on. A config value with no rankscope meaning raises ConfigError naming slime's f
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -71,7 +70,7 @@ from .._errors import ConfigError
 from .._log import get_logger
 from .._profiler import Profiler
 from ..config._config import ProfileConfig
-from ._common import Interrupted, enter_phase, leave_phase
+from ._common import Interrupted, ProcessRun, enter_phase, leave_phase, merged, plain
 
 __all__ = ["before_train_step", "config_from_args", "init"]
 
@@ -114,7 +113,7 @@ def config_from_args(args: Any, environ: Mapping[str, str] | None = None) -> Pro
     if own is None:
         data: dict[str, Any] = {}
     elif isinstance(own, Mapping):
-        data = _plain(own)
+        data = plain(own)
     elif isinstance(own, (str, os.PathLike)):
         data = ProfileConfig.from_yaml(own).to_dict()
     else:
@@ -132,7 +131,7 @@ def config_from_args(args: Any, environ: Mapping[str, str] | None = None) -> Pro
         mapped["trace"] = {"enable": True, "ranks": ranks, "schedule": _window(args)}
     if getattr(args, "record_memory_history", False):
         mapped["memory"] = _memory(args, ranks)
-    config = ProfileConfig.from_dict(_merged(mapped, data))
+    config = ProfileConfig.from_dict(merged(mapped, data))
     config.with_env(environ)  # a bad RANKSCOPE_* value fails here, not at the first step
     return config
 
@@ -165,25 +164,6 @@ def steps_per_rollout(args: Any) -> int:
             "at most rollout_batch_size * n_samples_per_prompt (one train step per rollout at least)",
         )
     return steps
-
-
-def _plain(value: Any) -> Any:
-    """A mapping from YAML or OmegaConf, as plain dicts and lists."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merged(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def _ranks(value: object) -> object:
@@ -246,12 +226,13 @@ def _memory(args: Any, ranks: object) -> dict[str, Any]:
     return {"enable": True, "ranks": ranks}
 
 
-class _SlimeRun:
+class _SlimeRun(ProcessRun):
     """This process's run: its Profiler, the phase a hook opened, the step it is at."""
 
+    _WHAT = "slime integration"
+
     def __init__(self) -> None:
-        self.profiler: Profiler | None = None
-        self.off = False  # a fault turned rankscope off in this process
+        super().__init__()
         self._config: ProfileConfig | None = None
         self._phase: AbstractContextManager[Any] | None = None
         self._per_rollout = 1
@@ -302,7 +283,7 @@ class _SlimeRun:
             self._fault("starting the profiler", exc)
             return
         self.profiler = profiler
-        atexit.register(self._finish_at_exit, os.getpid())
+        self._stop_at_exit()
 
     def _wrap(self, model: Sequence[Any], optimizer: Any) -> None:
         """Mark the first forward of each step, time the gradients' reduction and
@@ -394,31 +375,8 @@ class _SlimeRun:
             if profiler is not None:
                 profiler.stop()
 
-    def _finish_at_exit(self, pid: int) -> None:
-        if os.getpid() == pid and self.profiler is not None:  # not a forked child's
-            try:
-                self._finish(interrupted=self._in_step)
-            except Exception:
-                logger.debug("rankscope: stopping at exit failed", exc_info=True)
-
-    def _fault(self, where: str, exc: BaseException) -> None:
-        """Log once and turn rankscope off in this process; training goes on."""
-        if self.off:
-            return
-        self.off = True
-        rank = self.profiler.rank if self.profiler is not None else "?"
-        logger.warning(
-            "rankscope: the slime integration is off for the rest of the run on rank %s: "
-            "%s failed: %s: %s",
-            rank,
-            where,
-            type(exc).__name__,
-            exc,
-        )
-        try:
-            self._finish(interrupted=True)
-        except Exception:
-            logger.debug("rankscope: stopping after a fault failed too", exc_info=True)
+    def _interrupted_at_exit(self) -> bool:
+        return self._in_step
 
 
 _RUN = _SlimeRun()

@@ -48,7 +48,6 @@ on. A config value with no rankscope meaning raises ConfigError naming verl's fi
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 from collections.abc import Callable, Mapping
@@ -59,7 +58,7 @@ from .._errors import ConfigError
 from .._log import get_logger
 from .._profiler import Profiler
 from ..config._config import ProfileConfig
-from ._common import enter_phase, leave_phase
+from ._common import Interrupted, ProcessRun, enter_phase, leave_phase, merged, plain
 
 __all__ = ["AFTER", "TOOL", "config_from_profiler", "install"]
 
@@ -153,7 +152,7 @@ def _started(start: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, **kwargs: Any) -> Any:
         if getattr(self, "_rankscope", None) is None:
             return start(self, **kwargs)
-        _RUN.start_profile(self._rankscope, kwargs.get("profile_step"))
+        _RUN.start_profile(kwargs.get("profile_step"))
         return None
 
     return run
@@ -164,7 +163,7 @@ def _stopped(stop: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, **kwargs: Any) -> Any:
         if getattr(self, "_rankscope", None) is None:
             return stop(self, **kwargs)
-        _RUN.stop_profile(self._rankscope)
+        _RUN.stop_profile()
         return None
 
     return run
@@ -173,7 +172,7 @@ def _stopped(stop: Callable[..., Any]) -> Callable[..., Any]:
 def config_from_profiler(config: Any, environ: Mapping[str, str] | None = None) -> ProfileConfig:
     """The ProfileConfig a role's verl ``ProfilerConfig`` asks for (the module docstring
     says the mapping); ConfigError names verl's field whose value has no rankscope meaning."""
-    tools = _plain(getattr(config, "tool_config", None))
+    tools = plain(getattr(config, "tool_config", None))
     tools = tools if isinstance(tools, dict) else {}
     own = tools.get(TOOL) or {}
     if not isinstance(own, dict):
@@ -191,15 +190,15 @@ def config_from_profiler(config: Any, environ: Mapping[str, str] | None = None) 
         trace = mapped["trace"]
         trace.update(enable=True, ranks=_ranks(config))
         trace.update(_contents(tools.get("torch")))
-    merged = ProfileConfig.from_dict(_merged(mapped, own))
-    merged.with_env(environ)  # a bad RANKSCOPE_* value fails here, not at the first step
-    return merged
+    out = ProfileConfig.from_dict(merged(mapped, own))
+    out.with_env(environ)  # a bad RANKSCOPE_* value fails here, not at the first step
+    return out
 
 
 def _ranks(config: Any) -> object:
     if getattr(config, "all_ranks", False):
         return "all"
-    ranks = _plain(getattr(config, "ranks", None)) or []
+    ranks = plain(getattr(config, "ranks", None)) or []
     if not isinstance(ranks, list) or not all(type(r) is int and r >= 0 for r in ranks):
         raise ConfigError("profiler.ranks", ranks, "a list of ranks >= 0 ([] is rank 0)")
     return ranks or "0"  # verl's default: rank 0 alone
@@ -236,43 +235,15 @@ def _contents(torch_tool: object) -> dict[str, Any]:
     return out
 
 
-def _plain(value: Any) -> Any:
-    """OmegaConf or dataclass values as plain dicts and lists."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:
-        pass
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [_plain(v) for v in value]
-    fields = getattr(value, "__dataclass_fields__", None)
-    if fields is not None:
-        return {name: _plain(getattr(value, name)) for name in fields}
-    return value
-
-
-def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merged(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-class _VerlRun:
+class _VerlRun(ProcessRun):
     """This worker process's run: one Profiler for every role it holds (verl colocates
     the actor, rollout and reference in one process), its step and open window."""
 
+    _WHAT = "verl integration"
+
     def __init__(self) -> None:
-        self.profiler: Profiler | None = None
+        super().__init__()
         self.config: ProfileConfig | None = None
-        self.off = False  # a fault turned rankscope off in this process
         self._step: int | None = None  # the PPO step in progress, as verl numbers it
         self._ran: set[str] = set()  # the roles run in this step
         self._window: AbstractContextManager[Any] | None = None
@@ -309,7 +280,7 @@ class _VerlRun:
         self._leave(name, phase, None)
         return out
 
-    def start_profile(self, config: ProfileConfig, step: object) -> None:
+    def start_profile(self, step: object) -> None:
         if self.off:
             return
         try:
@@ -323,7 +294,7 @@ class _VerlRun:
         except Exception as exc:
             self._fault("start_profile", exc)
 
-    def stop_profile(self, config: ProfileConfig) -> None:
+    def stop_profile(self) -> None:
         window, self._window = self._window, None
         if window is not None:
             try:
@@ -382,43 +353,19 @@ class _VerlRun:
         profiler = Profiler(self.config, first_step=first)
         profiler.start()
         self.profiler = profiler
-        atexit.register(self._finish_at_exit, os.getpid())
+        self._stop_at_exit()
 
-    def _finish(self) -> None:
+    def _finish(self, interrupted: bool) -> None:
         profiler, self.profiler = self.profiler, None
         gap, self._gap = self._gap, None
-        leave_phase(gap, None)
         window, self._window = self._window, None
-        if window is not None:
-            window.__exit__(None, None, None)
-        if profiler is not None:
-            profiler.stop()
-
-    def _finish_at_exit(self, pid: int) -> None:
-        if os.getpid() == pid and self.profiler is not None:  # not a forked child's
-            try:
-                self._finish()
-            except Exception:
-                logger.debug("rankscope: stopping at exit failed", exc_info=True)
-
-    def _fault(self, where: str, exc: BaseException) -> None:
-        """Log once and turn rankscope off in this process; training goes on."""
-        if self.off:
-            return
-        self.off = True
-        rank = self.profiler.rank if self.profiler is not None else "?"
-        logger.warning(
-            "rankscope: the verl integration is off for the rest of the run on rank %s: "
-            "%s failed: %s: %s",
-            rank,
-            where,
-            type(exc).__name__,
-            exc,
-        )
         try:
-            self._finish()
-        except Exception:
-            logger.debug("rankscope: stopping after a fault failed too", exc_info=True)
+            leave_phase(gap, Interrupted() if interrupted else None)
+            if window is not None:
+                window.__exit__(None, None, None)
+        finally:
+            if profiler is not None:
+                profiler.stop()
 
 
 def _global_step(args: tuple[Any, ...]) -> int | None:
