@@ -16,7 +16,10 @@ as near as the truth can tell); per clean run, every finding it got. The goal:
 every fault named with its waiters, every price 0.7-1.4x the saving, and no finding on a
 clean run.
 
-    python bench/field.py [--quick] [--clean N] [--jobs ddp,hf_data,...]
+    python bench/field.py [--quick] [--clean N] [--faults N] [--jobs ddp,hf_data,...]
+
+With --faults N each job's fault runs N times and the median of its price ratios is
+judged too: under load one run's measured saving strays by more than the fault.
 """
 
 from __future__ import annotations
@@ -212,7 +215,9 @@ def _noise(cleans: list[Path], since: int, twin: bool) -> float | None:
     return max(found) if found else None
 
 
-def run_job(gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool) -> list[Outcome]:
+def run_job(  # noqa: PLR0917 - the job, where, and how many of each run
+    gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool, faults: int = 1
+) -> list[Outcome]:
     steps = job.steps // 2 if quick else job.steps
     since = job.fault.since // 2 if quick else job.fault.since
     fault = replace(job.fault, since=since)
@@ -227,22 +232,40 @@ def run_job(gloo: GlooRanks, job: Job, root: Path, clean: int, quick: bool) -> l
         clean_ms.append(_mean_step(run))
         cleans.append(run)
         outcomes.append(judge(job, run, False, None))
-    run = root / f"{job.name}-fault"
-    try:
-        gloo.run(job.run, job.world, run, Case(steps, job.every, fault), init=not job.torchrun)
-        twin = None
-        if job.kind == "imbalance":  # balancing spreads the load; it does not remove it
-            twin = root / f"{job.name}-balanced"
-            balanced = Case(steps, job.every, fault, balanced=True)
-            gloo.run(job.run, job.world, twin, balanced, init=not job.torchrun)
-        sized = replace(job, fault=fault)
-        clean_step = float(np.mean(clean_ms)) if clean_ms else None
-        judged = judge(sized, run, True, clean_step, twin)
-        judged.noise = _noise(cleans, since, twin is not None)
-        outcomes.append(judged)
-    except RanksFailed as exc:
-        outcomes.append(Outcome(job.name, True, error=str(exc)[-600:]))
+    for k in range(faults):
+        run = root / (f"{job.name}-fault" + (f"-{k}" if k else ""))
+        try:
+            gloo.run(job.run, job.world, run, Case(steps, job.every, fault), init=not job.torchrun)
+            twin = None
+            if job.kind == "imbalance":  # balancing spreads the load; it does not remove it
+                twin = root / (f"{job.name}-balanced" + (f"-{k}" if k else ""))
+                balanced = Case(steps, job.every, fault, balanced=True)
+                gloo.run(job.run, job.world, twin, balanced, init=not job.torchrun)
+            sized = replace(job, fault=fault)
+            clean_step = float(np.mean(clean_ms)) if clean_ms else None
+            judged = judge(sized, run, True, clean_step, twin)
+            judged.noise = _noise(cleans, since, twin is not None)
+            outcomes.append(judged)
+        except RanksFailed as exc:
+            outcomes.append(Outcome(job.name, True, error=str(exc)[-600:]))
     return outcomes
+
+
+def _over_runs(outcomes: list[Outcome]) -> bool | None:
+    """A job's fault runs together: the median of their price ratios, printed, and whether
+    it is in 0.7-1.4x (None for fewer than two priced runs). One run's saving under load
+    strays by more than the fault (see Outcome.noise); the median of several does less."""
+    ratios = sorted(o.ratio for o in outcomes if o.fault and o.ratio is not None)
+    if len(ratios) < 2:
+        return None
+    median = float(np.median(ratios))
+    right = 0.7 <= median <= 1.4
+    listed = ", ".join(f"{r:.2f}x" for r in ratios)
+    print(
+        f"{'':17} prices over {len(ratios)} fault runs: {listed}; median {median:.2f}x "
+        f"{'right' if right else 'OFF'}"
+    )
+    return right
 
 
 def _print(o: Outcome) -> None:
@@ -275,6 +298,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="half the steps, one clean run")
     parser.add_argument("--clean", type=int, default=None, help="clean runs per job (default 3)")
     parser.add_argument("--jobs", default=None, help="comma-separated job names")
+    parser.add_argument("--faults", type=int, default=1, help="fault runs per job (default 1)")
     parser.add_argument("--keep", type=Path, default=None, help="write the runs here and keep them")
     args = parser.parse_args()
     clean = args.clean if args.clean is not None else (1 if args.quick else 3)
@@ -287,6 +311,7 @@ def main() -> int:
         "faults": 0,
         "prices right": 0,
         "within noise": 0,
+        "jobs priced right by the median": 0,
     }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) if args.keep is None else args.keep
@@ -294,7 +319,8 @@ def main() -> int:
         gloo = GlooRanks(root / "gloo")
         for job in jobs:
             began = time.perf_counter()
-            for o in run_job(gloo, job, root, clean, args.quick):
+            outcomes = run_job(gloo, job, root, clean, args.quick, args.faults)
+            for o in outcomes:
                 _print(o)
                 if o.error:
                     continue
@@ -306,6 +332,7 @@ def main() -> int:
                 else:
                     totals["clean runs"] += 1
                     totals["clean findings"] += len(o.findings)
+            totals["jobs priced right by the median"] += bool(_over_runs(outcomes))
             print(f"{'':17} ({time.perf_counter() - began:.0f} s)")
     print("field: " + ", ".join(f"{k} {v}" for k, v in totals.items()))
     return 0

@@ -13,9 +13,9 @@ import pytest
 
 from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
 from rankscope.analysis.read._matrix import STEP, PhaseMatrices
-from rankscope.analysis.stragglers._cost import estimate_costs
+from rankscope.analysis.stragglers._cost import Costs, drop_the_cheap, estimate_costs
 from rankscope.analysis.stragglers._findings import cost_lines, cost_text
-from rankscope.analysis.stragglers._model import StragglerFinding, StragglerReport
+from rankscope.analysis.stragglers._model import Cost, StragglerFinding, StragglerReport
 from rankscope.testing._gloo import GlooRanks
 from rankscope.testing._synthetic import Slowdown, write_timings
 
@@ -591,3 +591,30 @@ def test_a_plain_ddp_job_slow_in_data_gets_one_answer(
     assert code == 0 and "rank-" in text and "GPU" not in text
     assert "ranks 0-2 in backward lose this time waiting for it: the same cost" in text
     assert "fix saves ms/step" in text and "rank 3's" in text
+
+
+def _priced(saved: float) -> Cost:
+    return Cost(saved, 0.0, 0.0, None, 1.0, 3.0, 88)
+
+
+@pytest.mark.parametrize(
+    ("median_excess_ms", "stands"),
+    [
+        # A quiet 2-rank Lightning run: rank 0's 0.36 ms forward 3x for 4 sampled steps
+        # of 16, +3% at the rest; the mean excess and the price (0.179 ms, 6% of a
+        # 2.94 ms step) are the burst's, the typical step's excess is 0.027 ms.
+        (0.027, False),
+        # The same price and lost time from an excess at every step alike: a slow rank.
+        (0.179, True),
+    ],
+)
+def test_a_finding_is_worth_saying_only_where_its_typical_step_bears_it(
+    median_excess_ms: float, stands: bool
+) -> None:
+    m = _two_segments()
+    slow = _finding(0, "forward", lost_ms=2.864, steps=16, median_excess_ms=median_excess_ms)
+    report = _report(m, ["backward"], [slow])
+    costs = Costs([_priced(0.179)], [None], _priced(0.179), [], 4.5, [], [], [])
+    dropped = drop_the_cheap(report, costs, 0.02 * 2.94)
+    assert dropped is not stands
+    assert [f.rank for f in report.findings] == ([0] if stands else [])

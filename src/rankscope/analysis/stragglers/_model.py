@@ -174,6 +174,9 @@ class StragglerFinding:
     """For "waits": the ranks that arrived last, most often first."""
     ratios: tuple[float | None, ...] = ()
     """The ratio at every sampled step (None where the rank has no record)."""
+    median_excess_ms: float | None = None
+    """Its time above the reference at the typical step from `since_step` on (the
+    median; lost_ms / steps is the mean, a burst of a few steps included)."""
     cost: Cost | None = None
     """What fixing it would save (analysis/stragglers/_cost.py). None for "waits" where the rank it
     waits for has a slow finding: its lost time is that finding's cost (`cost_of`)."""

@@ -80,6 +80,7 @@ def waiting_in_pipeline(
                     since_step=m.steps[int(row.valid[onset])],
                     waits_for=tuple(cause),
                     ratios=rounded(ratio),
+                    median_excess_ms=round(row.median_excess(onset), 3),
                 )
                 out.append((finding, row))
     return out

@@ -381,6 +381,7 @@ class _Rows:
             since_step=m.steps[int(row.valid[onset])],
             waits_for=tuple(m.ranks[i] for i in waits_for),
             ratios=rounded(ratios),
+            median_excess_ms=round(row.median_excess(onset), 3),
         )
         if at is not None:
             self.waiting[rank, phase] = row
@@ -484,6 +485,7 @@ def _waiting_since_the_cause(
                 lost_ms=row.lost(onset),
                 steps=len(row.valid) - onset,
                 since_step=steps[int(row.valid[onset])],
+                median_excess_ms=round(row.median_excess(onset), 3),
             )
         )
     return out
