@@ -76,18 +76,19 @@ test-gpu:
 	$(GPU_PY) bench/capture_stall.py --device cuda --quick
 
 # The frameworks rankscope plugs into whose packages are too heavy for `make test`
-# (ms-swift: 2 GB, about 5 minutes to install; verl: 1.9 GB with Ray, 2-3 minutes) or
+# (ms-swift: 2 GB, about 5 minutes to install; verl: 1.9 GB with Ray, 2-3 minutes; SkyRL
+# without its CUDA extra: 18 MB beside them) or
 # pin what the dev environment cannot (ms-swift 4.6: transformers < 5.20; verl 0.9.1:
 # < 5.11): their own environment, their tests run there.
 FW_VENV := .venv-frameworks
 $(FW_VENV)/.installed: pyproject.toml constraints-frameworks.txt
-	@echo "==> installing the frameworks (ms-swift, verl) into $(FW_VENV): the first time about 7 minutes"
+	@echo "==> installing the frameworks (ms-swift, verl, SkyRL) into $(FW_VENV): the first time about 8 minutes"
 	$(PYTHON) -m venv $(FW_VENV)
-	$(FW_VENV)/bin/python -m pip install -c constraints-frameworks.txt -e ".[cli,ms-swift,verl]" pytest
+	$(FW_VENV)/bin/python -m pip install -c constraints-frameworks.txt -e ".[cli,ms-swift,verl,skyrl]" pytest
 	touch $@
 
 test-frameworks: $(FW_VENV)/.installed
-	$(FW_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_ms_swift.py tests/integrations/test_slime.py tests/integrations/test_verl.py
+	$(FW_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_ms_swift.py tests/integrations/test_slime.py tests/integrations/test_verl.py tests/integrations/test_skyrl.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/capture_stall.py
