@@ -290,3 +290,26 @@ def test_a_setup_hook_of_the_users_own_runs_after_rankscopes() -> None:
     with pytest.raises(ConfigError) as info:
         init(runtime_env={"worker_process_setup_hook": print})
     assert info.value.field == "runtime_env.worker_process_setup_hook"
+
+
+def test_the_launcher_installs_then_runs_skyrls_entry_module_with_its_arguments(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+
+    (tmp_path / "entry_point.py").write_text(
+        "import sys, ray\nprint(getattr(ray.init, '_rankscope', False), sys.argv[1:])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    launch = [sys.executable, "-m", "rankscope.integrations.skyrl"]
+    ran = subprocess.run(
+        [*launch, "entry_point", "trainer.epochs=1"],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "True ['trainer.epochs=1']"
+    usage = subprocess.run(launch, check=False, env=env, capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage:" in usage.stderr
