@@ -42,7 +42,9 @@ Phases, each the worker method of that name: ``forward`` (the policy's log probs
 ``forward_backward`` and ``optim_step`` (each mini-batch), ``weight_sync``
 (``broadcast_to_inference_engines``), ``offload`` and ``backload`` (colocation),
 ``save_checkpoint``, ``save_hf_model``; the time from one call's end to the next
-call's start is ``after_<phase>`` (kind "comm"): the controller gathers every rank's
+call's start is ``after_<phase>`` (kind "comm"; ``after_<phase>_<n>`` after the n-th
+call of a phase in a step, a mini-batch's, so that no comm phase repeats within a step,
+which the analysis reads as a pipeline's sends): the controller gathers every rank's
 results before it goes on, so the ranks that wait for a slow one wait there, and the
 rollout runs there (in the inference engines, not the policy workers). A step is the
 time between ``profile_step`` calls, numbered from 0 at ``start_profile`` (a worker is
@@ -399,6 +401,7 @@ class SkyRLProfiler(ProcessRun):
         self.config = config_from_profiler(config)  # ConfigError is the user's to see
         self.inside = False  # a timed method is running
         self._gap: AbstractContextManager[Any] | None = None  # the open after_<phase>
+        self._calls: dict[str, int] = {}  # each phase's calls in the step so far
 
     def check(self) -> bool:
         return self.profiler is not None
@@ -424,6 +427,7 @@ class SkyRLProfiler(ProcessRun):
         try:
             gap, self._gap = self._gap, None
             leave_phase(gap, None)  # the step's edge lies inside it: the rest is not timed
+            self._calls = {}
             self.profiler.step()
         except Exception as exc:
             self._fault("step", exc)
@@ -457,9 +461,16 @@ class SkyRLProfiler(ProcessRun):
             return
         try:
             leave_phase(phase, exc)
-            self._gap = enter_phase(self.profiler, AFTER + name, "comm")
+            self._gap = enter_phase(self.profiler, self._gap_name(name), "comm")
         except Exception as fault:
             self._fault("leaving a phase", fault)
+
+    def _gap_name(self, name: str) -> str:
+        """``after_<name>``, and ``after_<name>_<n>`` after its n-th call in a step (a
+        mini-batch's): a comm phase that repeats within a step is a pipeline's send or
+        recv to the analysis, and the controller's gathers are not."""
+        n = self._calls[name] = self._calls.get(name, 0) + 1
+        return AFTER + name + (f"_{n}" if n > 1 else "")
 
     def _finish(self, interrupted: bool) -> None:
         profiler, self.profiler = self.profiler, None
