@@ -89,7 +89,11 @@ _OVERRIDES: dict[str, tuple[tuple[str, ...], Callable[[str, str], Any]]] = {
 }
 
 _PREFIX = "RANKSCOPE_"
-_NOT_CONFIG = ("RANKSCOPE_WRITE_DOCS",)  # tests/project/test_docs.py: rewrite docs/config.md
+_NOT_CONFIG = (
+    "RANKSCOPE_WRITE_DOCS",  # tests/project/test_docs.py: rewrite docs/config.md
+    "RANKSCOPE_SKYRL_CONFIG",  # integrations/skyrl.py: install(config) to SkyRL's workers
+    "RANKSCOPE_SKYRL_THEN",  # integrations/skyrl.py: the user's own Ray setup hook
+)
 KNOWN_VARIABLES: tuple[str, ...] = tuple(sorted((*_OVERRIDES, *_NOT_CONFIG)))
 """Every RANKSCOPE_* variable rankscope reads."""
 _warned: set[str] = set()  # unknown variables warned about in this process
