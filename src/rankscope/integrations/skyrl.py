@@ -57,6 +57,7 @@ on. A config value with no rankscope meaning raises ConfigError naming SkyRL's f
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
@@ -64,7 +65,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import Any
@@ -288,14 +289,8 @@ def _timed(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
             run = _running(self)
             if run is None:
                 return await func(self, *args, **kwargs)
-            phase = run.enter(name)
-            try:
-                out = await func(self, *args, **kwargs)
-            except BaseException as exc:
-                run.leave(name, phase, exc)
-                raise
-            run.leave(name, phase, None)
-            return out
+            with run.timed(name):
+                return await func(self, *args, **kwargs)
 
         run_async._rankscope = True  # type: ignore[attr-defined]
         return run_async
@@ -305,14 +300,8 @@ def _timed(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
         run = _running(self)
         if run is None:
             return func(self, *args, **kwargs)
-        phase = run.enter(name)
-        try:
-            out = func(self, *args, **kwargs)
-        except BaseException as exc:
-            run.leave(name, phase, exc)
-            raise
-        run.leave(name, phase, None)
-        return out
+        with run.timed(name):
+            return func(self, *args, **kwargs)
 
     run_sync._rankscope = True  # type: ignore[attr-defined]
     return run_sync
@@ -438,6 +427,17 @@ class SkyRLProfiler(ProcessRun):
                 self._finish(interrupted=False)
             except Exception as exc:
                 self._fault("stop", exc)
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Phase `name` around the body, the gap after it opened when it ends."""
+        phase = self.enter(name)
+        try:
+            yield
+        except BaseException as exc:
+            self.leave(name, phase, exc)
+            raise
+        self.leave(name, phase, None)
 
     def enter(self, name: str) -> AbstractContextManager[Any] | None:
         """Phase `name` entered (the open gap closed); None where rankscope is off."""
