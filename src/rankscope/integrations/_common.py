@@ -23,6 +23,7 @@ __all__ = [
     "guarded",
     "merged",
     "plain",
+    "turn_off",
 ]
 
 logger = get_logger(__name__)
@@ -174,19 +175,32 @@ class CallbackRun:
 
     def _fault(self, where: str, exc: BaseException) -> None:
         """Log once and turn the integration off for the rest of this run; training goes on."""
-        rank = self.profiler.rank if self.profiler is not None else "?"
-        logger.warning(
-            "rankscope: %s off for the rest of the run on rank %s: %s failed: %s: %s",
-            self._WHAT,
-            rank,
-            where,
-            type(exc).__name__,
-            exc,
-        )
-        try:
-            self._finish(interrupted=True)
-        except Exception:
-            logger.debug("rankscope: stopping after a fault failed too", exc_info=True)
+        off = f"{self._WHAT} off"
+        turn_off(off, self.profiler, where, exc, lambda: self._finish(interrupted=True))
+
+
+def turn_off(
+    off: str,
+    profiler: Profiler | None,
+    where: str,
+    exc: BaseException,
+    finish: Callable[[], None],
+) -> None:
+    """The warning that an integration is `off` ("the verl integration is off") on this
+    rank since `where` raised `exc`, then `finish()`, whose own fault is only logged:
+    training goes on."""
+    logger.warning(
+        "rankscope: %s for the rest of the run on rank %s: %s failed: %s: %s",
+        off,
+        profiler.rank if profiler is not None else "?",
+        where,
+        type(exc).__name__,
+        exc,
+    )
+    try:
+        finish()
+    except Exception:
+        logger.debug("rankscope: stopping after a fault failed too", exc_info=True)
 
 
 def plain(value: Any) -> Any:
@@ -255,16 +269,5 @@ class ProcessRun:
         if self.off:
             return
         self.off = True
-        rank = self.profiler.rank if self.profiler is not None else "?"
-        logger.warning(
-            "rankscope: the %s is off for the rest of the run on rank %s: %s failed: %s: %s",
-            self._WHAT,
-            rank,
-            where,
-            type(exc).__name__,
-            exc,
-        )
-        try:
-            self._finish(interrupted=True)
-        except Exception:
-            logger.debug("rankscope: stopping after a fault failed too", exc_info=True)
+        off = f"the {self._WHAT} is off"
+        turn_off(off, self.profiler, where, exc, lambda: self._finish(interrupted=True))
