@@ -431,15 +431,15 @@ class SkyRLProfiler(ProcessRun):
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:
         """Phase `name` around the body, the gap after it opened when it ends."""
-        phase = self.enter(name)
+        phase = self._enter(name)
         try:
             yield
         except BaseException as exc:
-            self.leave(name, phase, exc)
+            self._leave(name, phase, exc)
             raise
-        self.leave(name, phase, None)
+        self._leave(name, phase, None)
 
-    def enter(self, name: str) -> AbstractContextManager[Any] | None:
+    def _enter(self, name: str) -> AbstractContextManager[Any] | None:
         """Phase `name` entered (the open gap closed); None where rankscope is off."""
         self.inside = True
         if self.off or self.profiler is None:
@@ -452,7 +452,7 @@ class SkyRLProfiler(ProcessRun):
             self._fault(name, exc)
             return None
 
-    def leave(
+    def _leave(
         self, name: str, phase: AbstractContextManager[Any] | None, exc: BaseException | None
     ) -> None:
         """Leave phase `name` and open the gap after it."""
