@@ -82,13 +82,13 @@ test-gpu:
 # < 5.11): their own environment, their tests run there.
 FW_VENV := .venv-frameworks
 $(FW_VENV)/.installed: pyproject.toml constraints-frameworks.txt
-	@echo "==> installing the frameworks (ms-swift, verl, SkyRL) into $(FW_VENV): the first time about 8 minutes"
+	@echo "==> installing the frameworks (ms-swift, verl, SkyRL, lmms-engine) into $(FW_VENV): the first time about 10 minutes"
 	$(PYTHON) -m venv $(FW_VENV)
-	$(FW_VENV)/bin/python -m pip install -c constraints-frameworks.txt -e ".[cli,ms-swift,verl,skyrl]" pytest
+	$(FW_VENV)/bin/python -m pip install -c constraints-frameworks.txt -e ".[cli,ms-swift,verl,skyrl,lmms-engine]" pytest
 	touch $@
 
 test-frameworks: $(FW_VENV)/.installed
-	$(FW_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_ms_swift.py tests/integrations/test_slime.py tests/integrations/test_verl.py tests/integrations/test_skyrl.py
+	$(FW_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations/test_ms_swift.py tests/integrations/test_slime.py tests/integrations/test_verl.py tests/integrations/test_skyrl.py tests/integrations/test_lmms_engine_trainer.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/capture_stall.py

@@ -618,3 +618,12 @@ def test_a_finding_is_worth_saying_only_where_its_typical_step_bears_it(
     dropped = drop_the_cheap(report, costs, 0.02 * 2.94)
     assert dropped is not stands
     assert [f.rank for f in report.findings] == ([0] if stands else [])
+
+
+def test_one_rank_that_waits_loses_the_time_and_several_lose_it() -> None:
+    from rankscope.analysis.stragglers._findings import _lose
+
+    assert "; rank 0 in training_step loses this time waiting" in _lose({"training_step": [0]})
+    assert "; ranks 0, 2 in backward lose this time waiting" in _lose({"backward": [2, 0]})
+    assert "; rank 0 in a and rank 2 in b lose this time" in _lose({"a": [0], "b": [2]})
+    assert _lose({}) == ""

@@ -1,4 +1,4 @@
-"""lmms-engine's CUDA-event files read as a run directory (integrations/lmms_engine.py).
+"""lmms-engine's CUDA-event files read as a run directory (integrations/lmms_engine/_events.py).
 
 lmms-engine's CUDA-event profiler needs CUDA (its constructor turns itself off without
 it), and installing lmms-engine pulls a CUDA build of torch (6.9 GB), so no test here

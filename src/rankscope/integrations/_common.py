@@ -71,9 +71,9 @@ def check_rank_args(rank: object, world_size: object) -> None:
         raise ConfigError("rank", rank, f"a rank below world_size={world_size}")
 
 
-def enter_phase(run: Profiler, name: str, kind: str) -> AbstractContextManager[Any]:
+def enter_phase(run: Profiler, name: str, kind: str, **meta: Any) -> AbstractContextManager[Any]:
     """`run`'s phase `name`, entered: a hook opens it, a later hook leaves it."""
-    phase = run.phase(name, kind)
+    phase = run.phase(name, kind, **meta)
     phase.__enter__()
     return phase
 

@@ -239,8 +239,10 @@ def _lose(by_phase: Mapping[str, list[int]]) -> str:
     said = [f"{format_ranks(sorted(r))} in {phase}" for phase, r in by_phase.items()]
     if not said:
         return ""
+    one = len(by_phase) == 1 and len(next(iter(by_phase.values()))) == 1
     return (
-        f"; {' and '.join(said)} lose this time waiting for it: the same cost, not a second cause"
+        f"; {' and '.join(said)} {'loses' if one else 'lose'} this time waiting for it: "
+        "the same cost, not a second cause"
     )
 
 

@@ -1,4 +1,4 @@
-"""rankscope for lmms-engine: the timings its CUDA-event profiler already wrote, as a run
+"""lmms-engine's own timings, the files its CUDA-event profiler already wrote, as a run
 directory every `rankscope` command reads.
 
 lmms-engine's FSDP2 trainer (`trainer_args.enable_cuda_event_profiler`) times three
@@ -38,15 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._errors import RankscopeError
-from ..config._ranks import RankInfo
-from ..rundir._attempt import current_attempt
-from ..rundir._files import append, read_regular
-from ..rundir._layout import timing_path
-from ..rundir._meta import write_meta
-from ..timing._record import STEP_PHASE, Span, format_attempt, format_record
+from ..._errors import RankscopeError
+from ...config._ranks import RankInfo
+from ...rundir._attempt import current_attempt
+from ...rundir._files import append, read_regular
+from ...rundir._layout import timing_path
+from ...rundir._meta import write_meta
+from ...timing._record import STEP_PHASE, Span, format_attempt, format_record
 
-__all__ = ["EVENTS_FOLDER", "ImportedRun", "import_cuda_events"]
+__all__ = ["EVENTS_FOLDER", "KINDS", "ImportedRun", "import_cuda_events"]
 
 EVENTS_FOLDER = "cuda_event_profiler"
 """The folder lmms-engine writes its CUDA-event files to, under its `output_dir`."""
@@ -56,7 +56,8 @@ HOST = "lmms-engine"
 clock offset is taken between ranks (their steps are laid from one instant)."""
 
 _FILE = re.compile(r"^cuda_events_rank_(\d{1,7})\.jsonl$")
-_KINDS = {"host_to_device": "io"}
+KINDS = {"host_to_device": "io"}
+"""The kind of each lmms-engine phase that is not "compute"."""
 _MAX_BYTES = 2 << 30  # one rank's file, at most
 _MAX_LINE = 64 << 10
 _MAX_MS = 86_400_000.0  # a phase of over a day is no timing
@@ -169,7 +170,7 @@ def _records(rank: int, by_step: dict[int, list[_Row]], begin: dict[int, int]) -
     for step in sorted(by_step):
         at = begin[step]
         for row in by_step[step]:
-            span = Span(step, row.name, _KINDS.get(row.name, "compute"), None, 0, None)
+            span = Span(step, row.name, KINDS.get(row.name, "compute"), None, 0, None)
             span.start_ns, span.cpu_ns = at, _ns(row.ms)
             at += span.cpu_ns
             yield format_record(rank, span, row.ms, 0)
