@@ -288,7 +288,9 @@ class _Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def test_lmms_engines_hf_trainer_trains_with_rankscopes_callback(tmp_path: Path) -> None:
+def test_lmms_engines_hf_trainer_trains_with_rankscopes_callback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from rankscope.integrations.hf import RankscopeCallback
 
     adapter.install({"timer": {"every_n_steps": 1}})
@@ -320,6 +322,11 @@ def test_lmms_engines_hf_trainer_trains_with_rankscopes_callback(tmp_path: Path)
     records = [json.loads(line) for line in path.read_text().splitlines()]
     steps = {r["step"] for r in records if r.get("phase") == "forward"}
     assert steps == set(range(6))
+    capsys.readouterr()
+    assert main(["stragglers", str(tmp_path / "rankscope"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ranks"] == [0] and report["steps"] == list(range(6))
+    assert report["findings"] == [], report["findings"]
 
 
 def test_the_launcher_hands_its_arguments_to_lmms_engines(tmp_path: Path) -> None:
