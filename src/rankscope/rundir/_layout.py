@@ -64,7 +64,6 @@ __all__ = [
     "auto_path",
     "flight_recorder_path",
     "hang_path",
-    "health_files",
     "health_path",
     "is_run_dir",
     "is_temp",
@@ -331,6 +330,51 @@ class TraceFile:
     """The folder that holds it."""
 
 
+class _Listing:
+    """Folders of one run directory listed safely: regular files only (links to them
+    too), hidden names never, sorted; what is passed over is noted with why."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.left_out: dict[Path, str] = {}
+
+    def note(self, path: Path, why: str) -> None:
+        self.left_out.setdefault(path, why)
+
+    def entries(self, folder: Path) -> list[Path]:
+        """Every listed entry of `folder` (files and folders)."""
+        return _entries(folder, self.note)
+
+    def regular(self, path: Path) -> bool:
+        """True for a regular file (or a link to one); anything else is noted."""
+        why = not_regular(path)
+        if why is not None:
+            self.note(path, why)
+        return why is None
+
+    def files(self, folder: Path, wanted: Callable[[str], bool]) -> list[Path]:
+        """The regular files in `folder` whose name is `wanted`."""
+        return [p for p in self.entries(folder) if wanted(p.name) and self.regular(p)]
+
+    def ranked(self, folder: Path, suffix: str, within: str | None = None) -> list[RankFile]:
+        """The regular files in `folder` named rank-NNNNN`suffix`, with their rank."""
+        out = []
+        for path in self.entries(folder):
+            rank = rank_of_file(path.name, suffix)
+            if rank is not None and self.regular(path):
+                out.append(RankFile(rank, path, within))
+        return out
+
+    def in_windows(self, top: str, suffix: str, only: str | None = None) -> list[RankFile]:
+        """The ranked files of each window folder under `top` (of `only`, if given)."""
+        folders = self.entries(self.root / top) if only is None else [self.root / top / only]
+        out: list[RankFile] = []
+        for folder in folders:
+            if folder.is_dir():
+                out.extend(self.ranked(folder, suffix, folder.name))
+        return out
+
+
 class RunDir:
     """The reader's view of a run directory: each kind of file, with its rank.
 
@@ -344,7 +388,7 @@ class RunDir:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        self._left_out: dict[Path, str] = {}
+        self._list = _Listing(self.root)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.root)!r})"
@@ -352,7 +396,7 @@ class RunDir:
     @property
     def left_out(self) -> list[str]:
         """What the listings so far passed over, one line each: "PATH: why"."""
-        return [f"{path}: {why}" for path, why in self._left_out.items()]
+        return [f"{path}: {why}" for path, why in self._list.left_out.items()]
 
     @property
     def timings_dir(self) -> Path:
@@ -368,15 +412,15 @@ class RunDir:
 
     def meta(self) -> list[RankFile]:
         """meta/rank-NNNNN.json."""
-        return self._ranked(self.root / META, _META_SUFFIX)
+        return self._list.ranked(self.root / META, _META_SUFFIX)
 
     def timings(self) -> list[RankFile]:
         """timings/rank-NNNNN.jsonl."""
-        return self._ranked(self.timings_dir, TIMINGS_SUFFIX)
+        return self._list.ranked(self.timings_dir, TIMINGS_SUFFIX)
 
     def misnamed_timings(self) -> list[Path]:
         """Files in timings/ named like a rank's (`rank-*.jsonl`) whose name gives no rank."""
-        return self._files(
+        return self._list.files(
             self.timings_dir,
             lambda name: (
                 name.startswith("rank-")
@@ -387,11 +431,15 @@ class RunDir:
 
     def auto_records(self) -> list[RankFile]:
         """auto/rank-NNNNN.jsonl."""
-        return self._ranked(self.root / AUTO, _AUTO_SUFFIX)
+        return self._list.ranked(self.root / AUTO, _AUTO_SUFFIX)
+
+    def health(self) -> list[RankFile]:
+        """health/rank-NNNNN.jsonl: each rank's GPU health readings."""
+        return self._list.ranked(self.root / HEALTH, _HEALTH_SUFFIX)
 
     def windows(self) -> list[str]:
         """The names of the windows that traces/ holds a folder for."""
-        return [path.name for path in _entries(self.root / TRACES, self._note) if path.is_dir()]
+        return [path.name for path in self._list.entries(self.root / TRACES) if path.is_dir()]
 
     def traces(self, window: str | None = None) -> list[TraceFile]:
         """Every trace under traces/ (those of `window` alone, if given), rank from its name.
@@ -400,27 +448,27 @@ class RunDir:
         is not a summary: a trace a user put there, ranked by `rank_of_file`.
         """
         top = self.root / TRACES if window is None else self.root / TRACES / window
-        return traces_under(top, window, self._note)
+        return traces_under(top, window, self._list.note)
 
     def summaries(self, window: str | None = None) -> list[RankFile]:
         """traces/<window>/rank-NNNNN.summary.json."""
-        return self._in_windows(TRACES, _SUMMARY_SUFFIX, window)
+        return self._list.in_windows(TRACES, _SUMMARY_SUFFIX, window)
 
     def nsys_ranges(self) -> list[RankFile]:
         """nsys/<window>/rank-NNNNN.json."""
-        return self._in_windows(NSYS, _NSYS_SUFFIX)
+        return self._list.in_windows(NSYS, _NSYS_SUFFIX)
 
     def memory_snapshots(self) -> list[RankFile]:
         """memory/<window>/rank-NNNNN.pickle."""
-        return self._in_windows(MEMORY, _MEMORY_SUFFIX)
+        return self._list.in_windows(MEMORY, _MEMORY_SUFFIX)
 
     def triggers(self) -> list[Path]:
         """triggers/<id>.json."""
-        return self._files(self.triggers_dir, lambda name: name.endswith(TRIGGER_SUFFIX))
+        return self._list.files(self.triggers_dir, lambda name: name.endswith(TRIGGER_SUFFIX))
 
     def trigger_answers(self, trigger_id: str | None = None) -> list[RankFile]:
         """triggers/<id>/rank-NNNNN.json: every rank's answer (to one trigger, if given)."""
-        return self._in_windows(TRIGGERS, _ACK_SUFFIX, trigger_id)
+        return self._list.in_windows(TRIGGERS, _ACK_SUFFIX, trigger_id)
 
     def saved(self, window: str, rank: int) -> list[Path]:
         """What `rank` saved for a window announced as `window` (its trace, or nsys range),
@@ -431,7 +479,7 @@ class RunDir:
             for name in {
                 folder.name
                 for top in (TRACES, NSYS)
-                for folder in _entries(self.root / top, self._note)
+                for folder in self._list.entries(self.root / top)
             }
             if name == window or (key is not None and window_key(name) == key)
         ]
@@ -439,55 +487,18 @@ class RunDir:
         found += [
             f.path
             for name in sorted(named)
-            for f in self._in_windows(NSYS, _NSYS_SUFFIX, name)
+            for f in self._list.in_windows(NSYS, _NSYS_SUFFIX, name)
             if f.rank == rank
         ]
         return found
 
     def heartbeats(self) -> list[RankFile]:
         """live/rank-NNNNN.json: each rank's heartbeat, rewritten while it runs."""
-        return self._ranked(self.root / LIVE, _LIVE_SUFFIX)
+        return self._list.ranked(self.root / LIVE, _LIVE_SUFFIX)
 
     def hangs(self) -> list[RankFile]:
         """hangs/<stall>/rank-NNNNN.json: what a rank's watchdog saw when it stalled."""
-        return self._in_windows(HANGS, _HANG_SUFFIX)
-
-    def _note(self, path: Path, why: str) -> None:
-        self._left_out.setdefault(path, why)
-
-    def _regular(self, path: Path) -> bool:
-        """True for a regular file (or a link to one); anything else is noted."""
-        why = not_regular(path)
-        if why is not None:
-            self._note(path, why)
-        return why is None
-
-    def _files(self, folder: Path, wanted: Callable[[str], bool]) -> list[Path]:
-        """The regular files in `folder` whose name is `wanted`."""
-        return [p for p in _entries(folder, self._note) if wanted(p.name) and self._regular(p)]
-
-    def _ranked(self, folder: Path, suffix: str, within: str | None = None) -> list[RankFile]:
-        out = []
-        for path in _entries(folder, self._note):
-            rank = rank_of_file(path.name, suffix)
-            if rank is not None and self._regular(path):
-                out.append(RankFile(rank, path, within))
-        return out
-
-    def _in_windows(self, top: str, suffix: str, only: str | None = None) -> list[RankFile]:
-        folders = (
-            _entries(self.root / top, self._note) if only is None else [self.root / top / only]
-        )
-        out: list[RankFile] = []
-        for folder in folders:
-            if folder.is_dir():
-                out.extend(self._ranked(folder, suffix, folder.name))
-        return out
-
-
-def health_files(run: RunDir) -> list[RankFile]:
-    """health/rank-NNNNN.jsonl (a function, not a method: RunDir is at its 25)."""
-    return run._ranked(run.root / HEALTH, _HEALTH_SUFFIX)
+        return self._list.in_windows(HANGS, _HANG_SUFFIX)
 
 
 def is_run_dir(path: str | os.PathLike[str]) -> bool:

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from ..._errors import TraceError
 from ...rundir._health import FIGURES, HEALTH_VERSION, THROTTLE_REASONS
-from ...rundir._layout import RunDir, health_files, open_regular
+from ...rundir._layout import RunDir, open_regular
 from ._attempts import Attempts
 
 __all__ = ["RankHealth", "RunHealth", "read_health", "reason_bits", "tokens_of"]
@@ -101,7 +101,7 @@ def read_health(
     a rank it does not hold keeps none."""
     out = RunHealth()
     run = RunDir(run_dir)
-    for entry in sorted(health_files(run), key=lambda e: e.rank):
+    for entry in sorted(run.health(), key=lambda e: e.rank):
         wanted = None if tokens is None else tokens.get(entry.rank, ())
         try:
             samples, bad, first = _read_file(entry.path, entry.rank, wanted)
