@@ -121,3 +121,12 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     code = main(argv)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def measured_saving_ms(truth: list[float], before: slice, after: slice) -> float:
+    """What a fault cost a job by its own clock (step times in seconds): its typical step
+    after the fault's onset less its typical step before, in ms. Medians, not means: on a
+    busy machine one burst moves a mean of twenty steps by as much as the fault."""
+    import statistics
+
+    return 1000 * (statistics.median(truth[after]) - statistics.median(truth[before]))

@@ -228,18 +228,29 @@ def _slow_in_data(rank: int, world: int, run_dir: str, how: str) -> None:
     config = rankscope.ProfileConfig(
         output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
     )
+    queued = spun = 0  # rank 1's spins: ns waiting for a CPU, ns of wall time
     with rankscope.Profiler(config) as prof:
         for _ in range(40):
             with prof.phase("data", kind="data"):
                 if rank == 1 and how == "sleep":
                     time.sleep(0.006)
                 elif rank == 1:
+                    waited, wall = _run_delay_ns(), time.perf_counter_ns()
                     began = time.thread_time_ns()
                     while time.thread_time_ns() - began < 6_000_000:
                         pass
+                    queued += _run_delay_ns() - waited
+                    spun += time.perf_counter_ns() - wall
             with prof.phase("sync", kind="comm"):
                 dist.all_reduce(torch.ones(8))
             prof.step()
+    if rank == 1 and how == "spin":
+        (Path(run_dir) / "spin.json").write_text(json.dumps({"queued": queued, "spun": spun}))
+
+
+def _run_delay_ns() -> int:
+    """This thread's time waiting for a CPU so far (the kernel's run_delay)."""
+    return int(Path("/proc/thread-self/schedstat").read_text().split()[1])
 
 
 @pytest.mark.parametrize(("how", "said"), [("sleep", "off the CPU"), ("spin", "ran on a CPU")])
@@ -250,4 +261,14 @@ def test_a_slow_ranks_extra_time_is_said_on_the_cpu_or_off_it(
     report = analyse_stragglers(tmp_path).report
     (slow,) = [f for f in report.findings if f.role == "slow"]
     assert (slow.rank, slow.phase) == (1, "data")
-    assert slow.cause is not None and said in slow.cause.text, slow.cause.text
+    sayings = [said]
+    if how == "spin":
+        # On a busy machine the spinning rank can spend as long waiting for a core as on
+        # it: the truth, measured by the rank itself, is then the wait (near half and
+        # half, the analysis's medians over steps may fall either way).
+        spin = json.loads((tmp_path / "spin.json").read_text())
+        share = spin["queued"] / spin["spun"]
+        if share >= 0.35:
+            sayings = ["waited for a CPU"] + (sayings if share < 0.65 else [])
+    assert slow.cause is not None, how
+    assert any(s in slow.cause.text for s in sayings), (slow.cause.text, sayings)

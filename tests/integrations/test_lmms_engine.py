@@ -25,6 +25,8 @@ from rankscope.cli import main
 from rankscope.integrations.lmms_engine import import_cuda_events
 from rankscope.testing._gloo import GlooRanks
 
+from .._helpers import measured_saving_ms
+
 STEPS, EVERY, SLOW_RANK, FROM, SLEEP_S = 80, 2, 1, 40, 0.02
 
 
@@ -120,9 +122,7 @@ def test_rankscope_import_then_stragglers_names_the_slow_rank_and_its_waiters(
     # Its price against what the job measured: the step after the onset less before it
     # (two micro-batches a step: 2 x 20 ms of sleep).
     truth = json.loads((lmms_run / f"truth-{SLOW_RANK}.json").read_text())
-    saving = 1000 * (
-        sum(truth[FROM + 2 :]) / len(truth[FROM + 2 :]) - sum(truth[5:FROM]) / len(truth[5:FROM])
-    )
+    saving = measured_saving_ms(truth, slice(5, FROM), slice(FROM + 2, None))
     price = finding["cost"]["step_ms_saved"]
     assert 0.7 <= price / saving <= 1.4, (price, saving)
 

@@ -40,6 +40,8 @@ from rankscope.cli import main
 from rankscope.integrations import lmms_engine as adapter
 from rankscope.testing._gloo import GlooRanks
 
+from .._helpers import measured_saving_ms
+
 STEPS, SLOW_RANK, SLOW_FROM, SLEEP_S, MICRO_BATCHES = 30, 1, 12, 0.02, 2
 
 
@@ -261,8 +263,7 @@ def test_a_slow_data_loader_is_named_with_the_rank_that_waits_and_priced(
     assert [(f["rank"], f["phase"]) for f in waits] == [(0, "training_step")], report
     assert SLOW_FROM - 1 <= slow[0]["since_step"] <= SLOW_FROM + 2
     truth = _facts(fsdp2_run, 0)["truth"]
-    before, after = truth[3:SLOW_FROM], truth[SLOW_FROM + 2 :]
-    saving = 1000 * (sum(after) / len(after) - sum(before) / len(before))
+    saving = measured_saving_ms(truth, slice(3, SLOW_FROM), slice(SLOW_FROM + 2, None))
     price = slow[0]["cost"]["step_ms_saved"]
     assert 0.7 <= price / saving <= 1.4, (price, saving)
 

@@ -43,6 +43,8 @@ from rankscope.cli import main
 from rankscope.integrations import skyrl as adapter
 from rankscope.testing._gloo import GlooRanks
 
+from .._helpers import measured_saving_ms
+
 STEPS, SLOW_RANK, SLOW_FROM, SLEEP_S, MINI_BATCHES = 40, 1, 16, 0.02, 2
 
 
@@ -155,8 +157,7 @@ def test_the_rank_slow_in_its_forward_is_named_with_the_ranks_that_wait_and_pric
     assert waits == {0, 2}, report["findings"]
     assert SLOW_FROM - 1 <= slow[0]["since_step"] <= SLOW_FROM + 2
     truth = json.loads((skyrl_run / f"truth-{SLOW_RANK}.json").read_text())
-    after, before = truth[SLOW_FROM + 2 :], truth[5 : SLOW_FROM - 1]
-    saving = 1000 * (sum(after) / len(after) - sum(before) / len(before))
+    saving = measured_saving_ms(truth, slice(5, SLOW_FROM - 1), slice(SLOW_FROM + 2, None))
     price = slow[0]["cost"]["step_ms_saved"]
     assert 0.7 <= price / saving <= 1.4, (price, saving)
 

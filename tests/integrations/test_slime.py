@@ -29,6 +29,8 @@ from rankscope.cli import main
 from rankscope.integrations import slime
 from rankscope.testing._gloo import GlooRanks
 
+from .._helpers import measured_saving_ms
+
 ROLLOUTS, STEPS, SLOW_RANK, SLOW_FROM, SLEEP_S = 12, 8, 1, 6, 0.02
 
 
@@ -147,10 +149,7 @@ def test_stragglers_names_the_rank_slow_in_its_data_and_the_ranks_that_wait(
     first = SLOW_FROM * STEPS
     assert first <= slow[0]["since_step"] <= first + 2
     truth = json.loads((slime_run / f"truth-{SLOW_RANK}.json").read_text())
-    saving = 1000 * (
-        sum(truth[first + 2 :]) / len(truth[first + 2 :])
-        - sum(truth[8:first]) / len(truth[8:first])
-    )
+    saving = measured_saving_ms(truth, slice(8, first), slice(first + 2, None))
     price = slow[0]["cost"]["step_ms_saved"]
     assert 0.7 <= price / saving <= 1.4, (price, saving)
 

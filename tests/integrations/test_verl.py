@@ -33,6 +33,8 @@ from rankscope.cli import main
 from rankscope.integrations import verl as adapter
 from rankscope.testing._gloo import GlooRanks
 
+from .._helpers import measured_saving_ms
+
 STEPS, SLOW_RANK, SLOW_FROM, SLEEP_S, PROFILED = 40, 1, 16, 0.02, 5
 
 
@@ -139,10 +141,7 @@ def test_the_rank_slow_in_its_rollout_is_named_with_the_ranks_that_wait_and_pric
     assert waits == {0, 2}, report["findings"]
     assert SLOW_FROM <= slow[0]["since_step"] <= SLOW_FROM + 2
     truth = json.loads((verl_run / f"truth-{SLOW_RANK}.json").read_text())
-    saving = 1000 * (
-        sum(truth[SLOW_FROM + 2 :]) / len(truth[SLOW_FROM + 2 :])
-        - sum(truth[5 : SLOW_FROM - 1]) / len(truth[5 : SLOW_FROM - 1])
-    )
+    saving = measured_saving_ms(truth, slice(5, SLOW_FROM - 1), slice(SLOW_FROM + 2, None))
     price = slow[0]["cost"]["step_ms_saved"]
     assert 0.7 <= price / saving <= 1.4, (price, saving)
 
