@@ -103,6 +103,7 @@ def test_the_same_job_clean_gets_no_finding(
     assert report["findings"] == [] and report.get("imbalance", []) == [], report["findings"]
 
 
+@pytest.mark.serial  # a truth measured against the clock: other workers' load bends it
 @pytest.mark.slow
 def test_rankscope_import_then_stragglers_names_the_slow_rank_and_its_waiters(
     lmms_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

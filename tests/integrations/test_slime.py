@@ -130,6 +130,7 @@ def _stragglers(run: Path, capsys: pytest.CaptureFixture[str]) -> Any:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.serial  # a truth measured against the clock: other workers' load bends it
 @pytest.mark.slow
 def test_stragglers_names_the_rank_slow_in_its_data_and_the_ranks_that_wait(
     slime_run: Path, capsys: pytest.CaptureFixture[str]
