@@ -17,6 +17,7 @@ from ..config._config import ProfileConfig
 __all__ = [
     "CallbackRun",
     "Interrupted",
+    "OnePhase",
     "ProcessRun",
     "check_rank_args",
     "first_step",
@@ -88,7 +89,30 @@ def leave_phase(phase: AbstractContextManager[Any] | None, exception: BaseExcept
         phase.__exit__(type(exception), exception, exception.__traceback__)
 
 
-class CallbackRun:
+class OnePhase:
+    """At most one phase open between two calls of the framework: one call opens it, a
+    later one leaves it (a callback's hook, a worker's "after_<method>" gap). `_running()`
+    is the Profiler phases open in, None when there is none."""
+
+    _phase: AbstractContextManager[Any] | None = None
+
+    def _running(self) -> Profiler | None:
+        raise NotImplementedError
+
+    def _open(self, name: str, kind: str = "compute") -> None:
+        """Close the phase that is open (if any) and enter `name`."""
+        self._close()
+        run = self._running()
+        if run is not None:
+            self._phase = enter_phase(run, name, kind)
+
+    def _close(self, exception: BaseException | None = None) -> None:
+        """Leave the open phase; with `exception`, its record says it ended in an error."""
+        phase, self._phase = self._phase, None
+        leave_phase(phase, exception)
+
+
+class CallbackRun(OnePhase):
     """What a framework callback holds between its hooks: one run, at most one open phase.
 
     Mixed into each framework's callback class, which calls `_setup` from its
@@ -117,20 +141,12 @@ class CallbackRun:
         self._rank = rank
         self._world_size = world_size
         self._environ = environ
-        self._phase: AbstractContextManager[Any] | None = None  # the phase a hook opened
+        self._phase = None  # the phase a hook opened
         self._at_exit: Callable[[], None] | None = None
         self._figures_off = False  # a fault turned rankscope's figures in the logs off
 
-    def _open(self, name: str, kind: str = "compute") -> None:
-        """Close the phase that is open (if any) and enter `name`."""
-        self._close()
-        if self._run is not None:
-            self._phase = enter_phase(self._run, name, kind)
-
-    def _close(self, exception: BaseException | None = None) -> None:
-        """Leave the open phase; with `exception`, its record says it ended in an error."""
-        phase, self._phase = self._phase, None
-        leave_phase(phase, exception)
+    def _running(self) -> Profiler | None:
+        return self._run
 
     def _finish(self, interrupted: bool, exception: BaseException | None = None) -> None:
         """End the run: close the open phase, stop the profiler (saving an open window)."""
@@ -234,11 +250,12 @@ def merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class ProcessRun:
+class ProcessRun(OnePhase):
     """One process's run for an integration that hooks a framework with no callback object
-    of its own (slime's hook functions, verl's profiler class): its Profiler, stopped at the
-    process's exit, and turned off for good by the first fault. `_WHAT` names the
-    integration in the warning; `_finish(interrupted)` is the integration's own stop."""
+    of its own (slime's hook functions, verl's and SkyRL's profiler classes, lmms-engine's
+    timer): its Profiler, at most one phase open between the framework's calls, stopped at
+    the process's exit, and turned off for good by the first fault. `_WHAT` names the
+    integration in the warning."""
 
     _WHAT = "integration"
 
@@ -246,8 +263,18 @@ class ProcessRun:
         self.profiler: Profiler | None = None
         self.off = False  # a fault turned rankscope off in this process
 
+    def _running(self) -> Profiler | None:
+        return self.profiler
+
     def _finish(self, interrupted: bool) -> None:
-        raise NotImplementedError
+        """The end of the run: the open phase is left (cut short, if `interrupted`), then
+        the profiler stops."""
+        profiler, self.profiler = self.profiler, None
+        try:
+            self._close(Interrupted() if interrupted else None)
+        finally:
+            if profiler is not None:
+                profiler.stop()
 
     def _stop_at_exit(self) -> None:
         """Stop the run when this process exits (not a forked child of it)."""

@@ -74,7 +74,7 @@ from .._errors import ConfigError
 from .._log import get_logger
 from .._profiler import Profiler, _as_config
 from ..config._config import ProfileConfig
-from ._common import Interrupted, ProcessRun, enter_phase, leave_phase, merged, plain
+from ._common import ProcessRun, enter_phase, leave_phase, merged, plain
 
 __all__ = ["AFTER", "PHASES", "SkyRLProfiler", "config_from_profiler", "install", "install_worker"]
 
@@ -389,7 +389,7 @@ class SkyRLProfiler(ProcessRun):
         self.enable = bool(getattr(config, "enable", False))
         self.config = config_from_profiler(config)  # ConfigError is the user's to see
         self.inside = False  # a timed method is running
-        self._gap: AbstractContextManager[Any] | None = None  # the open after_<phase>
+        # The open phase (OnePhase) is after_<phase>, from a method's call to the next.
         self._calls: dict[str, int] = {}  # each phase's calls in the step so far
 
     def check(self) -> bool:
@@ -414,8 +414,7 @@ class SkyRLProfiler(ProcessRun):
         if self.off or self.profiler is None:
             return
         try:
-            gap, self._gap = self._gap, None
-            leave_phase(gap, None)  # the step's edge lies inside it: the rest is not timed
+            self._close()  # the step's edge lies inside after_<phase>: the rest is not timed
             self._calls = {}
             self.profiler.step()
         except Exception as exc:
@@ -445,8 +444,7 @@ class SkyRLProfiler(ProcessRun):
         if self.off or self.profiler is None:
             return None
         try:
-            gap, self._gap = self._gap, None
-            leave_phase(gap, None)
+            self._close()
             return enter_phase(self.profiler, name, "compute")
         except Exception as exc:
             self._fault(name, exc)
@@ -461,7 +459,7 @@ class SkyRLProfiler(ProcessRun):
             return
         try:
             leave_phase(phase, exc)
-            self._gap = enter_phase(self.profiler, self._gap_name(name), "comm")
+            self._open(self._gap_name(name), "comm")
         except Exception as fault:
             self._fault("leaving a phase", fault)
 
@@ -471,15 +469,6 @@ class SkyRLProfiler(ProcessRun):
         recv to the analysis, and the controller's gathers are not."""
         n = self._calls[name] = self._calls.get(name, 0) + 1
         return AFTER + name + (f"_{n}" if n > 1 else "")
-
-    def _finish(self, interrupted: bool) -> None:
-        profiler, self.profiler = self.profiler, None
-        gap, self._gap = self._gap, None
-        try:
-            leave_phase(gap, Interrupted() if interrupted else None)
-        finally:
-            if profiler is not None:
-                profiler.stop()
 
 
 def _main(argv: list[str]) -> int:

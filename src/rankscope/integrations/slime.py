@@ -63,14 +63,13 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
 from .._errors import ConfigError
 from .._log import get_logger
 from .._profiler import Profiler
 from ..config._config import ProfileConfig
-from ._common import Interrupted, ProcessRun, enter_phase, leave_phase, merged, plain
+from ._common import ProcessRun, merged, plain
 
 __all__ = ["before_train_step", "config_from_args", "init"]
 
@@ -234,7 +233,6 @@ class _SlimeRun(ProcessRun):
     def __init__(self) -> None:
         super().__init__()
         self._config: ProfileConfig | None = None
-        self._phase: AbstractContextManager[Any] | None = None
         self._per_rollout = 1
         self._last: int | None = None  # the run's last train step, where num_rollout says it
         self._hooked: set[int] = set()  # ids of the model chunks and optimizers wrapped
@@ -357,23 +355,6 @@ class _SlimeRun(ProcessRun):
         self._in_step = False
         if self.profiler is not None:
             self.profiler.step()
-
-    def _open(self, name: str, kind: str = "compute") -> None:
-        self._close()
-        if self.profiler is not None:
-            self._phase = enter_phase(self.profiler, name, kind)
-
-    def _close(self, exception: BaseException | None = None) -> None:
-        phase, self._phase = self._phase, None
-        leave_phase(phase, exception)
-
-    def _finish(self, interrupted: bool) -> None:
-        profiler, self.profiler = self.profiler, None
-        try:
-            self._close(Interrupted() if interrupted else None)
-        finally:
-            if profiler is not None:
-                profiler.stop()
 
     def _interrupted_at_exit(self) -> bool:
         return self._in_step

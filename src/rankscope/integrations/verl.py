@@ -247,7 +247,7 @@ class _VerlRun(ProcessRun):
         self._step: int | None = None  # the PPO step in progress, as verl numbers it
         self._ran: set[str] = set()  # the roles run in this step
         self._window: AbstractContextManager[Any] | None = None
-        self._gap: AbstractContextManager[Any] | None = None  # the open after_<role> phase
+        # The open phase (OnePhase) is after_<role>, from a role's call to the next.
 
     def adopt(self, rank: int, config: Any) -> ProfileConfig:
         """A DistProfiler of tool rankscope was made: its config checked now."""
@@ -284,8 +284,7 @@ class _VerlRun(ProcessRun):
         if self.off:
             return
         try:
-            gap, self._gap = self._gap, None
-            leave_phase(gap, None)  # the step's edge lies inside it: the rest is not timed
+            self._close()  # the step's edge lies inside after_<role>: the rest is not timed
             self._at(step if type(step) is int else None, None)
             if self.profiler is not None and self._window is None:
                 window = self.profiler.trace_window(_TAG)
@@ -308,8 +307,7 @@ class _VerlRun(ProcessRun):
         if self.off:
             return None
         try:
-            gap, self._gap = self._gap, None
-            leave_phase(gap, None)
+            self._close()
             self._at(_global_step(args), name)
             self._ran.add(name)
             if self.profiler is None:
@@ -326,8 +324,7 @@ class _VerlRun(ProcessRun):
             return
         try:
             leave_phase(phase, exc)
-            if self.profiler is not None:
-                self._gap = enter_phase(self.profiler, AFTER + name, "comm")
+            self._open(AFTER + name, "comm")
         except Exception as fault:
             self._fault("leaving a phase", fault)
 
@@ -356,16 +353,14 @@ class _VerlRun(ProcessRun):
         self._stop_at_exit()
 
     def _finish(self, interrupted: bool) -> None:
-        profiler, self.profiler = self.profiler, None
-        gap, self._gap = self._gap, None
+        """ProcessRun's end, the open window saved before the profiler stops."""
         window, self._window = self._window, None
         try:
-            leave_phase(gap, Interrupted() if interrupted else None)
+            self._close(Interrupted() if interrupted else None)
             if window is not None:
                 window.__exit__(None, None, None)
         finally:
-            if profiler is not None:
-                profiler.stop()
+            super()._finish(interrupted)
 
 
 def _global_step(args: tuple[Any, ...]) -> int | None:

@@ -60,7 +60,7 @@ from typing import Any
 from ..._errors import ConfigError
 from ..._profiler import Profiler, _as_config
 from ...config._config import ProfileConfig
-from .._common import Interrupted, ProcessRun, enter_phase, first_step, leave_phase, merged, plain
+from .._common import ProcessRun, enter_phase, first_step, leave_phase, merged, plain
 from ._events import KINDS
 
 __all__ = ["GAP", "LmmsTimer", "config_from_args", "install"]
@@ -243,7 +243,7 @@ class LmmsTimer(ProcessRun):
         self.config = config
         self._ends_step = ends_step
         self._step = 0  # the global step rankscope's profiler is at
-        self._gap: AbstractContextManager[Any] | None = None  # the open next_batch
+        # The open phase (OnePhase) is next_batch, from maybe_flush to the next record.
 
     def should_record(self, step: int) -> bool:
         """Whether rankscope is on in this process (which steps it samples is its own)."""
@@ -278,11 +278,11 @@ class LmmsTimer(ProcessRun):
         if profiler is None or self.off:
             return
         try:
-            self._leave_gap()
+            self._close()
             if self._ends_step is not None and self._ends_step():
                 profiler.step()
                 self._step = max(self._step, step + 1)
-            self._gap = enter_phase(profiler, GAP, "data")
+            self._open(GAP, "data")
         except Exception as exc:
             self._fault("maybe_flush", exc)
 
@@ -307,20 +307,8 @@ class LmmsTimer(ProcessRun):
             profiler.start()
             self.profiler = profiler
             self._stop_at_exit()
-        self._leave_gap()
+        self._close()
         while self._step < step:  # a new global step: every micro-batch of it is done
             profiler.step()
             self._step += 1
         return enter_phase(profiler, name, KINDS.get(name, "compute"), **metadata)
-
-    def _leave_gap(self, exception: BaseException | None = None) -> None:
-        gap, self._gap = self._gap, None
-        leave_phase(gap, exception)
-
-    def _finish(self, interrupted: bool) -> None:
-        profiler, self.profiler = self.profiler, None
-        try:
-            self._leave_gap(Interrupted() if interrupted else None)
-        finally:
-            if profiler is not None:
-                profiler.stop()
