@@ -17,7 +17,7 @@ from ..._text import format_ranks, number_ranges, one_line
 from ..core._clocks import choose_clock
 from ..core._ops import OpsGatherer, StepOps
 from ..core._options import TIME, TIME_BASES
-from ._engine import RunRecords
+from ._engine import PhaseRecords, RunRecords
 from ._timings import RunTimings
 
 __all__ = [
@@ -190,56 +190,29 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     records.drop_all_twins()
     ranks = sorted(records.ranks)
     rank_index = np.asarray(ranks, np.int64)
-    every = [part[1] for phase in records.phases.values() for part in phase.parts]
+    # Each part's few steps, then theirs: a join of every record's step would be two
+    # copies of a column at the moment every record is still held (78 MB at 4096 x 200).
+    every = [_distinct(part[1]) for phase in records.phases.values() for part in phase.parts]
     steps = _distinct(np.concatenate(every)) if every else np.zeros(0, np.int64)
     starts = [part[3] for phase in records.phases.values() for part in phase.parts if len(part[3])]
     origin = min((int(s.min()) for s in starts), default=0)
     n_r, n_s = len(ranks), len(steps)
     names = list(records.phases)
-    ms: list[Matrix] = []
-    device: list[Matrix | None] = []  # each phase's device time under auto (None: it has none)
-    clocks: list[str] = []
-    first: list[Matrix] = []
-    last: list[Matrix] = []
     ops = OpsGatherer() if _repeats(records, rank_index, steps) else None
-    runs: dict[str, float] = {}
-    issued: dict[str, bool] = {}
+    placed = _Placed(records.time, rank_index, steps, origin, ops)
     for name in names:
-        phase = records.phases[name]
-        if phase.said:
-            issued[name] = 2 * phase.issued >= phase.said
-        rank, step, dur, start_ns, host_ms = phase.take()
-        cell = np.searchsorted(rank_index, rank) * n_s + np.searchsorted(steps, step)
-        clock = "host" if dur is host_ms else choose_clock(records.time, dur, host_ms)
-        on_device = None if dur is host_ms else dur
-        clocks.append(clock)
-        if records.time == "auto":  # a CPU run's phases have none: not summed for nothing
-            timed = dur is not host_ms and bool(np.isfinite(dur).any())
-            device.append(_sum(cell, dur, n_r, n_s) if timed else None)
-        if clock == "host":
-            dur = host_ms
-        start = (start_ns - origin).astype(np.float64)
-        single = np.bincount(cell, minlength=1).max() <= 1  # a record per cell (common)
-        if not single:
-            counts = np.bincount(cell)
-            runs[name] = float(np.median(counts[counts > 0]))
-        ms.append(_sum(cell, dur, n_r, n_s))
-        first.append(_extreme(np.minimum, cell, start, n_r, n_s, single=single))
-        with np.errstate(over="ignore"):  # a time near a double's limit ends at infinity
-            end = start + host_ms * 1e6
-        last.append(_extreme(np.maximum, cell, end, n_r, n_s, single=single))
-        if ops is not None and phase.depth == 0 and name != STEP:
-            ops.add(
-                name,
-                rank=rank,
-                step=step,
-                start_ns=start,
-                end_ns=end,
-                ms=dur,
-                device_ms=on_device,
-            )
+        placed.add(name, records.phases[name])
+    ms, device, clocks, first, last = (
+        placed.ms,
+        placed.device,
+        placed.clocks,
+        placed.first,
+        placed.last,
+    )
     # Steps run their phases in start order; the step record (which spans them all) goes last.
-    began = np.fmin.reduce(np.stack(first), axis=0) if first else np.zeros((n_r, n_s))
+    began = np.full((n_r, n_s), np.nan)
+    for start in first:
+        np.fmin(began, start, out=began)
     typical = [_median(s - began) for s in first]
     ranked = sorted(range(len(names)), key=lambda p: (names[p] == STEP, typical[p], names[p]))
     return PhaseMatrices(
@@ -258,9 +231,66 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         end_ns=[last[p] for p in ranked],
         origin_ns=origin,
         ops=None if ops is None else ops.done(),
-        runs=runs,
-        issued=issued,
+        runs=placed.runs,
+        issued=placed.issued,
     )
+
+
+@dataclass(eq=False)
+class _Placed:
+    """Each phase's records placed in its matrices, a phase at a time: what one phase's
+    placing needs dies with it (at 4096 ranks x 200 steps its columns and cells, 50 MB,
+    were held to the end beside every matrix)."""
+
+    time: str
+    ranks: npt.NDArray[np.int64]
+    steps: npt.NDArray[np.int64]
+    origin: int
+    ops: OpsGatherer | None
+    ms: list[Matrix] = dataclasses.field(default_factory=list)
+    device: list[Matrix | None] = dataclasses.field(default_factory=list)
+    """Each phase's device time under auto (None: it has none)."""
+    clocks: list[str] = dataclasses.field(default_factory=list)
+    first: list[Matrix] = dataclasses.field(default_factory=list)
+    last: list[Matrix] = dataclasses.field(default_factory=list)
+    runs: dict[str, float] = dataclasses.field(default_factory=dict)
+    issued: dict[str, bool] = dataclasses.field(default_factory=dict)
+
+    def add(self, name: str, phase: PhaseRecords) -> None:
+        n_r, n_s = len(self.ranks), len(self.steps)
+        if phase.said:
+            self.issued[name] = 2 * phase.issued >= phase.said
+        depth = phase.depth
+        rank, step, dur, start_ns, host_ms = phase.take()
+        cell = np.searchsorted(self.ranks, rank) * n_s + np.searchsorted(self.steps, step)
+        clock = "host" if dur is host_ms else choose_clock(self.time, dur, host_ms)
+        on_device = None if dur is host_ms else dur
+        self.clocks.append(clock)
+        if self.time == "auto":  # a CPU run's phases have none: not summed for nothing
+            timed = dur is not host_ms and bool(np.isfinite(dur).any())
+            self.device.append(_sum(cell, dur, n_r, n_s) if timed else None)
+        if clock == "host":
+            dur = host_ms
+        start = (start_ns - self.origin).astype(np.float64)
+        single = np.bincount(cell, minlength=1).max() <= 1  # a record per cell (common)
+        if not single:
+            counts = np.bincount(cell)
+            self.runs[name] = float(np.median(counts[counts > 0]))
+        self.ms.append(_sum(cell, dur, n_r, n_s))
+        self.first.append(_extreme(np.minimum, cell, start, n_r, n_s, single=single))
+        with np.errstate(over="ignore"):  # a time near a double's limit ends at infinity
+            end = start + host_ms * 1e6
+        self.last.append(_extreme(np.maximum, cell, end, n_r, n_s, single=single))
+        if self.ops is not None and depth == 0 and name != STEP:
+            self.ops.add(
+                name,
+                rank=rank,
+                step=step,
+                start_ns=start,
+                end_ns=end,
+                ms=dur,
+                device_ms=on_device,
+            )
 
 
 def _repeats(
