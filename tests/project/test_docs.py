@@ -85,3 +85,29 @@ def test_the_module_map_names_each_module_under_the_folder_that_holds_it() -> No
     package = {p for p in top.rglob("*.py") if p.name != "__init__.py"}
     left = sorted(str(p.relative_to(root)) for p in package - named)
     assert left == [], f"left out: {left}"
+
+
+def test_where_to_look_names_places_that_exist() -> None:
+    """docs/architecture.md's "Where to look" answers a contributor's first questions in one
+    step each: every file a row names exists, and every function, class or method the row
+    names (`_group_cost`, `Replay.step_ms`) is defined in one of the row's files."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = text.split("## Where to look", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| Where")]
+    assert len(rows) >= 3, "the table holds its rows"
+    for row in rows:
+        answer = row.split("|")[2]
+        files = re.findall(r"`([\w/]+\.py)`", answer)
+        assert files, row
+        sources = []
+        for name in files:
+            path = root / "src" / "rankscope" / name
+            assert path.is_file(), f"{name}, named in: {row}"
+            sources.append(path.read_text(encoding="utf-8"))
+        for named in re.findall(r"`((?:[A-Z]\w*\.)?_{0,2}[A-Za-z]\w*(?:\.\w+)?)(?:\(\))?`", answer):
+            last = named.split(".")[-1]
+            if last in {"py"} or named in {"coll", "gpu_ms", "cpu_ms"}:
+                continue
+            defined = re.compile(rf"^\s*(?:def|class) {re.escape(last)}\b", re.MULTILINE)
+            assert any(defined.search(source) for source in sources), f"{named}, named in: {row}"
