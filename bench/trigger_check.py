@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import rankscope
-from rankscope.capture._trigger import TriggerWatcher, trigger_dir
+from rankscope.capture._trigger import TriggerPoller, trigger_dir
 
 
 class _Empty:
@@ -90,9 +90,9 @@ def measure(root: Path, quick: bool) -> dict[str, float]:
         "auto": _trace_only(root / "auto", 10, auto=True),
     }
     _unchanged_folder(root / "every10_folder")
-    missing = TriggerWatcher(str(root / "off"), 0)
+    missing = TriggerPoller(str(root / "off"), 0)
     _unchanged_folder(root / "present")
-    present = TriggerWatcher(str(root / "present"), 0)
+    present = TriggerPoller(str(root / "present"), 0)
     present.poll()  # the first poll lists it; later ones find the same mtime
     env: dict[str, Any] = {
         "nullcontext": contextlib.nullcontext,

@@ -454,7 +454,7 @@ def test_watching_the_step_on_every_rank_captures_the_waiting_ranks_too(
 
 
 @pytest.mark.slow
-def test_a_fault_while_asking_for_a_slow_window_turns_the_watch_off_and_the_loop_goes_on(
+def test_a_fault_while_asking_for_a_slow_window_turns_the_detector_off_and_the_loop_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rankscope.capture._ondemand import OnDemand
@@ -465,8 +465,8 @@ def test_a_fault_while_asking_for_a_slow_window_turns_the_watch_off_and_the_loop
     monkeypatch.setattr(OnDemand, "on_slow", broken)
     with caplog.at_level(logging.WARNING, logger="rankscope"):
         run_dir = _run(tmp_path, 45, slow={20, 21, 22})  # all 45 steps run: nothing raised
-    warned = [r.getMessage() for r in caplog.records if "watching" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "following" in r.getMessage()]
     assert len(warned) == 1
-    assert "watching step times failed (RuntimeError: asking failed)" in warned[0]
+    assert "following step times failed (RuntimeError: asking failed)" in warned[0]
     assert _auto_lines(run_dir) == []
     assert _windows(run_dir) == ["step-000001-000001"]  # the schedule's window is kept

@@ -302,9 +302,9 @@ def test_a_slow_rank_whose_own_window_is_declined_asks_no_peer(tmp_path: Path) -
 
 
 def test_a_peer_in_a_slow_stretch_of_its_own_declines_as_not_healthy(tmp_path: Path) -> None:
-    from rankscope.capture._anomaly import AnomalyWatch
+    from rankscope.capture._anomaly import AnomalyDetector
 
-    watch = AnomalyWatch(AutoTrigger(enable=True, warmup_steps=3, history_steps=5), 0)
+    watch = AnomalyDetector(AutoTrigger(enable=True, warmup_steps=3, history_steps=5), 0)
     began = 0.0
     for step, seconds in enumerate([0.1] * 8 + [0.5, 0.5]):  # two slow steps: not yet fired
         watch.step_began = began

@@ -23,7 +23,7 @@ from rankscope import Schedule
 from rankscope._errors import ConfigError, TraceError
 from rankscope.analysis import build_report, read_timings
 from rankscope.capture._schedule import Action, StepPlan
-from rankscope.capture._trigger import TriggerWatcher
+from rankscope.capture._trigger import TriggerPoller
 from rankscope.cli._trigger_client import ask_for_window, latest_step, trigger_status
 from rankscope.config._ranks import RankInfo
 from rankscope.rundir._layout import trace_path
@@ -140,10 +140,10 @@ def test_a_trigger_reads_back_as_written(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["t1.json"]  # no temporary left
 
 
-def test_the_watcher_lists_the_folder_only_when_it_changed(
+def test_the_poller_lists_the_folder_only_when_it_changed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    watcher = TriggerWatcher(str(tmp_path), rank=1)
+    watcher = TriggerPoller(str(tmp_path), rank=1)
     assert watcher.poll() == []  # no folder yet
     folder = trigger_dir(tmp_path)
     write_trigger(tmp_path, Trigger("for-1", 9, 1, "0-1"))
@@ -166,7 +166,7 @@ def test_the_watcher_lists_the_folder_only_when_it_changed(
     assert "not a JSON object but a list" in warned[0] and '"id" is None' in warned[1]
     write_trigger(tmp_path, Trigger("answered", 9, 1, "1"))
     write_ack(tmp_path, Trigger("answered", 9, 1, "1"), 1, {"status": "accepted"})
-    assert TriggerWatcher(str(tmp_path), rank=1).poll() == [
+    assert TriggerPoller(str(tmp_path), rank=1).poll() == [
         Trigger("for-1", 9, 1, "0-1"),
         Trigger("unseen", 9, 1, "all"),
     ]
@@ -639,8 +639,8 @@ def test_the_file_dropped_by_hand_got_one_warning_per_rank_and_status_says_who_a
     assert "saved: ranks 1, 2 ->" in out and "step-000011-000012-trigger-" in out
 
 
-def test_the_watcher_finds_a_folder_that_appears_goes_away_and_comes_back(tmp_path: Path) -> None:
-    watcher = TriggerWatcher(str(tmp_path), rank=0)
+def test_the_poller_finds_a_folder_that_appears_goes_away_and_comes_back(tmp_path: Path) -> None:
+    watcher = TriggerPoller(str(tmp_path), rank=0)
     assert watcher.poll() == [] and watcher.poll() == []  # no folder: an access() check each
     write_trigger(tmp_path, Trigger("first", 9, 1, "0"))
     assert [t.id for t in watcher.poll()] == ["first"]

@@ -27,7 +27,7 @@ from rankscope import AutoTrigger, ConfigError, Profiler, Schedule
 from rankscope.capture._export import WindowExporter
 from rankscope.capture._memory import write_atomic as write_snapshot
 from rankscope.capture._nsys import NsysWindows
-from rankscope.capture._trigger import TriggerWatcher
+from rankscope.capture._trigger import TriggerPoller
 from rankscope.rundir._files import append, open_folder, remove_stale_temps, write_atomic
 from rankscope.rundir._layout import memory_path
 from rankscope.rundir._trigger import (
@@ -146,7 +146,7 @@ def test_a_trigger_file_that_is_a_link_is_refused_with_one_warning(
     trigger_dir(run).mkdir(parents=True)
     (trigger_dir(run) / "linked.json").symlink_to(trigger_dir(elsewhere) / "linked.json")
     (trigger_dir(run) / "dangling.json").symlink_to(tmp_path / "missing.json")
-    watcher = TriggerWatcher(str(run), 0)
+    watcher = TriggerPoller(str(run), 0)
     try:
         with caplog.at_level(logging.WARNING, logger="rankscope"):
             assert watcher.poll() == []
@@ -168,7 +168,7 @@ def test_an_answer_behind_a_link_does_not_count_as_answered(tmp_path: Path) -> N
     run = tmp_path / "run"
     write_trigger(run, Trigger("t1", 9, 1, "0"))
     (trigger_dir(run) / "t1").symlink_to(trigger_dir(elsewhere) / "t1", target_is_directory=True)
-    watcher = TriggerWatcher(str(run), 0)
+    watcher = TriggerPoller(str(run), 0)
     try:
         assert [t.id for t in watcher.poll()] == ["t1"]  # found, and its answer will be refused
     finally:
@@ -376,7 +376,7 @@ def test_a_trigger_file_naming_a_path_is_skipped_with_one_warning(
     folder.mkdir()
     data = {"v": 1, "id": "../escape", "start": 5, "steps": 1, "ranks": "0"}
     (folder / "escape.json").write_text(json.dumps(data))
-    watcher = TriggerWatcher(str(run), 0)
+    watcher = TriggerPoller(str(run), 0)
     try:
         with caplog.at_level(logging.WARNING, logger="rankscope"):
             assert watcher.poll() == []

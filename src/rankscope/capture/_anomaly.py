@@ -15,19 +15,19 @@ from ._auto import SlowdownDetector, SlowSteps
 if TYPE_CHECKING:
     from ..timing import PhaseTimer
 
-__all__ = ["AnomalyWatch"]
+__all__ = ["AnomalyDetector"]
 
 logger = get_logger(__name__)
 
 _NOTHING: tuple[SlowSteps, ...] = ()
 
 
-class AnomalyWatch:
-    """Watches the step time (one perf_counter a step, taken by the caller) or, with
+class AnomalyDetector:
+    """Follows the step time (one perf_counter a step, taken by the caller) or, with
     `auto.phase`, that phase's times from the phase timer's records.
 
     A step a window recorded or warmed up in is slow because it is profiled, not the
-    job's own time: it is never fed. A fault inside the watch turns it off with one
+    job's own time: it is never fed. A fault inside the detector turns it off with one
     warning; windows already asked for are kept.
     """
 
@@ -35,10 +35,10 @@ class AnomalyWatch:
         self._auto = auto
         self._rank = rank
         self.steps: SlowdownDetector | None = SlowdownDetector(auto) if auto.phase is None else None
-        """The step-time rule; None when a phase is watched, or once it is done or failed."""
+        """The step-time rule; None when a phase is followed, or once it is done or failed."""
         self._phase: SlowdownDetector | None = SlowdownDetector(auto) if auto.phase else None
-        self.watching = True
-        """False once nothing is left to watch: step() may drop the watch altogether. An
+        self.detecting = True
+        """False once nothing is left to follow: step() may drop the detector altogether. An
         attribute, not a property: it is read every step."""
         self.step_began = 0.0
         """perf_counter when the current step began (the step-time rule only)."""
@@ -49,12 +49,12 @@ class AnomalyWatch:
 
     @property
     def measured(self) -> str:
-        """What is watched, as the auto records say it: "step" or "phase NAME"."""
+        """What is followed, as the auto records say it: "step" or "phase NAME"."""
         phase = self._auto.phase
         return "step" if phase is None else f"phase {phase}"
 
     def slow_itself(self) -> str | None:
-        """Why this rank is slow itself by its own watch (a slow stretch under way, or a
+        """Why this rank is slow itself by its own detector (a slow stretch under way, or a
         window it asked for): a peer asked by another slow rank declines then (see _pair)."""
         for detector in (self.steps, self._phase):
             if detector is None:
@@ -66,21 +66,21 @@ class AnomalyWatch:
         return None
 
     def attach_timer(self, timer: PhaseTimer | None) -> None:
-        """The phase timer of this rank, whose records of auto.phase feed the watch."""
+        """The phase timer of this rank, whose records of auto.phase feed the detector."""
         if self._phase is None:
             return
         if timer is None:
             self._phase = None
-            self.watching = self.steps is not None
+            self.detecting = self.steps is not None
             logger.warning(
                 "rankscope: trace.auto.phase is %r but the phase timer does not run on rank %d "
-                "(not in timer.ranks, or timer off); this rank does not watch its phase times",
+                "(not in timer.ranks, or timer off); this rank does not follow its phase times",
                 self._auto.phase,
                 self._rank,
             )
             return
         self._timer = timer
-        timer.watch(self._auto.phase)
+        timer.follow(self._auto.phase)
 
     def observe(self, step: int, now: float, profiled: bool, enabled: bool) -> Sequence[SlowSteps]:
         """Take what step `step` (just ended at perf_counter `now`) measured; the slow
@@ -89,7 +89,7 @@ class AnomalyWatch:
         slow = None
         detector = self.steps
         if detector is not None:
-            # Inline, not a method of its own: this runs every step of a watching rank.
+            # Inline, not a method of its own: this runs every step of a detecting rank.
             if profiled or not enabled:
                 self.step_began = now  # a profiled step is slow because it is profiled
             else:
@@ -97,10 +97,10 @@ class AnomalyWatch:
                     slow = detector.observe(step, now - self.step_began)
                     if slow is None and detector.exhausted:
                         self.steps = None  # nothing more to ask for: stop measuring
-                        self.watching = self._phase is not None
+                        self.detecting = self._phase is not None
                 except Exception as exc:
                     self.steps = None
-                    self.watching = self._phase is not None
+                    self.detecting = self._phase is not None
                     self.failed("step times", exc)
         if self._phase is None:
             return _NOTHING if slow is None else (slow,)  # most steps: no list to make
@@ -120,7 +120,7 @@ class AnomalyWatch:
         enabled: bool,
         found: list[SlowSteps],
     ) -> None:
-        """Feed the watched phase's times that the timer wrote since the last step.
+        """Feed the followed phase's times that the timer wrote since the last step.
 
         The timer writes a sampled step's records some steps later (at its flush, once
         the device has passed them); the times of one step are summed (a phase may run
@@ -131,7 +131,7 @@ class AnomalyWatch:
         timer = self._timer
         if timer is None:
             return
-        for sampled, seconds in timer.take_watched():
+        for sampled, seconds in timer.take_followed():
             if sampled == self._phase_step:
                 self._phase_sum += seconds
                 continue
@@ -147,16 +147,16 @@ class AnomalyWatch:
                 return
 
     def stop(self, steps: int) -> None:
-        """At the end of the run: a watched phase that never got a timing record is config
+        """At the end of the run: a followed phase that never got a timing record is config
         that did nothing (a misspelt name, a phase never entered, a timer past its end_step)."""
         timer = self._timer
         if self._phase is None or timer is None:
             return
-        if self._phase_step is None and not timer.take_watched():
+        if self._phase_step is None and not timer.take_followed():
             logger.warning(
                 "rankscope: trace.auto.phase is %r but the phase timer recorded no phase of "
                 "that name on rank %d in %d steps (is it entered, and spelt so?); its time "
-                "was never watched",
+                "was never followed",
                 self._auto.phase,
                 self._rank,
                 steps,
@@ -164,23 +164,23 @@ class AnomalyWatch:
 
     def _stop_phase(self) -> None:
         self._phase = None
-        self.watching = self.steps is not None
+        self.detecting = self.steps is not None
         timer, self._timer = self._timer, None
         if timer is not None:
-            timer.watch(None)
+            timer.follow(None)
 
     def give_up(self, exc: Exception) -> None:
-        """Asking for a window of what it found failed: watch nothing more, and say so once."""
+        """Asking for a window of what it found failed: follow nothing more, and say so once."""
         self.steps = None
-        self._stop_phase()  # and so watching is False
+        self._stop_phase()  # and so detecting is False
         self.failed(
             "step times" if self._auto.phase is None else f"phase {self._auto.phase!r}", exc
         )
 
     def failed(self, what: str, exc: Exception) -> None:
-        """Say once that watching `what` failed and anomaly windows are off."""
+        """Say once that following `what` failed and anomaly windows are off."""
         logger.warning(
-            "rankscope: watching %s failed (%s: %s); anomaly windows are off for the rest of "
+            "rankscope: following %s failed (%s: %s); anomaly windows are off for the rest of "
             "this run (rank %d), training goes on",
             what,
             type(exc).__name__,

@@ -22,7 +22,7 @@ from ..config._config import TraceConfig
 from ..config._ranks import RankInfo
 from ..rundir._layout import phase_window_name, step_window_name
 from ..rundir._trigger import why_not_listening
-from ._anomaly import AnomalyWatch
+from ._anomaly import AnomalyDetector
 from ._auto import SlowSteps
 from ._export import MAX_BACKLOG, WindowExporter, let_go
 from ._faults import OneFault
@@ -83,13 +83,13 @@ class TraceCapture(OneFault):
         self._asking = OnDemand(run_dir, rank, self._requests, every if unheard is None else 0)
         self._exporter = WindowExporter(run_dir, rank, config.gzip, self._report_failure)
         auto = config.auto
-        watched = (
+        detecting = (
             self.enabled
             and auto.enable
             and self._target_phase is None
             and rank in auto.rank_set(config.ranks)
         )
-        self._anomaly: AnomalyWatch | None = AnomalyWatch(auto, rank) if watched else None
+        self._anomaly: AnomalyDetector | None = AnomalyDetector(auto, rank) if detecting else None
         if self._anomaly is not None:
             self._asking.slow_itself = self._anomaly.slow_itself  # a slow peer declines
         self.on_window_closed: Callable[[str], None] | None = None
@@ -119,10 +119,10 @@ class TraceCapture(OneFault):
 
     def attach_timer(self, timer: PhaseTimer | None) -> None:
         """The phase timer of this rank, whose records of trace.auto.phase feed the anomaly
-        watch."""
+        detector."""
         if self._anomaly is not None:
             self._anomaly.attach_timer(timer)
-            if not self._anomaly.watching:
+            if not self._anomaly.detecting:
                 self._anomaly = None
 
     def start(self, first_step: int = 0) -> None:
@@ -160,8 +160,8 @@ class TraceCapture(OneFault):
             return
         anomaly = self._anomaly
         if anomaly is not None:
-            # Inline, not a method of its own: this runs every step of a watching rank.
-            # A step a window recorded or warmed up in is not fed (see AnomalyWatch).
+            # Inline, not a method of its own: this runs every step of a detecting rank.
+            # A step a window recorded or warmed up in is not fed (see AnomalyDetector).
             profiled = self.recording or (
                 self._prof is not None and self._plan.action(self._step) is not Action.NONE
             )
@@ -169,7 +169,7 @@ class TraceCapture(OneFault):
             found = anomaly.observe(self._step, now, profiled, self.enabled)
             if found:
                 self._ask_for(anomaly, found)
-            if not anomaly.watching:
+            if not anomaly.detecting:
                 self._anomaly = None
         self._step += 1
         if self._failure is not None:
@@ -215,7 +215,7 @@ class TraceCapture(OneFault):
         if hook is not None and hook.pending:
             self._wake_at = 0  # a signal that came during this step() must not wait for a check
 
-    def _ask_for(self, anomaly: AnomalyWatch, found: Sequence[SlowSteps]) -> None:
+    def _ask_for(self, anomaly: AnomalyDetector, found: Sequence[SlowSteps]) -> None:
         """Ask for the windows that the slow stretches the anomaly detector found want."""
         auto = self._config.auto
         try:
@@ -232,7 +232,7 @@ class TraceCapture(OneFault):
 
     def _next_work(self, step: int) -> int:
         """The next step whose step() has work to do, when every step until then is idle
-        (no profiler held, nothing watched each step); 0 when the next one may. A signal
+        (no profiler held, nothing detected each step); 0 when the next one may. A signal
         resets it (`_wake`)."""
         plan = self._plan
         if self._prof is not None or self._anomaly is not None or not plan.schedule_over(step):

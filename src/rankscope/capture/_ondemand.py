@@ -29,7 +29,7 @@ from ._auto import SlowSteps
 from ._pair import Peer, ask_peer, choose_peer, peer_trigger_id
 from ._requests import Asked, WindowRequests
 from ._schedule import AddedWindow
-from ._trigger import SignalHook, TriggerWatcher, install_signal_hook
+from ._trigger import SignalHook, TriggerPoller, install_signal_hook
 
 __all__ = ["SIGNAL", "OnDemand"]
 
@@ -41,7 +41,7 @@ SIGNAL = "SIGUSR2"
 class OnDemand:
     """The run-time sources of windows for one rank.
 
-    `check_every`: how often step() polls RUN_DIR/triggers (0: never; the watcher is
+    `check_every`: how often step() polls RUN_DIR/triggers (0: never; the poller is
     only made where it is not 0). The SIGUSR2 hook is installed by `listen_for_signal`.
     """
 
@@ -50,23 +50,23 @@ class OnDemand:
         self._rank = rank
         self._requests = requests
         self.check_every = check_every
-        self._watcher = TriggerWatcher(run_dir, rank) if check_every else None
+        self._poller = TriggerPoller(run_dir, rank) if check_every else None
         self.signal: SignalHook | None = None
         self.slow_itself: Callable[[], str | None] | None = None
-        """Why this rank is slow itself by its anomaly detector, or None (see AnomalyWatch):
-        set by the capture where the rank watches itself; a peer that is slow declines."""
+        """Why this rank is slow itself by its anomaly detector, or None (see AnomalyDetector):
+        set by the capture where the rank follows its own steps; a peer that is slow declines."""
         self._auto_failed = False  # writing RUN_DIR/auto failed once: said, not again
 
     # -- trigger files --------------------------------------------------------------
 
     def check_triggers(self, step: int) -> None:
         """Answer the triggers that appeared since the last check (on the training thread)."""
-        watcher = self._watcher
-        if watcher is None:
+        poller = self._poller
+        if poller is None:
             return
         answering: Trigger | None = None  # this runs every few steps: nothing else to pay
         try:
-            for trigger in watcher.poll():
+            for trigger in poller.poll():
                 answering = trigger
                 self._answer(trigger, step)
         except Exception as exc:
@@ -89,10 +89,10 @@ class OnDemand:
             )
 
     def close_triggers(self) -> None:
-        watcher, self._watcher = self._watcher, None
-        if watcher is not None:
+        poller, self._poller = self._poller, None
+        if poller is not None:
             try:
-                watcher.close()
+                poller.close()
             except OSError:
                 logger.debug("rankscope: closing RUN_DIR/triggers failed", exc_info=True)
 
@@ -329,7 +329,7 @@ class OnDemand:
             return choose_peer(self._run_dir, self._rank, step)
         except Exception as exc:
             # The pair is a second trace beside the slow rank's own: a fault while choosing
-            # costs the peer, never the slow rank's window or the watch.
+            # costs the peer, never the slow rank's window or the detector.
             return Peer(None, f"choosing one failed ({type(exc).__name__}: {exc})")
 
     def _ask_peer(

@@ -1,4 +1,4 @@
-"""On-demand windows on a rank: the watcher that reads trigger files and answers them (the
+"""On-demand windows on a rank: the poller that reads trigger files and answers them (the
 files' format: rundir/_trigger.py), and the SIGUSR2 hook.
 
 SIGUSR2 (`trace.on_signal`) asks one process for a window on its next steps: a
@@ -27,7 +27,7 @@ from ..rundir._trigger import (
     trigger_id_of,
 )
 
-__all__ = ["SignalHook", "TriggerWatcher", "install_signal_hook"]
+__all__ = ["SignalHook", "TriggerPoller", "install_signal_hook"]
 
 # A directory changed this recently may change again without its mtime moving (the
 # filesystem's timestamp granularity, up to 2 s on some): scan it again next time.
@@ -37,7 +37,7 @@ _O_DIRECTORY: int | None = getattr(os, "O_DIRECTORY", None)
 logger = get_logger(__name__)
 
 
-class TriggerWatcher:
+class TriggerPoller:
     """Finds the triggers meant for one rank, cheaply enough to call every few steps.
 
     `poll()` costs one fstat of RUN_DIR/triggers, held open, while the directory is

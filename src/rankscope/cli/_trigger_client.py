@@ -2,7 +2,7 @@
 
 What `rankscope trigger` does, for any Python caller (a Ray driver, a notebook): check
 the request against the ranks' meta files and the run's timings, then write the trigger
-file each rank's TriggerWatcher looks for (capture/_trigger.py, the job's side; the
+file each rank's TriggerPoller looks for (capture/_trigger.py, the job's side; the
 files' format: rundir/_trigger.py). Imports no torch. A rank's config comes from its meta file; a field the
 file leaves out reads as the config's own default (`config_in_meta`).
 

@@ -105,7 +105,7 @@ class AutoTrigger:
     """Measure this phase instead of the whole step: its time on the phase timer's sampled steps
     (device time where CUDA is in use, else host time), summed over the step. A rank slow in its
     own compute fires; ranks that only wait for it in a "comm" phase do not. Needs the timer on
-    the watching ranks; warmup_steps, history_steps and consecutive then count sampled steps."""
+    the detecting ranks; warmup_steps, history_steps and consecutive then count sampled steps."""
     ranks: RankSpec | None = None
     """Ranks that watch themselves, in the forms of TraceConfig.ranks; None means trace.ranks.
     "all" lets whichever rank turns slow capture itself (pair it with `phase`, or every rank

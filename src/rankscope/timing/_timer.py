@@ -114,8 +114,8 @@ class PhaseTimer:
         self._opening = self._attempt_line()
         self._end: int | None = None  # the file's size after our last write
         self._shared = False  # another process was seen appending (said once)
-        self._watch: str | None = None  # the phase whose times `take_watched` hands out
-        self._watched: list[tuple[int, float]] = []
+        self._followed_phase: str | None = None  # the phase whose times `take_followed` hands out
+        self._followed: list[tuple[int, float]] = []
         self._warned = False
         self.fault_reason: str | None = None
         """Why a fault turned the timer off (None: it did not)."""
@@ -273,22 +273,22 @@ class PhaseTimer:
         except Exception as exc:
             self.fault(f"phase {span.phase!r} failed to end", exc)
 
-    # -- a watched phase (trace.auto.phase) ------------------------------------------
+    # -- a followed phase (trace.auto.phase) ------------------------------------------
 
-    def watch(self, phase: str | None) -> None:
-        """Keep each record of `phase` for `take_watched` (None: stop keeping them)."""
-        self._watch = None if phase is None else safe_str(phase)
+    def follow(self, phase: str | None) -> None:
+        """Keep each record of `phase` for `take_followed` (None: stop keeping them)."""
+        self._followed_phase = None if phase is None else safe_str(phase)
         if phase is None:
             with self._lock:
-                self._watched = []
+                self._followed = []
 
-    def take_watched(self) -> list[tuple[int, float]]:
-        """(step, seconds) of each record of the watched phase written since the last call,
+    def take_followed(self) -> list[tuple[int, float]]:
+        """(step, seconds) of each record of the followed phase written since the last call,
         in the order written: device time where there is one, else host time."""
-        if not self._watched:
+        if not self._followed:
             return []
         with self._lock:
-            out, self._watched = self._watched, []
+            out, self._followed = self._followed, []
         return out
 
     # -- faults --------------------------------------------------------------------
@@ -406,13 +406,13 @@ class PhaseTimer:
 
     def _write_ready(self, ready: Ready, dropped: int) -> None:
         """Format and append finished records (the training thread or the writer's)."""
-        watch = self._watch
-        if watch is not None:
+        followed = self._followed_phase
+        if followed is not None:
             with self._lock:
-                self._watched.extend(
+                self._followed.extend(
                     (span.step, span.cpu_ns / 1e9 if gpu_ms is None else gpu_ms / 1e3)
                     for span, gpu_ms in ready
-                    if span.phase == watch
+                    if span.phase == followed
                 )
         lines = []
         for span, gpu_ms in ready:
