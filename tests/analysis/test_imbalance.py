@@ -45,7 +45,7 @@ def test_uneven_data_without_a_value_is_found_and_called_likely_the_data(tmp_pat
     assert imbalance.cause.kind == "data-driven" and "data-driven" in imbalance.cause.could_be
     assert 'prof.phase("forward", tokens=n)' in imbalance.cause.text
     assert "optimizer" in imbalance.evidence  # the phase whose work does not follow the data
-    assert imbalance.sentence().startswith("ranks are unevenly loaded in forward from step to step")
+    assert imbalance.summary.startswith("ranks are unevenly loaded in forward from step to step")
 
 
 @pytest.mark.parametrize(("cpus", "judged"), [(None, True), (64, True), (8, False)])

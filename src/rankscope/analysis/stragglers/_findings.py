@@ -13,6 +13,7 @@ from ..core._format import SENTENCE, finite, hours_text
 from ..core._values import as_list, as_map
 from ._model import (
     ROUGH_FIT,
+    Imbalance,
     SlowGroup,
     StragglerFinding,
     StragglerReport,
@@ -23,6 +24,8 @@ from ._model import (
 __all__ = [
     "cost_lines",
     "cost_text",
+    "group_sentence",
+    "imbalance_sentence",
     "ratio_text",
     "sentences",
 ]
@@ -100,7 +103,7 @@ def sentences(report: StragglerReport) -> list[str]:
         who = _verb([u.rank for u in rows], "seems", "seem")
         out.append(f"{who} to wait in {phase} for rank {last}, {_too_few(rows)}")
     for uneven in report.imbalance:
-        out.append(uneven.sentence(report.steps[0]))
+        out.append(imbalance_sentence(uneven, report.steps[0]))
         out.append(f"why {uneven.phase} is uneven: {uneven.cause.text}")
     if fit is not None and abs(fit - 1) > ROUGH_FIT and report.cost is not None:
         out.append(
@@ -116,7 +119,7 @@ def _group_sentence(
 ) -> str:
     """A slow group's sentence with the ranks that wait for it: those a finding names
     (marked `told`), and those that wait in a send/recv no finding judges."""
-    text = group.sentence(first_step)
+    text = group_sentence(group, first_step)
     for_group: dict[str, list[int]] = {}
     for i, w in enumerate(waiting):
         if w.waits_for and w.waits_for[0] in group.slow and i not in told:
@@ -274,3 +277,28 @@ def cost_text(cost: Mapping[str, Any], what: str = "fixing it") -> str:
     elif hours is not None and ranks is not None:
         text += f": {hours_text(hours)} over the run so far, {hours_text(ranks, 'rank')}"
     return text
+
+
+def group_sentence(group: SlowGroup, first_step: int) -> str:
+    """A slow group in words; "since step N" unless it began at `first_step`."""
+    since = "" if group.since_step == first_step else f" since step {group.since_step}"
+    which = format_ranks(group.ranks)
+    if group.slow != group.ranks:
+        which += f", {format_ranks(group.slow)} of them slow"
+    return (
+        f"{group.name} ({which}) is slow in {group.phase_words} as a group "
+        f"({ratio_text(group.ratio)} vs the other ranks{since}): one finding for its ranks "
+        "(each rank's own row: --all, --json), as only fixing the group frees the step"
+    )
+
+
+def imbalance_sentence(uneven: Imbalance, first_step: int = 0) -> str:
+    """Uneven data in words; "since step N" unless it began at `first_step`, the run's
+    first sampled step."""
+    since = "" if uneven.since_step == first_step else f" since step {uneven.since_step}"
+    return (
+        f"ranks are unevenly loaded in {uneven.phase} from step to step{since}: the "
+        f"slowest rank changes at {uneven.changes:.0%} of the uneven steps ({uneven.ranks_slowest} "
+        f"ranks were the slowest at some step, none at more than {uneven.top_share:.0%}), "
+        f"{uneven.ratio:.2f}x the median rank at {uneven.share:.0%} of sampled steps"
+    )

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from ..read._matrix import STEP, PhaseMatrices, nanmedian, quiet
 from ..read._values import PhaseValues
+from ._findings import imbalance_sentence
 from ._model import Cause, Imbalance
 from ._rows import Row, row_of
 
@@ -268,7 +269,7 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
     judged = np.isfinite(hits)
     ratio = high[judged] / med[judged]
     evidence, cause = _evidence_and_cause(phase, follows, wider, shared, values)
-    return Imbalance(
+    uneven = Imbalance(
         phase=phase,
         kind=m.kinds[p],
         ratio=round(float(np.median(ratio)), 4),
@@ -285,6 +286,7 @@ def _judge(  # noqa: PLR0917 - one phase's verdict from what find_imbalance foun
         stages=paces.stages,
         own_pace=paces.own,
     )
+    return replace(uneven, summary=imbalance_sentence(uneven))
 
 
 def _values_follow(

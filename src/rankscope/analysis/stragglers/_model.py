@@ -13,9 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..._text import format_ranks
 from ..core._clocks import clock_words
-from ..core._format import SENTENCE
 
 __all__ = [
     "ROUGH_FIT",
@@ -35,7 +33,6 @@ __all__ = [
 ]
 
 Vector = npt.NDArray[np.float64]
-ratio_text = SENTENCE.ratio
 
 
 @dataclass(frozen=True)
@@ -268,17 +265,6 @@ class SlowGroup:
     def phase_words(self) -> str:
         return " and ".join(self.phases)
 
-    def sentence(self, first_step: int) -> str:
-        since = "" if self.since_step == first_step else f" since step {self.since_step}"
-        which = format_ranks(self.ranks)
-        if self.slow != self.ranks:
-            which += f", {format_ranks(self.slow)} of them slow"
-        return (
-            f"{self.name} ({which}) is slow in {self.phase_words} as a group "
-            f"({ratio_text(self.ratio)} vs the other ranks{since}): one finding for its ranks "
-            "(each rank's own row: --all, --json), as only fixing the group frees the step"
-        )
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "group": self.name,
@@ -330,16 +316,8 @@ class Imbalance:
     own_pace: tuple[int, ...] = field(default=(), repr=False, compare=False)
     """Rank indices with a slow finding in the phase: their loads are against their own
     typical time (balancing the data keeps a straggler's pace)."""
-
-    def sentence(self, first_step: int = 0) -> str:
-        """In words; "since step N" unless it began at `first_step`, the run's first sampled step."""
-        since = "" if self.since_step == first_step else f" since step {self.since_step}"
-        return (
-            f"ranks are unevenly loaded in {self.phase} from step to step{since}: the "
-            f"slowest rank changes at {self.changes:.0%} of the uneven steps ({self.ranks_slowest} "
-            f"ranks were the slowest at some step, none at more than {self.top_share:.0%}), "
-            f"{self.ratio:.2f}x the median rank at {self.share:.0%} of sampled steps"
-        )
+    summary: str = ""
+    """In words (analysis/stragglers/_findings.py imbalance_sentence, from the run's step 0)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -356,7 +334,7 @@ class Imbalance:
             "evidence": self.evidence,
             "cause": self.cause.to_dict(),
             "cost": None if self.cost is None else self.cost.to_dict(),
-            "summary": self.sentence(),
+            "summary": self.summary,
         }
 
 
