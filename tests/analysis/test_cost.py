@@ -620,6 +620,23 @@ def test_a_finding_is_worth_saying_only_where_its_typical_step_bears_it(
     assert [f.rank for f in report.findings] == ([0] if stands else [])
 
 
+@pytest.mark.parametrize(("collectives_said", "stands"), [(False, True), (True, False)])
+def test_a_cheap_finding_kept_by_its_excess_goes_where_the_records_say_where_ranks_meet(
+    collectives_said: bool, stands: bool
+) -> None:
+    # A clean 3-rank HF run on two cores: rank 2's forward 0.64 ms slower at its typical
+    # step, priced 0.27 ms of a 23 ms step (its peers' waits absorbed the rest). Its
+    # excess is over the 2% floor, its price under it. Where the records say which
+    # phases issued collectives, the price is the model's word and the finding goes.
+    m = _two_segments()
+    slow = _finding(2, "forward", lost_ms=0.64 * 24, steps=24, median_excess_ms=0.64)
+    report = _report(m, ["backward"], [slow])
+    costs = Costs([_priced(0.27)], [None], _priced(0.27), [], 23.0, [], [], [])
+    dropped = drop_the_cheap(report, costs, 0.02 * 23.0, collectives_said=collectives_said)
+    assert dropped is not stands
+    assert [f.rank for f in report.findings] == ([2] if stands else [])
+
+
 def test_one_rank_that_waits_loses_the_time_and_several_lose_it() -> None:
     from rankscope.analysis.stragglers._findings import _lose
 
