@@ -202,13 +202,7 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
     placed = _Placed(records.time, rank_index, steps, origin, ops)
     for name in names:
         placed.add(name, records.phases[name])
-    ms, device, clocks, first, last = (
-        placed.ms,
-        placed.device,
-        placed.clocks,
-        placed.first,
-        placed.last,
-    )
+    first = placed.first
     # Steps run their phases in start order; the step record (which spans them all) goes last.
     began = np.full((n_r, n_s), np.nan)
     for start in first:
@@ -222,13 +216,13 @@ def matrices_of(records: RunRecords) -> PhaseMatrices:
         kinds=[one_line(_kind_of(records.phases[names[p]].kinds)) for p in ranked],
         depths=[records.phases[names[p]].depth for p in ranked],
         time=records.time,
-        clocks=[clocks[p] for p in ranked],
-        ms=[ms[p] for p in ranked],
-        timeline_ms=_timeline([device[p] for p in ranked], n_r, n_s)
-        if len(set(clocks)) > 1
+        clocks=[placed.clocks[p] for p in ranked],
+        ms=[placed.ms[p] for p in ranked],
+        timeline_ms=_timeline([placed.device[p] for p in ranked], n_r, n_s)
+        if len(set(placed.clocks)) > 1
         else None,
         start_ns=[first[p] for p in ranked],
-        end_ns=[last[p] for p in ranked],
+        end_ns=[placed.last[p] for p in ranked],
         origin_ns=origin,
         ops=None if ops is None else ops.done(),
         runs=placed.runs,

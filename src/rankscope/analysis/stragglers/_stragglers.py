@@ -222,8 +222,8 @@ def _price_and_explain(  # noqa: PLR0917 - the report and what pricing it reads
     """Each finding's, group's and uneven phase's cost (the cheap ones dropped) and each
     slow finding's cause, into `report`."""
     costs = estimate_costs(rows.timeline, report, run.hosts, run.gpus, pipeline)
-    top = [name for name, depth in zip(m.phases, m.depths, strict=True) if depth == 0]
-    said = bool(top) and all(name in m.issued for name in top if name != STEP)
+    top = [p for p, d in zip(m.phases, m.depths, strict=True) if d == 0 and p != STEP]
+    said = bool(top) and all(p in m.issued for p in top)
     floor_ms = options.min_saving * _step_ms(m)
     if drop_the_cheap(report, costs, floor_ms, collectives_said=said):
         if not (report.findings or report.imbalance):
