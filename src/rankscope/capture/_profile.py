@@ -13,6 +13,7 @@ from ..config._config import TraceConfig
 from ._export import let_go
 from ._nsys import NsysWindows
 from ._schedule import Action, StepPlan
+from ._settle import settling_profile
 
 __all__ = ["ProfilerMaker", "abandon", "disable_autograd_profiler"]
 
@@ -75,7 +76,7 @@ class ProfilerMaker:
                 return actions[plan.action(s) if s >= live else Action.NONE]
 
         cfg = self._config
-        prof = torch.profiler.profile(
+        prof = settling_profile(torch)(
             activities=activities,
             schedule=schedule,
             on_trace_ready=on_ready,
