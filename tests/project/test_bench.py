@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
         ("trigger_check.py", ["--quick"], "trigger check (default interval) vs unsampled timer"),
         ("analysis.py", ["--quick", "--no-hta"], "rankscope stragglers --json, end to end:"),
         ("live_figures.py", ["--quick", "--ranks", "64"], "metrics() vs a dict copy:"),
+        ("window_settle.py", ["--repeats", "3"], "settle, other threads idle:"),
         ("field.py", ["--quick", "--jobs", "ddp", "--clean", "1"], "field: clean runs 1"),
     ],
 )
