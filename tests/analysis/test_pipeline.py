@@ -477,6 +477,9 @@ def test_uneven_data_under_megatrons_calls_is_found_priced_and_its_clean_twin_is
     assert report.cost.step_ms_saved == pytest.approx(truth, rel=0.1)
     clean = analyse_stragglers(tmp_path / "even").report
     assert (clean.findings, clean.imbalance, clean.summary) == ([], [], [])
+    # The later stages' waits in the bubbles were found and left out as cheap: said so.
+    (left,) = [n for n in clean.notes if "left out" in n]
+    assert "would save under" in left and "--min-saving, 2% of the median step" in left
 
 
 @pytest.mark.parametrize(

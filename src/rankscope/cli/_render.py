@@ -191,7 +191,7 @@ def _sentences(summary: list[str], threshold: float, persistence: float) -> None
     else:
         _console.print(
             f"  No straggler: no rank is {SENTENCE.pct_over(threshold)} above the others "
-            f"at {SENTENCE.share(persistence)} of sampled steps."
+            f"at {SENTENCE.share(persistence)} of sampled steps with a fix worth its price."
         )
 
 

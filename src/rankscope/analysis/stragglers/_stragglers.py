@@ -39,8 +39,8 @@ from ._arrivals import (
     whom_it_waits_for,
 )
 from ._cause import causes_of
-from ._cost import drop_the_cheap, estimate_costs
-from ._findings import ratio_text, sentences
+from ._cost import drop_the_cheap, estimate_costs, price_floor_ms
+from ._findings import left_out_note, ratio_text, sentences
 from ._groups import slow_groups, waiting_for_groups
 from ._imbalance import find_imbalance
 from ._model import RankPhase, StragglerFinding, StragglerReport, Undecided, rounded
@@ -167,8 +167,9 @@ def find_stragglers(
         floor=rows.floor,
     )
     # 4. What each costs, and why.
+    left_out = None
     if report.findings or report.imbalance:
-        _price_and_explain(
+        left_out = _price_and_explain(
             report,
             m,
             rows,
@@ -180,6 +181,8 @@ def find_stragglers(
     if clocks is not None:
         report.notes.append(clocks)
     report.summary = sentences(report)
+    if left_out is not None:  # said, so that "no straggler" never reads "no rank is slower"
+        report.notes.append(left_out)
     return report
 
 
@@ -218,16 +221,24 @@ def _price_and_explain(  # noqa: PLR0917 - the report and what pricing it reads
     options: StragglerOptions,
     pipeline: Replay | str | None,
     run: _Context,
-) -> None:
+) -> str | None:
     """Each finding's, group's and uneven phase's cost (the cheap ones dropped) and each
-    slow finding's cause, into `report`."""
+    slow finding's cause, into `report`; what was dropped as cheap, said, or None."""
     costs = estimate_costs(rows.timeline, report, run.hosts, run.gpus, pipeline)
     top = [p for p, d in zip(m.phases, m.depths, strict=True) if d == 0 and p != STEP]
     said = bool(top) and all(p in m.issued for p in top)
     floor_ms = options.min_saving * _step_ms(m)
+    told = len(report.findings) + len(report.imbalance) + len(report.groups)
+    left_out = None
     if drop_the_cheap(report, costs, floor_ms, collectives_said=said):
+        left = told - len(report.findings) - len(report.imbalance) - len(report.groups)
+        floor = price_floor_ms(costs, floor_ms, collectives_said=said)
+        model = (costs.model_step_ms, costs.all.step_ms) if costs.all is not None else None
+        left_out = left_out_note(
+            left, floor, options.min_saving, model if floor > floor_ms else None
+        )
         if not (report.findings or report.imbalance):
-            return
+            return left_out
         costs = estimate_costs(rows.timeline, report, run.hosts, run.gpus, pipeline)
     report.imbalance = [
         replace(u, cost=c) for u, c in zip(report.imbalance, costs.imbalance, strict=True)
@@ -254,6 +265,7 @@ def _price_and_explain(  # noqa: PLR0917 - the report and what pricing it reads
     report.notes = costs.notes + (known.notes if known is not None else [])
     report.cost, report.host_costs = costs.all, costs.hosts
     report.model_step_ms = costs.model_step_ms
+    return left_out
 
 
 class _Rows:
