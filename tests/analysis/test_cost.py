@@ -640,31 +640,29 @@ def test_a_cheap_finding_kept_by_its_excess_goes_where_the_records_say_where_ran
 @pytest.mark.parametrize(
     ("saved_ms", "step_ms", "model_step_ms", "stands"),
     [
-        # A clean 2-rank Lightning run on two cores: rank 0's forward 0.08 ms slower a
-        # step from step 72, priced 0.105 ms of 2.75 (over the 2% floor), with the
-        # model's step at 3.92 ms: the price is a tenth of the model's own error.
-        (0.105, 2.75, 3.92, False),
-        # The same price where the model fits (5% off): it is the model's word.
-        (0.105, 2.75, 2.9, True),
-        # A fault priced well over the model's error (30% off) stands.
-        (14.0, 25.9, 33.7, True),
+        # The demo's optimizer 4x slow on rank 1 of 2: priced 1.9 ms of 17 with the
+        # model's step at 20.9 ms (its untimed work). A floor at the model's error was
+        # tried (it left a clean Lightning run's 0.105 ms price out) and dropped this
+        # fault: the model's error on the step is not its error on a fix.
+        (1.9, 17.0, 20.9, True),
+        # A clean 2-rank Lightning run on two cores: priced 0.105 ms of 2.75 (3.8%), over
+        # the floor; the model's step at 3.92 ms does not take it out.
+        (0.105, 2.75, 3.92, True),
+        # Under the floor, the fit does not keep it either.
+        (0.04, 2.75, 2.8, False),
     ],
 )
-def test_a_price_under_the_models_own_error_goes_where_the_records_say_where_ranks_meet(
+def test_the_floor_is_a_share_of_the_step_whatever_the_models_fit(
     saved_ms: float, step_ms: float, model_step_ms: float, stands: bool
 ) -> None:
     m = _two_segments()
-    slow = _finding(0, "forward", lost_ms=0.08 * 24, steps=24, median_excess_ms=0.08)
+    slow = _finding(1, "optimizer", lost_ms=0.03 * 24, steps=24, median_excess_ms=0.03)
     report = _report(m, ["backward"], [slow])
     cost = Cost(saved_ms, 0.0, 0.0, None, step_ms / (step_ms - saved_ms), step_ms, 72)
     costs = Costs([cost], [None], cost, [], model_step_ms, [], [], [])
     dropped = drop_the_cheap(report, costs, 0.02 * step_ms, collectives_said=True)
     assert dropped is not stands
-    assert [f.rank for f in report.findings] == ([0] if stands else [])
-    # Where the records do not say, the excess keeps it as before, whatever the fit.
-    report = _report(m, ["backward"], [slow])
-    drop_the_cheap(report, costs, 0.02 * step_ms, collectives_said=False)
-    assert [f.rank for f in report.findings] == [0]
+    assert [f.rank for f in report.findings] == ([1] if stands else [])
 
 
 def test_one_rank_that_waits_loses_the_time_and_several_lose_it() -> None:

@@ -114,22 +114,14 @@ def sentences(report: StragglerReport) -> list[str]:
     return out
 
 
-def left_out_note(
-    left: int, floor_ms: float, min_saving: float, model: tuple[float, float] | None
-) -> str:
-    """What drop_the_cheap left out and why: `left` findings whose fix saves under
-    `floor_ms` a step, the --min-saving share of the step or, with `model` (its step, the
-    measured one), the cost model's own error on the step."""
-    why = (
-        f"the cost model's own error: its step is {SENTENCE.ms_text(model[0])} against "
-        f"{SENTENCE.ms_text(model[1])} measured"
-        if model is not None
-        else f"--min-saving, {SENTENCE.share(min_saving)} of the median step"
-    )
+def left_out_note(left: int, floor_ms: float, min_saving: float) -> str:
+    """What drop_the_cheap left out: `left` findings whose fix saves under `floor_ms` a
+    step (--min-saving, `min_saving` of the median step)."""
     each = "it" if left == 1 else "each"
     return (
         f"{left} finding{'' if left == 1 else 's'} left out, as fixing {each} would save under "
-        f"{SENTENCE.ms_text(floor_ms)} a step ({why})"
+        f"{SENTENCE.ms_text(floor_ms)} a step (--min-saving, {SENTENCE.share(min_saving)} of "
+        "the median step)"
     )
 
 

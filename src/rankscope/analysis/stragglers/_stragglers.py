@@ -39,7 +39,7 @@ from ._arrivals import (
     whom_it_waits_for,
 )
 from ._cause import causes_of
-from ._cost import drop_the_cheap, estimate_costs, price_floor_ms
+from ._cost import drop_the_cheap, estimate_costs
 from ._findings import left_out_note, ratio_text, sentences
 from ._groups import slow_groups, waiting_for_groups
 from ._imbalance import find_imbalance
@@ -232,11 +232,7 @@ def _price_and_explain(  # noqa: PLR0917 - the report and what pricing it reads
     left_out = None
     if drop_the_cheap(report, costs, floor_ms, collectives_said=said):
         left = told - len(report.findings) - len(report.imbalance) - len(report.groups)
-        floor = price_floor_ms(costs, floor_ms, collectives_said=said)
-        model = (costs.model_step_ms, costs.all.step_ms) if costs.all is not None else None
-        left_out = left_out_note(
-            left, floor, options.min_saving, model if floor > floor_ms else None
-        )
+        left_out = left_out_note(left, floor_ms, options.min_saving)
         if not (report.findings or report.imbalance):
             return left_out
         costs = estimate_costs(rows.timeline, report, run.hosts, run.gpus, pipeline)
