@@ -13,7 +13,8 @@ import pytest
 
 from rankscope.analysis import find_stragglers, matrices_of, read_run_meta, read_run_records
 from rankscope.analysis.read._matrix import STEP, PhaseMatrices
-from rankscope.analysis.stragglers._cost import Costs, drop_the_cheap, estimate_costs
+from rankscope.analysis.stragglers._cheap import drop_the_cheap
+from rankscope.analysis.stragglers._cost import Costs, estimate_costs
 from rankscope.analysis.stragglers._findings import cost_lines, cost_text
 from rankscope.analysis.stragglers._model import Cost, StragglerFinding, StragglerReport
 from rankscope.testing._gloo import GlooRanks

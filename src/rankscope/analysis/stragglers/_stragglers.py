@@ -39,7 +39,8 @@ from ._arrivals import (
     whom_it_waits_for,
 )
 from ._cause import causes_of
-from ._cost import drop_the_cheap, estimate_costs
+from ._cheap import drop_the_cheap
+from ._cost import estimate_costs
 from ._findings import left_out_note, ratio_text, sentences
 from ._groups import slow_groups, waiting_for_groups
 from ._imbalance import find_imbalance
