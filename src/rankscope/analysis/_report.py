@@ -15,7 +15,8 @@ import numpy as np
 
 from .._errors import TraceError
 from .._text import format_ranks, format_steps
-from ..rundir._layout import SIGNAL_TAG, RunDir, leftovers, window_key
+from ..rundir._layout import SIGNAL_TAG, window_key
+from ..rundir._listing import RunDir, leftovers
 from .collectives._collective_clocks import host_clock_offsets
 from .collectives._collectives import collectives_of_run
 from .core._clocks import clock_words

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import RankscopeError, TraceError
-from ..rundir._layout import RunDir
+from ..rundir._listing import RunDir
 from .kernels._kernels import find_traces, read_summaries
 from .read._attempts import latest_rows, run_attempts
 from .read._duck import COLUMNS, connect, lines_sql

@@ -19,11 +19,11 @@ from ..rundir._layout import (
     SIGNAL_TAG,
     SLOW_STEPS_TAG,
     TRACES,
-    RunDir,
     auto_path,
     slow_phase_tag,
     window_key,
 )
+from ..rundir._listing import RunDir
 from ..rundir._trigger import Trigger, write_ack
 from ._auto import SlowSteps
 from ._pair import Peer, ask_peer, choose_peer, peer_trigger_id

@@ -17,7 +17,8 @@ from typing import Any
 
 from .._text import format_ranks
 from ..rundir._files import read_json_object, read_regular
-from ..rundir._layout import RunDir, auto_path, live_path, meta_path
+from ..rundir._layout import auto_path, live_path, meta_path
+from ..rundir._listing import RunDir
 from ..rundir._trigger import Trigger, config_in_meta, rank_listens, write_trigger
 
 __all__ = ["CANDIDATES", "Peer", "ask_peer", "choose_peer", "peer_trigger_id"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import RankscopeError
-from ..rundir._layout import RunDir, is_run_dir
+from ..rundir._listing import RunDir, is_run_dir
 from ._output import not_over_run_data, print_json, terminal
 from ._progress import progress, stage
 

@@ -26,8 +26,8 @@ from ..rundir._layout import (
     TIMINGS,
     TRACES,
     TRIGGERS,
-    is_run_dir,
 )
+from ..rundir._listing import is_run_dir
 from ._progress import Progress, progress
 
 __all__ = ["EXIT_BAD_INPUT", "answer", "not_over_run_data", "print_json", "terminal"]

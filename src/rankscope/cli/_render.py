@@ -23,7 +23,8 @@ from ..analysis.kernels._kernels import KernelReport
 from ..analysis.stragglers._evidence import evidence_line
 from ..analysis.stragglers._findings import cost_lines, in_groups
 from ..analysis.stragglers._stragglers import StragglerReport
-from ..rundir._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, RunDir, rank_name, timing_path
+from ..rundir._layout import GZIP_SUFFIX, MERGED, TRACE_SUFFIX, rank_name, timing_path
+from ..rundir._listing import RunDir
 from ._columns import rank_list
 from ._render_live import hang, live_view, top, trigger_status, trigger_written
 from ._terminal import console

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.core._options import StragglerOptions
-from ..rundir._layout import REPORT, RunDir
+from ..rundir._layout import REPORT
+from ..rundir._listing import RunDir
 from ._options import add_options, command, json_option, options_from
 from ._output import answer, not_over_run_data
 from ._progress import Progress

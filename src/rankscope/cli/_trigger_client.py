@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError, TraceError
 from ..config._ranks import RankSet, parse_ranks
-from ..rundir._layout import META_FILES, NSYS, TRACES, RunDir
+from ..rundir._layout import META_FILES, NSYS, TRACES
+from ..rundir._listing import RunDir
 from ..rundir._trigger import (
     Trigger,
     config_in_meta,

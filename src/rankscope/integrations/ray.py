@@ -49,7 +49,8 @@ from .._errors import ConfigError
 from .._log import get_logger
 from .._profiler import Profiler
 from ..config._config import ProfileConfig
-from ..rundir._layout import RunDir, timing_path
+from ..rundir._layout import timing_path
+from ..rundir._listing import RunDir
 
 __all__ = [
     "ActorProfiling",

@@ -32,14 +32,8 @@ from .._errors import ConfigError
 from ..config._config import TimerConfig, TraceConfig
 from ..config._ranks import RankSet, parse_ranks
 from ._files import read_regular, write_atomic
-from ._layout import (
-    TRIGGER_SUFFIX,
-    RunDir,
-    ack_path,
-    step_window_name,
-    trigger_path,
-    trigger_tag,
-)
+from ._layout import TRIGGER_SUFFIX, ack_path, step_window_name, trigger_path, trigger_tag
+from ._listing import RunDir
 
 __all__ = [
     "ID_ACCEPTED",

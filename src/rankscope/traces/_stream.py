@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import TraceError
-from ..rundir._layout import open_regular
+from ..rundir._listing import open_regular
 
 __all__ = ["DICTS", "BatchDecoder", "plain_events", "scan_batches", "scan_trace"]
 

@@ -20,7 +20,7 @@ import time
 from .._log import get_logger
 from ..config._ranks import RankInfo
 from ..rundir._attempt import current_attempt
-from ..rundir._layout import RunDir
+from ..rundir._listing import RunDir
 from ._figures import Figures, across_figures, health_figures, own_figures
 from ._tails import TimingTail, read_heartbeat
 

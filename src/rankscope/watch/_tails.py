@@ -17,7 +17,7 @@ from typing import Any
 
 from .._errors import TraceError
 from ..rundir._clocks import on_device
-from ..rundir._layout import open_regular
+from ..rundir._listing import open_regular
 from ..timing._record import STEP_PHASE
 
 __all__ = [

@@ -36,7 +36,8 @@ from typing import Any
 
 from ..._errors import TraceError
 from ..._text import format_ranks, shown
-from ...rundir._layout import TRACES, RunDir, is_run_dir, is_window_folder, window_key
+from ...rundir._layout import TRACES, window_key
+from ...rundir._listing import RunDir, is_run_dir, is_window_folder
 from ..core._parallel import file_size, ordered_map
 from ..kernels._kernels import find_traces
 from ..merge._plan import base_of

@@ -21,7 +21,8 @@ import numpy.typing as npt
 
 from ..._errors import TraceError
 from ..._text import format_ranks
-from ...rundir._layout import META, TIMINGS, TRACES, is_run_dir, is_window_folder, window_steps
+from ...rundir._layout import META, TIMINGS, TRACES, window_steps
+from ...rundir._listing import is_run_dir, is_window_folder
 from ..core._clocks import clock_words, same_clocks
 from ..core._options import DiffOptions, StragglerOptions
 from ..kernels._kernels import find_traces, latest_of_the_same_steps, read_summaries

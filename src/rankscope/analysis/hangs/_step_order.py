@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import TraceError
-from ...rundir._layout import RunDir
+from ...rundir._listing import RunDir
 from ..read._run import RunMeta
 
 if TYPE_CHECKING:

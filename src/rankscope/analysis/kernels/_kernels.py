@@ -9,16 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import ConfigError, TraceError
-from ...rundir._layout import (
+from ...rundir._layout import rank_of_file, window_steps
+from ...rundir._listing import (
     RunDir,
     is_run_dir,
     is_window_folder,
     not_regular,
     open_regular,
-    rank_of_file,
     summary_of,
     traces_under,
-    window_steps,
 )
 from ...traces._kineto import SUMMARY_VERSION, left_out_lines, summarize_trace, summary_problem
 from ..core._options import KernelOptions

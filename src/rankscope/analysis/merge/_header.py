@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ...rundir._layout import open_regular
+from ...rundir._listing import open_regular
 from ...traces._stream import scan_trace
 
 _READ_CHUNK = 256 << 10

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import ConfigError, TraceError
-from ...rundir._layout import not_regular, open_regular
+from ...rundir._listing import not_regular, open_regular
 from ..core._parallel import LaneWorkers, worker_count
 from ._events import _read_input
 from ._header import _is_int, _read_header

@@ -35,7 +35,8 @@ import numpy.typing as npt
 
 from ..._errors import ConfigError, TraceError
 from ..._text import one_line
-from ...rundir._layout import TIMINGS_FILES, RunDir, open_regular
+from ...rundir._layout import TIMINGS_FILES
+from ...rundir._listing import RunDir, open_regular
 from ..core._options import TIME, TIME_BASES
 from ..core._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts

@@ -39,7 +39,7 @@ from typing import Any
 
 from ..._errors import TraceError
 from ..._text import shown
-from ...rundir._layout import open_regular
+from ...rundir._listing import open_regular
 
 __all__ = [
     "DUMP_MAX",

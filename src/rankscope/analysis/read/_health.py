@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from ..._errors import TraceError
 from ...rundir._health import FIGURES, HEALTH_VERSION, THROTTLE_REASONS
-from ...rundir._layout import RunDir, open_regular
+from ...rundir._listing import RunDir, open_regular
 from ._attempts import Attempts
 
 __all__ = ["RankHealth", "RunHealth", "read_health", "reason_bits", "tokens_of"]

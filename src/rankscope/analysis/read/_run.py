@@ -10,7 +10,8 @@ from typing import Any
 
 from ..._errors import TraceError
 from ..._text import format_ranks, printable
-from ...rundir._layout import META, RunDir, is_run_dir, open_regular, runs_in
+from ...rundir._layout import META
+from ...rundir._listing import RunDir, is_run_dir, open_regular, runs_in
 from ...rundir._meta import flat_config
 
 __all__ = ["RunMeta", "read_run_meta"]

@@ -27,14 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..._errors import ConfigError, TraceError
-from ...rundir._layout import (
-    TIMINGS_FILES,
-    TIMINGS_SUFFIX,
-    RunDir,
-    open_regular,
-    rank_of_file,
-    timing_path,
-)
+from ...rundir._layout import TIMINGS_FILES, TIMINGS_SUFFIX, rank_of_file, timing_path
+from ...rundir._listing import RunDir, open_regular
 from ..core._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 from ._run import run_root

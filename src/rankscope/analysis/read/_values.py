@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...rundir._layout import RunDir
+from ...rundir._listing import RunDir
 from ._duck import COLUMNS, connect, lines_sql, name_of
 from ._health import RunHealth
 from ._run import run_root

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from ..._errors import TraceError
 from ..._text import one_line, shown
 from ...rundir._files import is_plain_name
-from ...rundir._layout import RankFile, RunDir, open_regular
+from ...rundir._listing import RankFile, RunDir, open_regular
 
 __all__ = [
     "FRAMES_KEPT",

@@ -23,7 +23,8 @@ from typing import Any
 from ..._errors import TraceError
 from ..._text import printable
 from ...rundir._files import read_json_object
-from ...rundir._layout import RunDir, TraceFile, ack_path, window_key, window_steps
+from ...rundir._layout import ack_path, window_key, window_steps
+from ...rundir._listing import RunDir, TraceFile
 from ...traces._kineto import summarize_trace
 from ._model import Evidence, OpDelta, StragglerFinding
 
