@@ -16,6 +16,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +87,39 @@ def _drive(root: str) -> None:
             if not settle and any(codes[arm][-1]):
                 break
     print(json.dumps(codes))
+
+
+def test_a_thread_with_work_left_is_seen_runnable_and_a_waiting_one_is_not() -> None:
+    """What the settling waits on: a worker preempted with work left is runnable."""
+    import torch
+
+    from rankscope.capture._settle import runnable_threads
+
+    done = threading.Event()
+    ids: dict[str, str] = {}
+
+    def busy() -> None:  # torch's matmul lets go of the GIL, as gloo's workers hold none
+        ids["busy"] = str(threading.get_native_id())
+        a = torch.randn(128, 128)
+        while not done.is_set():
+            a @ a
+
+    def waiting() -> None:
+        ids["waiting"] = str(threading.get_native_id())
+        done.wait()
+
+    threads = [threading.Thread(target=busy), threading.Thread(target=waiting)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.05)
+        seen = [runnable_threads(str(threading.get_native_id())) for _ in range(20)]
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert any(ids["busy"] in s for s in seen), seen
+    assert not any(ids["waiting"] in s for s in seen), seen
 
 
 def test_a_window_stop_waits_for_gloo_to_end_its_ranges(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from .._log import get_logger
 
-__all__ = ["SETTLE_S", "settle_gloo_workers", "settling_profile"]
+__all__ = ["SETTLE_S", "runnable_threads", "settle_gloo_workers", "settling_profile"]
 
 logger = get_logger(__name__)
 
@@ -84,7 +84,7 @@ def settle_gloo_workers(torch: ModuleType, limit_s: float = SETTLE_S) -> None:
             # Another thread keeps the GIL busy: it is runnable itself, and each file read
             # below would let go of the GIL and wait a switch interval (5 ms) to get it back.
             continue
-        if not _runnable_threads(me):
+        if not runnable_threads(me):
             return
 
 
@@ -101,14 +101,14 @@ def _has_gloo_group(torch: ModuleType) -> bool:
         return True
 
 
-def _runnable_threads(me: str) -> int:
-    """How many other threads of this process are running or waiting for a core; 0 where
-    /proc cannot say (after the one sleep already taken)."""
+def runnable_threads(me: str) -> set[str]:
+    """The other threads of this process (their ids) that are running or waiting for a
+    core; none where /proc cannot say (after the one sleep already taken)."""
     try:
         tasks = os.listdir(_TASKS)
     except OSError:
-        return 0
-    busy = 0
+        return set()
+    busy = set()
     for tid in tasks:
         if tid == me:
             continue
@@ -118,7 +118,7 @@ def _runnable_threads(me: str) -> int:
         except OSError:
             continue  # the thread ended
         # "tid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ")".
-        state = text[text.rfind(b")") + 2 : text.rfind(b")") + 3]
-        if state == b"R":
-            busy += 1
+        end = text.rfind(b")")
+        if text[end + 2 : end + 3] == b"R":
+            busy.add(tid)
     return busy
