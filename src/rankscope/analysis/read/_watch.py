@@ -16,12 +16,26 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from ..._errors import TraceError
-from ..._text import one_line, shown
+from ..._text import shown
 from ...rundir._files import is_plain_name
 from ...rundir._listing import RankFile, RunDir, open_regular
+from ._fields import MAX_NS as _MAX_NS
+from ._fields import MAX_STEP as _MAX_STEP
+from ._fields import Bad as _Bad
+from ._fields import boolean as _bool
+from ._fields import entry as _entry
+from ._fields import integer as _int
+from ._fields import listed as _list
+from ._fields import must as _must
+from ._fields import name as _name
+from ._fields import no_constant as _no_constant
+from ._fields import ns as _ns
+from ._fields import seconds as _seconds
+from ._fields import step as _step
+from ._fields import text as _text
 
 __all__ = [
     "FRAMES_KEPT",
@@ -34,17 +48,11 @@ __all__ = [
     "read_watch",
 ]
 
-_T = TypeVar("_T")
 _VERSIONS = (1,)
 _HEARTBEAT_MAX = 1 << 20
 """A heartbeat is a few hundred bytes; one past 1 MiB is not one."""
 _HANG_MAX = 64 << 20
 """A hang file holds every thread's stack: megabytes at most."""
-_MAX_NS = (1 << 63) - 1
-_MAX_STEP = 1 << 62
-_MAX_SECONDS = 1e12
-_MAX_TEXT = 4096
-"""A name (phase, kind, host, attempt) longer than this is no name."""
 _MAX_CODE = 1 << 16
 _MAX_OPEN = 1024
 """Open phases nest; more than this many at once is not a training loop."""
@@ -192,10 +200,6 @@ def _unclaimed(files: list[RankFile], skipped: list[str]) -> Iterable[RankFile]:
             skipped.append(f"{names}: rank {rank} is claimed by {len(group)} files; none is used")
 
 
-class _Bad(ValueError):
-    """A field that is not what the schema says."""
-
-
 def _read(found: RankFile, limit: int, check: Any, skipped: list[str]) -> Any:
     path = found.path
     what = "heartbeat" if check is _heartbeat else "hang file"
@@ -232,10 +236,6 @@ def _read(found: RankFile, limit: int, check: Any, skipped: list[str]) -> Any:
     except _Bad as exc:
         skipped.append(f"{path}: not a {what} ({exc})")
         return None
-
-
-def _no_constant(name: str) -> float:
-    raise _Bad(f"{name} is not a JSON number")
 
 
 def _heartbeat(data: dict[str, Any], found: RankFile) -> Heartbeat:
@@ -292,115 +292,6 @@ def _hang(data: dict[str, Any], found: RankFile) -> HangFile:
 
 
 # -- fields ------------------------------------------------------------------------------
-
-_MISSING = object()
-
-
-def _get(data: dict[str, Any], key: str, null: bool, optional: bool) -> Any:
-    value = data.get(key, _MISSING)
-    if value is _MISSING:
-        if optional:
-            return None
-        raise _Bad(f"no {key}")
-    if value is None and not null:
-        raise _Bad(f"{key} is null")
-    return value
-
-
-def _int(
-    data: dict[str, Any],
-    key: str,
-    *,
-    lo: int = 0,
-    hi: int = _MAX_NS,
-    null: bool = False,
-    optional: bool = False,
-) -> int | None:
-    value = _get(data, key, null, optional)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        nullable = " or null" if null else ""
-        raise _Bad(f"{key} is {shown(value)}, expected an integer from {lo} to {hi}{nullable}")
-    return value
-
-
-def _ns(data: dict[str, Any], key: str, null: bool = False, optional: bool = False) -> int | None:
-    """An epoch time in nanoseconds: an integer from 0 to 2^63 - 1."""
-    return _int(data, key, hi=_MAX_NS, null=null, optional=optional)
-
-
-def _step(data: dict[str, Any], key: str, null: bool = False, optional: bool = False) -> int | None:
-    return _int(data, key, hi=_MAX_STEP, null=null, optional=optional)
-
-
-def _must(value: _T | None) -> _T:
-    """A field read as required: never None (the reader raised for a null already)."""
-    if value is None:
-        raise _Bad("a required field is null")
-    return value
-
-
-def _seconds(
-    data: dict[str, Any],
-    key: str,
-    null: bool = False,
-    optional: bool = False,
-    positive: bool = False,
-) -> float | None:
-    value = _get(data, key, null, optional)
-    if value is None:
-        return None
-    number = (
-        float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    )
-    low_ok = number is not None and (number > 0 if positive else number >= 0)
-    if number is None or not low_ok or not number <= _MAX_SECONDS:  # NaN fails <=
-        low = "above 0" if positive else "from 0"
-        nullable = " or null" if null else ""
-        raise _Bad(f"{key} is {shown(value)}, expected seconds {low} to {_MAX_SECONDS:g}{nullable}")
-    return number
-
-
-def _text(
-    data: dict[str, Any],
-    key: str,
-    null: bool = False,
-    optional: bool = False,
-    limit: int = _MAX_TEXT,
-) -> str | None:
-    value = _get(data, key, null, optional)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise _Bad(f"{key} is {shown(value)}, expected a string")
-    if len(value) > limit:
-        raise _Bad(f"{key} is a string of {len(value)} characters, expected at most {limit}")
-    return one_line(value)  # shown, never acted on: a name's newline or escape written out
-
-
-def _name(data: dict[str, Any], key: str) -> str:
-    value = _text(data, key)
-    if not value:
-        raise _Bad(f"{key} is empty")
-    return value
-
-
-def _list(data: dict[str, Any], key: str, limit: int, optional: bool = False) -> list[Any]:
-    value = _get(data, key, null=False, optional=optional)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise _Bad(f"{key} is {shown(value)}, expected a list")
-    if len(value) > limit:
-        raise _Bad(f"{key} holds {len(value)} entries, expected at most {limit}")
-    return value
-
-
-def _entry(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _Bad(f"{where} is {shown(value)}, expected an object")
-    return value
 
 
 def _open(data: dict[str, Any]) -> tuple[OpenPhase, ...]:
@@ -459,13 +350,6 @@ def _training_thread(data: dict[str, Any]) -> tuple[str | None, tuple[Frame, ...
     except _Bad as exc:
         raise _Bad(f"threads[{chosen}]: {exc}") from None
     return name or None, frames, len(checked)
-
-
-def _bool(data: dict[str, Any], key: str, null: bool = False) -> bool | None:
-    value = data.get(key, False)
-    if not isinstance(value, bool) and not (null and value is None):
-        raise _Bad(f"{key} is {shown(value)}, expected true or false{' or null' if null else ''}")
-    return value
 
 
 def _frame(entry: dict[str, Any], index: int) -> Frame:
