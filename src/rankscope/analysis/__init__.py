@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from .diff._diff import RunDiff, diff_runs
     from .hangs._hang_model import HangFinding, HangReport
     from .hangs._hangs import find_hangs
-    from .hosts._hosts import HostRecord, HostReport, find_recurring_hosts
+    from .hosts._host_model import HostRecord, HostReport
+    from .hosts._hosts import find_recurring_hosts
     from .kernels._kernels import KernelReport, KernelTable, find_traces, kernel_report
     from .merge import MergeResult, merge_traces
     from .read._engine import RunRecords, read_run_records
@@ -108,8 +109,8 @@ _WHERE = {
     "stragglers_in": "stragglers._analyse",
     "RunDiff": "diff._diff",
     "diff_runs": "diff._diff",
-    "HostRecord": "hosts._hosts",
-    "HostReport": "hosts._hosts",
+    "HostRecord": "hosts._host_model",
+    "HostReport": "hosts._host_model",
     "find_recurring_hosts": "hosts._hosts",
     "CollectiveReport": "collectives._collectives",
     "find_collectives": "collectives._collectives",
