@@ -38,9 +38,10 @@ if TYPE_CHECKING:
     from .merge import MergeResult, merge_traces
     from .read._engine import RunRecords, read_run_records
     from .read._matrix import PhaseMatrices, matrices_of, phase_matrices
+    from .read._rank_timings import RankTimings
     from .read._run import RunMeta, read_run_meta
     from .read._timed import TimedRun, read_timed_run
-    from .read._timings import RankTimings, RunTimings, read_rank_timings, read_timings
+    from .read._timings import RunTimings, read_rank_timings, read_timings
     from .render._html import render_html
     from .stragglers._analyse import StragglerAnalysis, analyse_stragglers, stragglers_in
     from .stragglers._stragglers import StragglerFinding, StragglerReport, find_stragglers
@@ -139,7 +140,7 @@ _WHERE = {
     "StragglerFinding": "stragglers._stragglers",
     "StragglerReport": "stragglers._stragglers",
     "find_stragglers": "stragglers._stragglers",
-    "RankTimings": "read._timings",
+    "RankTimings": "read._rank_timings",
     "RunTimings": "read._timings",
     "read_rank_timings": "read._timings",
     "read_timings": "read._timings",

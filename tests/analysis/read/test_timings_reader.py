@@ -182,9 +182,9 @@ GARBAGE = st.binary(max_size=40).filter(lambda b: b"\n" not in b)
 def test_good_lines_are_read_exactly_whatever_lies_between(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, items: list[Any], batch: int
 ) -> None:
-    from rankscope.analysis.read import _timings
+    from rankscope.analysis.read import _any_lines
 
-    monkeypatch.setattr(_timings, "_BATCH", batch)
+    monkeypatch.setattr(_any_lines, "_BATCH", batch)
     path = tmp_path / "rank-00000.jsonl"
     path.write_bytes(
         b"".join((json.dumps(i).encode() if isinstance(i, dict) else i) + b"\n" for i in items)
@@ -256,7 +256,7 @@ def _columns(timings: Any) -> tuple[Any, ...]:
 def test_the_timers_own_lines_are_read_as_columns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rankscope.analysis.read import _timings
+    from rankscope.analysis.read import _any_lines, _timings
 
     lines = [
         _timer_line(3, s, name, 1_234_567 * (s + 1), None if s % 2 else 0.25 * s, error=s == 4)
@@ -265,12 +265,12 @@ def test_the_timers_own_lines_are_read_as_columns(
     ]
     path = tmp_path / "rank-00003.jsonl"
     path.write_text("".join(lines), encoding="utf-8")
-    expected = _columns(_timings._read_any_lines(path.read_bytes(), 3, path))
+    expected = _columns(_any_lines.read_any_lines(path.read_bytes(), 3, path))
 
     def refuse(*args: Any) -> None:
         raise AssertionError("the line-by-line reader was used")
 
-    monkeypatch.setattr(_timings, "_read_any_lines", refuse)
+    monkeypatch.setattr(_timings, "read_any_lines", refuse)
     got = _columns(read_rank_timings(path))
     assert got == expected
     assert got[0] == ["forward", "bäckward \u2603", 'q"uote\\']
@@ -305,12 +305,12 @@ TIMER_LINE = st.builds(
     )
 )
 def test_the_column_path_reads_exactly_what_json_reads(tmp_path: Path, lines: list[str]) -> None:
-    from rankscope.analysis.read import _timings
+    from rankscope.analysis.read import _any_lines
 
     path = tmp_path / "rank-00000.jsonl"
     path.write_bytes("".join(lines).encode("utf-8", "surrogatepass"))
     body = path.read_bytes()
-    assert _columns(read_rank_timings(path)) == _columns(_timings._read_any_lines(body, 0, path))
+    assert _columns(read_rank_timings(path)) == _columns(_any_lines.read_any_lines(body, 0, path))
 
 
 @pytest.mark.parametrize(
@@ -327,7 +327,7 @@ def test_the_column_path_reads_exactly_what_json_reads(tmp_path: Path, lines: li
 def test_integers_past_int64_are_skipped_on_both_paths(
     tmp_path: Path, field: str, value: int, usable: bool
 ) -> None:
-    from rankscope.analysis.read import _timings
+    from rankscope.analysis.read import _any_lines
 
     fields = {"step": 1, "start_ns": 5, field: value}
     lines = [
@@ -337,7 +337,7 @@ def test_integers_past_int64_are_skipped_on_both_paths(
     path = tmp_path / "rank-00000.jsonl"
     path.write_text("".join(lines), encoding="utf-8")
     got = read_rank_timings(path)
-    assert _columns(got) == _columns(_timings._read_any_lines(path.read_bytes(), 0, path))
+    assert _columns(got) == _columns(_any_lines.read_any_lines(path.read_bytes(), 0, path))
     assert len(got) == (2 if usable else 1)
     assert bool(got.skipped) is not usable
 

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from ..._errors import TraceError
-from ._timings import MAX_MS
+from ._rank_timings import MAX_MS
 
 __all__ = ["COLUMNS", "connect", "lines_sql", "name_of"]
 

@@ -41,8 +41,9 @@ from ..core._options import TIME, TIME_BASES
 from ..core._parallel import file_size, ordered_map
 from ._attempts import AttemptMark, Attempts, mark_of, resolve_attempts
 from ._duck import COLUMNS, connect, lines_sql, name_of
+from ._rank_timings import RankTimings
 from ._run import run_root
-from ._timings import RankTimings, claim_ranks, read_rank_timings
+from ._timings import claim_ranks, read_rank_timings
 
 __all__ = [
     "PhaseRecords",
