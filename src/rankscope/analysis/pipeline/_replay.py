@@ -1,7 +1,7 @@
 """A pipeline's step replayed from the order its ranks ran their ops: what a fix saves
 where a stage waits for the stage before it, not for every rank.
 
-The segment model (analysis/stragglers/_cost.py) takes a step as work that ends in collectives.
+The segment model (analysis/stragglers/_step_model.py) takes a step as work that ends in collectives.
 In a pipeline a stage runs a microbatch's forward once the stage before has sent it,
 and how much of a slow stage's extra work the other stages' bubbles hide depends on the
 schedule: 1F1B hides part of an early stage's, GPipe none. Where the ranks name their
