@@ -82,6 +82,11 @@ def lmms_clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+# Alone, as the fault's test is: a clean run is clean only where nothing else shares its
+# cores. Beside the other test workers, CI had rank 0 of these 3 ranks on 2 cores slow in
+# training_step once (imported records do not say where the ranks meet, so a slow rank's
+# own excess keeps its finding); alone, and beside the test suite on its own, 0 of 16.
+@pytest.mark.serial
 @pytest.mark.slow
 def test_the_same_job_clean_gets_no_finding(
     lmms_clean_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
