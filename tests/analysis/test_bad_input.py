@@ -24,8 +24,8 @@ import pytest
 from rankscope import ConfigError, TraceError
 from rankscope.analysis import KernelOptions, build_report, kernel_report, merge_traces
 from rankscope.cli import main
-from rankscope.rundir._layout import memory_path, nsys_path, timing_path, trace_path
-from rankscope.rundir._listing import RunDir, summary_of
+from rankscope.rundir._layout import memory_path, nsys_path, summary_of, timing_path, trace_path
+from rankscope.rundir._listing import RunDir
 from rankscope.testing._synthetic import write_run_traces, write_timings, write_trace
 from rankscope.traces._kineto import summarize_trace
 

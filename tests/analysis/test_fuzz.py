@@ -35,7 +35,7 @@ from rankscope.analysis import (
     read_run_meta,
     read_timings,
 )
-from rankscope.rundir._listing import summary_of
+from rankscope.rundir._layout import summary_of
 from rankscope.testing._synthetic import write_run_traces, write_timings
 from rankscope.traces._kineto import summarize_trace
 

@@ -23,19 +23,19 @@ from rankscope.capture._schedule import StepPlan
 from rankscope.config._config import AutoTrigger, TraceConfig
 from rankscope.rundir._layout import (
     SIGNAL_TAG,
+    is_trace_name,
     memory_path,
     rank_of_file,
     step_window_name,
+    summary_of,
     trigger_tag,
     window_key,
 )
 from rankscope.rundir._listing import (
     RunDir,
     is_run_dir,
-    is_trace_name,
     not_regular,
     open_regular,
-    summary_of,
     traces_under,
 )
 from rankscope.rundir._trigger import Trigger, write_trigger

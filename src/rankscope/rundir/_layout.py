@@ -51,6 +51,7 @@ __all__ = [
     "SIGNAL_TAG",
     "SLOW_STEPS_TAG",
     "SUMMARY_SUFFIX",
+    "TEMP_SUFFIX",
     "TIMINGS",
     "TIMINGS_FILES",
     "TIMINGS_SUFFIX",
@@ -64,6 +65,7 @@ __all__ = [
     "hang_path",
     "health_path",
     "is_temp",
+    "is_trace_name",
     "live_path",
     "memory_path",
     "meta_path",
@@ -74,6 +76,7 @@ __all__ = [
     "slow_phase_tag",
     "stall_name",
     "step_window_name",
+    "summary_of",
     "summary_path",
     "temp_name",
     "timing_path",
@@ -218,9 +221,29 @@ def is_temp(name: str) -> bool:
     return name.startswith(".")
 
 
+TEMP_SUFFIX = ".tmp"
+"""What a hidden file being written ends with (`temp_name`)."""
+
+
 def temp_name(final: Path, tag: str) -> Path:
     """A hidden sibling of `final` for writing it: readers skip names starting with a dot."""
-    return final.with_name(f".{final.name}.{tag}.tmp")
+    return final.with_name(f".{final.name}.{tag}{TEMP_SUFFIX}")
+
+
+def is_trace_name(name: str) -> bool:
+    """A name a Kineto trace may have (`*.json`, `*.json.gz`), not a summary, not being written."""
+    if is_temp(name) or name.endswith(SUMMARY_SUFFIX):
+        return False
+    return name.endswith((".json", ".json" + GZIP_SUFFIX))
+
+
+def summary_of(trace: Path) -> Path | None:
+    """The capture's summary beside a trace it wrote; None for another trace's name."""
+    for suffix in (TRACE_SUFFIX + GZIP_SUFFIX, TRACE_SUFFIX):
+        rank = rank_of_file(trace.name, suffix)
+        if rank is not None:
+            return trace.with_name(f"{rank_name(rank)}{SUMMARY_SUFFIX}")
+    return None
 
 
 # -- paths the writers write -------------------------------------------------------------

@@ -20,7 +20,6 @@ from ._layout import (
     ACK_SUFFIX,
     AUTO,
     AUTO_SUFFIX,
-    GZIP_SUFFIX,
     HANG_SUFFIX,
     HANGS,
     HEALTH,
@@ -36,14 +35,14 @@ from ._layout import (
     RANK_PREFIX,
     REPORT,
     SUMMARY_SUFFIX,
+    TEMP_SUFFIX,
     TIMINGS,
     TIMINGS_SUFFIX,
-    TRACE_SUFFIX,
     TRACES,
     TRIGGER_SUFFIX,
     TRIGGERS,
     is_temp,
-    rank_name,
+    is_trace_name,
     rank_of_file,
     window_key,
 )
@@ -53,13 +52,11 @@ __all__ = [
     "RunDir",
     "TraceFile",
     "is_run_dir",
-    "is_trace_name",
     "is_window_folder",
     "leftovers",
     "not_regular",
     "open_regular",
     "runs_in",
-    "summary_of",
     "traces_under",
 ]
 
@@ -291,15 +288,6 @@ def _is_folder(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def summary_of(trace: Path) -> Path | None:
-    """The capture's summary beside a trace it wrote; None for another trace's name."""
-    for suffix in (TRACE_SUFFIX + GZIP_SUFFIX, TRACE_SUFFIX):
-        rank = rank_of_file(trace.name, suffix)
-        if rank is not None:
-            return trace.with_name(f"{rank_name(rank)}{SUMMARY_SUFFIX}")
-    return None
-
-
 def leftovers(run_dir: str | os.PathLike[str]) -> list[Path]:
     """Hidden temporaries (`*.tmp`) under meta/, timings/, auto/ and each window: a write
     in progress, or one a killed process left that no start of its rank removed yet."""
@@ -313,15 +301,8 @@ def leftovers(run_dir: str | os.PathLike[str]) -> list[Path]:
             names = sorted(os.listdir(folder))
         except OSError:
             continue
-        out += [folder / name for name in names if is_temp(name) and name.endswith(".tmp")]
+        out += [folder / name for name in names if is_temp(name) and name.endswith(TEMP_SUFFIX)]
     return out
-
-
-def is_trace_name(name: str) -> bool:
-    """A name a Kineto trace may have (`*.json`, `*.json.gz`), not a summary, not being written."""
-    if is_temp(name) or name.endswith(SUMMARY_SUFFIX):
-        return False
-    return name.endswith((".json", ".json.gz"))
 
 
 def is_window_folder(folder: str | os.PathLike[str]) -> bool:

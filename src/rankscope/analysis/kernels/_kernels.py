@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from ..._errors import ConfigError, TraceError
-from ...rundir._layout import rank_of_file, window_steps
+from ...rundir._layout import rank_of_file, summary_of, window_steps
 from ...rundir._listing import (
     RunDir,
     is_run_dir,
     is_window_folder,
     not_regular,
     open_regular,
-    summary_of,
     traces_under,
 )
 from ...traces._kineto import SUMMARY_VERSION, left_out_lines, summarize_trace, summary_problem
