@@ -1,13 +1,13 @@
 """A trace window on a gloo DDP job leaves the job's heap whole (capture/_settle.py says how
 torch's gloo backend could corrupt it, and what a window's stop does about it).
 
-The corruption is rare as it comes: about 1 job in 30 of 2 ranks (a window every 6 steps)
-died on this 2-core machine, found by glibc's checking allocator. Two things make it
-common enough to test in seconds: that allocator (libc_malloc_debug with MALLOC_CHECK_=3,
-which faults at the first corrupt free), and each window's results kept alive, as a job
-that reads them would (rankscope frees them at once). So set up, 7 of 12 jobs died with
-the settling off and 0 of 80 with it on; the control below shows the setup still finds
-the corruption, so the settled run passing says something.
+The corruption is rare: under glibc's checking allocator (libc_malloc_debug with
+MALLOC_CHECK_=3, which faults at the first corrupt free) about 1 job in 30 of 2 ranks (a
+window every 6 steps) died on this 2-core machine (without it, none of 20 died, even with
+the results kept alive). Keeping each window's results alive as well, as a job that reads them would (rankscope
+frees them at once), makes it common enough to test in seconds: so set up, 7 of 12 jobs
+died with the settling off and 0 of 80 with it on; the control below shows the setup
+still finds the corruption, so the settled run passing says something.
 """
 
 from __future__ import annotations
