@@ -2,7 +2,9 @@
 
 Every job takes `(rank, world, run_dir, case)`: `case` is a `Case` (the steps, the timer's
 sampling, and the fault or None). Rank 0 writes the truth its own clock measured to
-RUN_DIR/truth.json: each step's wall time, between the loop's step boundaries. Nothing in
+RUN_DIR/truth.json: each step's wall time, between the loop's step boundaries; every rank
+writes RUN_DIR/truth-core-RANK.json: a fixed probe's time at each step's end, the speed of
+the core it ran on. Nothing in
 a job knows the analysis: it is the user's loop with rankscope turned on.
 """
 
@@ -52,19 +54,38 @@ class Case:
         return fault.extra_s(rank, step)
 
 
+_PROBE = 400
+"""Iterations of the core probe: about 20-40 us of pure-Python work a step."""
+
+
+def _core_us() -> float:
+    """The time of a fixed piece of pure-Python work: how fast this rank's core runs now.
+    A clean job on cores of unequal speed is not clean: the probe tells the field suite
+    which rank's core was the slower (a VM's vCPUs can differ by 2x)."""
+    began = time.perf_counter()
+    total = 0
+    for i in range(_PROBE):
+        total += i * i
+    return (time.perf_counter() - began) * 1e6
+
+
 class _Truth:
-    """Each step's wall time on this rank, kept in memory and written once at the end."""
+    """Each step's wall time on this rank, and the core probe's time at each step's end,
+    kept in memory and written once at the end."""
 
     def __init__(self) -> None:
         self.steps: list[float] = []
+        self.core_us: list[float] = []
         self._last = time.perf_counter()
 
     def step(self) -> None:
         now = time.perf_counter()
         self.steps.append((now - self._last) * 1000)
-        self._last = now
+        self.core_us.append(_core_us())
+        self._last = time.perf_counter()
 
     def write(self, rank: int, run_dir: str) -> None:
+        Path(run_dir, f"truth-core-{rank}.json").write_text(json.dumps(self.core_us))
         if rank == 0:
             Path(run_dir, "truth.json").write_text(json.dumps({"step_ms": self.steps}))
 

@@ -12,9 +12,13 @@ evenly over the ranks (balancing spreads the load, it does not remove it). Print
 the slow rank, phase and onset named right or not, the waiting ranks named right or not,
 and the price over the measured saving, with the saving's own noise: how far the same
 measure strays on the job's clean runs of the session (a price off by less than that is
-as near as the truth can tell); per clean run, every finding it got. The goal:
+as near as the truth can tell); per clean run, every finding it got, and how unequal the
+ranks' cores ran: every rank times a fixed probe at each step's end. A clean run's
+finding whose slow rank the probe measured at least 1.10x slower than the fastest rank's
+core over the steps the finding covers is the machine's (counted apart, and right: a
+VM's two vCPUs can run 2x apart, and the rank on the slower one is slower). The goal:
 every fault named with its waiters, every price 0.7-1.4x the saving, and no finding on a
-clean run.
+clean run that its cores do not explain.
 
     python bench/field.py [--quick] [--clean N] [--faults N] [--jobs ddp,hf_data,...]
 
@@ -53,6 +57,9 @@ from rankscope.testing._gloo import GlooRanks, RanksFailed
 
 _WARM = 5
 """Steps left out of the truth at the start (process start-up, the first collectives)."""
+UNEVEN_CORES = 1.10
+"""A rank's core this much slower than the fastest rank's (the analysis's own threshold,
+1.10 by default) makes a clean run's finding that names it the machine's."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,10 @@ class Outcome:
     largest): what the measured saving itself cannot tell apart. On a quiet machine a
     fraction of a millisecond; with the test suite beside it, several."""
     error: str | None = None
+    machine: list[str] = field(default_factory=list)
+    """A clean run's findings that name a rank whose core the job measured slower."""
+    core_spread: float | None = None
+    """A clean run's slowest rank's core over its fastest's, over the run."""
 
     @property
     def ratio(self) -> float | None:
@@ -145,15 +156,58 @@ def _saving(run: Path, since: int, of: Any = np.mean) -> float:
 
 def _said(report: dict[str, Any]) -> list[str]:
     """Every finding of a report, a line each."""
+    return [line for line, _, _ in _findings(report)]
+
+
+def _findings(report: dict[str, Any]) -> list[tuple[str, list[int], int]]:
+    """Every finding of a report: its line, the ranks it says are slow (the rank, or the
+    ranks a waiter waits for; none for an uneven phase or a group) and its onset."""
     out = []
     for f in report["findings"]:
         waits = f" for {f['waits_for']}" if f["waits_for"] else ""
-        out.append(f"rank {f['rank']} {f['role']} in {f['phase']}{waits} since {f['since_step']}")
-    out += [f"uneven {u['phase']}" for u in report.get("imbalance", [])]
+        line = f"rank {f['rank']} {f['role']} in {f['phase']}{waits} since {f['since_step']}"
+        slow = [f["rank"]] if f["role"] == "slow" else list(f["waits_for"] or [])
+        out.append((line, slow, f["since_step"]))
+    out += [(f"uneven {u['phase']}", [], 0) for u in report.get("imbalance", [])]
     out += [
-        f"group {g['field']}={g['value']} slow in {g['phases']}" for g in report.get("groups", [])
+        (f"group {g['field']}={g['value']} slow in {g['phases']}", [], 0)
+        for g in report.get("groups", [])
     ]
     return out
+
+
+def _cores(run: Path, since: int = _WARM) -> dict[int, float]:
+    """Each rank's median core probe (us) over its steps from `since`."""
+    out = {}
+    for path in run.glob("truth-core-*.json"):
+        probes = json.loads(path.read_text())[max(since, _WARM) :]
+        if probes:
+            out[int(path.stem.rsplit("-", 1)[1])] = float(np.median(probes))
+    return out
+
+
+def _core_lag(run: Path, ranks: list[int], since: int) -> float | None:
+    """How much slower the slowest of `ranks`' cores ran than the fastest rank's, over
+    the steps from `since` (None where the job measured no probe)."""
+    cores = _cores(run, since)
+    if not ranks or not cores or any(r not in cores for r in ranks):
+        return None
+    return max(cores[r] for r in ranks) / min(cores.values())
+
+
+def _clean(out: Outcome, run: Path, report: dict[str, Any]) -> None:
+    """A clean run's findings, each the machine's or not. A job without a fault on cores of
+    unequal speed is not clean: a finding whose slow rank the job's own core probe measured
+    at least the analysis's threshold slower than the fastest rank's core, over the steps
+    it covers, is the machine's, and right."""
+    for line, slow, since in _findings(report):
+        lag = _core_lag(run, slow, since)
+        if lag is not None and lag >= UNEVEN_CORES:
+            out.machine.append(f"{line} (its core {lag:.2f}x the fastest's)")
+        else:
+            out.findings.append(line)
+    cores = _cores(run)
+    out.core_spread = max(cores.values()) / min(cores.values()) if cores else None
 
 
 def judge(
@@ -161,9 +215,10 @@ def judge(
 ) -> Outcome:
     out = Outcome(job.name, fault)
     report = analyse_stragglers(run, StragglerOptions()).report.to_dict()
-    out.findings = _said(report)
     if not fault:
+        _clean(out, run, report)
         return out
+    out.findings = _said(report)
     f = job.fault
     out.saving = _saving(run, f.since) if f.since > _WARM else None
     out.by_median = _saving(run, f.since, np.median) if f.since > _WARM else None
@@ -274,7 +329,10 @@ def _print(o: Outcome) -> None:
         return
     if not o.fault:
         said = "; ".join(o.findings) or "no finding"
-        print(f"{o.job:11} clean {len(o.findings)} finding(s): {said}")
+        spread = "" if o.core_spread is None else f" [cores {o.core_spread:.2f}x]"
+        print(f"{o.job:11} clean {len(o.findings)} finding(s){spread}: {said}")
+        if o.machine:
+            print(f"{'':17} the machine's: {'; '.join(o.machine)}")
         return
     ratio = "-" if o.ratio is None else f"{o.ratio:.2f}x"
     price = "not priced" if o.price is None else f"{o.price:.1f} ms"
@@ -307,6 +365,7 @@ def main() -> int:
     totals = {
         "clean runs": 0,
         "clean findings": 0,
+        "the machine's": 0,
         "faults named": 0,
         "faults": 0,
         "prices right": 0,
@@ -332,6 +391,7 @@ def main() -> int:
                 else:
                     totals["clean runs"] += 1
                     totals["clean findings"] += len(o.findings)
+                    totals["the machine's"] += len(o.machine)
             totals["jobs priced right by the median"] += bool(_over_runs(outcomes))
             print(f"{'':17} ({time.perf_counter() - began:.0f} s)")
     print("field: " + ", ".join(f"{k} {v}" for k, v in totals.items()))
