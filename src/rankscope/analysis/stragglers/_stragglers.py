@@ -46,7 +46,7 @@ from ._groups import slow_groups, waiting_for_groups
 from ._imbalance import find_imbalance
 from ._model import RankPhase, StragglerFinding, StragglerReport, Undecided, rounded
 from ._pipeline_waits import waiting_in_pipeline
-from ._rows import Row, rows_of
+from ._rows import Row, prime, rows_of
 from ._scopes import scopes_of
 from ._turns import CpuReads, let_turns_go
 
@@ -477,18 +477,23 @@ def _waiting_since_the_cause(
     for f in findings:
         if f.role == "slow":
             began[f.rank] = min(f.since_step, began.get(f.rank, f.since_step))
-    out = []
-    for f in findings:
+    moved: dict[int, tuple[Row, int]] = {}  # finding -> its row and the cause's onset
+    sampled = np.asarray(steps)
+    for i, f in enumerate(findings):
         row = rows.get((f.rank, f.phase))
         cause = began.get(f.waits_for[0]) if f.role == "waits" and f.waits_for else None
         if row is None or cause is None or cause == f.since_step:
+            continue
+        at = sampled[row.valid] >= cause
+        if at.any():
+            moved[i] = (row, int(np.argmax(at)))
+    prime(list(moved.values()))
+    out = []
+    for i, f in enumerate(findings):
+        if i not in moved:
             out.append(f)
             continue
-        at = np.asarray(steps)[row.valid] >= cause
-        if not at.any():
-            out.append(f)
-            continue
-        onset = int(np.argmax(at))
+        row, onset = moved[i]
         out.append(
             replace(
                 f,
