@@ -30,9 +30,10 @@ from ..rundir._listing import RunDir
 from .kernels._kernels import find_traces, read_summaries
 from .read._attempts import latest_rows, run_attempts
 from .read._duck import COLUMNS, connect, lines_sql
-from .read._engine import WholeFile, read_line_by_line, verdict
+from .read._engine import read_line_by_line
 from .read._rank_timings import RankTimings
 from .read._run import read_run_meta, run_root
+from .read._scan import WholeFile, verdict
 from .read._timings import claim_ranks
 from .read._watch import read_watch
 
