@@ -17,15 +17,10 @@ from rankscope.analysis.stragglers._arrivals import (
     ends_in_collective,
     whom_it_waits_for,
 )
+from rankscope.analysis.stragglers._judge import _medians_without, _slow_at_its_best
 from rankscope.analysis.stragglers._rows import row_of as _row
 from rankscope.analysis.stragglers._rows import rows_of as _rows
-from rankscope.analysis.stragglers._stragglers import (
-    _medians_without,
-    _slow_at_its_best,
-    find_stragglers,
-    format_ranks,
-    ratio_text,
-)
+from rankscope.analysis.stragglers._stragglers import find_stragglers, format_ranks, ratio_text
 from rankscope.testing._synthetic import DDP_PHASES, PhaseSpec, Slowdown, write_timings
 
 
