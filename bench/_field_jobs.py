@@ -3,8 +3,9 @@
 Every job takes `(rank, world, run_dir, case)`: `case` is a `Case` (the steps, the timer's
 sampling, and the fault or None). Rank 0 writes the truth its own clock measured to
 RUN_DIR/truth.json: each step's wall time, between the loop's step boundaries; every rank
-writes RUN_DIR/truth-core-RANK.json: a fixed probe's time at each step's end, the speed of
-the core it ran on. Nothing in
+writes what the machine did to it to RUN_DIR/truth-core-RANK.json: a fixed probe's time at
+each step's end (the speed of the core it ran on) and its training thread's wait for a CPU
+in each step (Linux's schedstat: other processes on its cores). Nothing in
 a job knows the analysis: it is the user's loop with rankscope turned on.
 """
 
@@ -69,23 +70,41 @@ def _core_us() -> float:
     return (time.perf_counter() - began) * 1e6
 
 
+def _queued_ns() -> int | None:
+    """The calling thread's time spent waiting for a CPU so far (Linux's schedstat, in ns):
+    ready to run, its cores held by other threads. None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class _Truth:
-    """Each step's wall time on this rank, and the core probe's time at each step's end,
-    kept in memory and written once at the end."""
+    """Each step's wall time on this rank, and what the machine did to it: the core
+    probe's time at each step's end, and how long the training thread waited for a CPU
+    in each step; kept in memory and written once at the end."""
 
     def __init__(self) -> None:
         self.steps: list[float] = []
         self.core_us: list[float] = []
+        self.queued_ms: list[float | None] = []
         self._last = time.perf_counter()
+        self._queued = _queued_ns()
 
     def step(self) -> None:
         now = time.perf_counter()
         self.steps.append((now - self._last) * 1000)
+        queued = _queued_ns()
+        waited = None if queued is None or self._queued is None else (queued - self._queued) / 1e6
+        self.queued_ms.append(waited)
         self.core_us.append(_core_us())
+        self._queued = _queued_ns()
         self._last = time.perf_counter()
 
     def write(self, rank: int, run_dir: str) -> None:
-        Path(run_dir, f"truth-core-{rank}.json").write_text(json.dumps(self.core_us))
+        machine = {"core_us": self.core_us, "queued_ms": self.queued_ms}
+        Path(run_dir, f"truth-core-{rank}.json").write_text(json.dumps(machine))
         if rank == 0:
             Path(run_dir, "truth.json").write_text(json.dumps({"step_ms": self.steps}))
 

@@ -13,10 +13,13 @@ the slow rank, phase and onset named right or not, the waiting ranks named right
 and the price over the measured saving, with the saving's own noise: how far the same
 measure strays on the job's clean runs of the session (a price off by less than that is
 as near as the truth can tell); per clean run, every finding it got, and how unequal the
-ranks' cores ran: every rank times a fixed probe at each step's end. A clean run's
-finding whose slow rank the probe measured at least 1.10x slower than the fastest rank's
-core over the steps the finding covers is the machine's (counted apart, and right: a
-VM's two vCPUs can run 2x apart, and the rank on the slower one is slower). The goal:
+ranks' cores ran. Every rank measures what the machine did to it: a fixed probe's time at
+each step's end (its core's speed) and its training thread's wait for a CPU in each step
+(Linux's schedstat). A clean run's finding whose slow rank the job measured held back by
+the machine over the steps the finding covers (its core at least 1.10x slower than the
+fastest rank's, or a wait for a CPU that holds half the finding's excess or more) is the
+machine's: counted apart, and right (a VM's two vCPUs can run 2x apart, and the test
+suite beside a job takes one rank's core more than the other's). The goal:
 every fault named with its waiters, every price 0.7-1.4x the saving, and no finding on a
 clean run that its cores do not explain.
 
@@ -59,7 +62,8 @@ _WARM = 5
 """Steps left out of the truth at the start (process start-up, the first collectives)."""
 UNEVEN_CORES = 1.10
 """A rank's core this much slower than the fastest rank's (the analysis's own threshold,
-1.10 by default) makes a clean run's finding that names it the machine's."""
+1.10 by default) makes a clean run's finding that names it the machine's (so does a wait
+for a CPU that holds half its excess: _the_machines)."""
 
 
 @dataclass(frozen=True)
@@ -156,58 +160,76 @@ def _saving(run: Path, since: int, of: Any = np.mean) -> float:
 
 def _said(report: dict[str, Any]) -> list[str]:
     """Every finding of a report, a line each."""
-    return [line for line, _, _ in _findings(report)]
+    return [line for line, *_ in _findings(report)]
 
 
-def _findings(report: dict[str, Any]) -> list[tuple[str, list[int], int]]:
+def _findings(report: dict[str, Any]) -> list[tuple[str, list[int], int, float]]:
     """Every finding of a report: its line, the ranks it says are slow (the rank, or the
-    ranks a waiter waits for; none for an uneven phase or a group) and its onset."""
+    ranks a waiter waits for; none for an uneven phase or a group), its onset and its
+    median excess (ms a step)."""
     out = []
     for f in report["findings"]:
         waits = f" for {f['waits_for']}" if f["waits_for"] else ""
         line = f"rank {f['rank']} {f['role']} in {f['phase']}{waits} since {f['since_step']}"
         slow = [f["rank"]] if f["role"] == "slow" else list(f["waits_for"] or [])
-        out.append((line, slow, f["since_step"]))
-    out += [(f"uneven {u['phase']}", [], 0) for u in report.get("imbalance", [])]
+        out.append((line, slow, f["since_step"], float(f.get("median_excess_ms") or 0.0)))
+    out += [(f"uneven {u['phase']}", [], 0, 0.0) for u in report.get("imbalance", [])]
     out += [
-        (f"group {g['field']}={g['value']} slow in {g['phases']}", [], 0)
+        (f"group {g['field']}={g['value']} slow in {g['phases']}", [], 0, 0.0)
         for g in report.get("groups", [])
     ]
     return out
 
 
-def _cores(run: Path, since: int = _WARM) -> dict[int, float]:
-    """Each rank's median core probe (us) over its steps from `since`."""
+def _machine(run: Path, since: int = _WARM) -> dict[int, tuple[float, float | None]]:
+    """Each rank's median core probe (us) and median wait for a CPU (ms a step) over its
+    steps from `since` (None where the kernel did not say)."""
     out = {}
     for path in run.glob("truth-core-*.json"):
-        probes = json.loads(path.read_text())[max(since, _WARM) :]
+        data = json.loads(path.read_text())
+        probes = data["core_us"][max(since, _WARM) :]
+        waits = [w for w in data["queued_ms"][max(since, _WARM) :] if w is not None]
         if probes:
-            out[int(path.stem.rsplit("-", 1)[1])] = float(np.median(probes))
+            rank = int(path.stem.rsplit("-", 1)[1])
+            out[rank] = (float(np.median(probes)), float(np.median(waits)) if waits else None)
     return out
 
 
-def _core_lag(run: Path, ranks: list[int], since: int) -> float | None:
-    """How much slower the slowest of `ranks`' cores ran than the fastest rank's, over
-    the steps from `since` (None where the job measured no probe)."""
-    cores = _cores(run, since)
-    if not ranks or not cores or any(r not in cores for r in ranks):
+def _the_machines(run: Path, ranks: list[int], since: int, excess_ms: float) -> str | None:
+    """Why the machine, not the job, made `ranks` slow from step `since`, as the job
+    measured it; None where it did not. Either their core ran at least UNEVEN_CORES slower
+    than the fastest rank's, or their thread waited for a CPU (other processes held its
+    cores) more than the other ranks' did, by half the finding's excess or more."""
+    machine = _machine(run, since)
+    if not ranks or any(r not in machine for r in ranks):
         return None
-    return max(cores[r] for r in ranks) / min(cores.values())
+    fastest = min(core for core, _ in machine.values())
+    lag = max(machine[r][0] for r in ranks) / fastest
+    if lag >= UNEVEN_CORES:
+        return f"its core {lag:.2f}x the fastest's"
+    others = [w for r, (_, w) in machine.items() if r not in ranks and w is not None]
+    waited = [w for r in ranks if (w := machine[r][1]) is not None]
+    if not others or len(waited) < len(ranks) or excess_ms <= 0:
+        return None
+    extra = min(waited) - float(np.median(others))
+    if extra >= 0.5 * excess_ms:
+        return f"it waited {extra:.2f} ms a step more for a CPU, of {excess_ms:.2f} ms"
+    return None
 
 
 def _clean(out: Outcome, run: Path, report: dict[str, Any]) -> None:
-    """A clean run's findings, each the machine's or not. A job without a fault on cores of
-    unequal speed is not clean: a finding whose slow rank the job's own core probe measured
-    at least the analysis's threshold slower than the fastest rank's core, over the steps
-    it covers, is the machine's, and right."""
-    for line, slow, since in _findings(report):
-        lag = _core_lag(run, slow, since)
-        if lag is not None and lag >= UNEVEN_CORES:
-            out.machine.append(f"{line} (its core {lag:.2f}x the fastest's)")
+    """A clean run's findings, each the machine's or not. A job without a fault on a
+    machine that held one rank back is not clean: a finding whose slow rank the job itself
+    measured held back by the machine over the steps it covers (a slower core, or its
+    cores held by other processes) is the machine's, and right."""
+    for line, slow, since, excess in _findings(report):
+        why = _the_machines(run, slow, since, excess)
+        if why is not None:
+            out.machine.append(f"{line} ({why})")
         else:
             out.findings.append(line)
-    cores = _cores(run)
-    out.core_spread = max(cores.values()) / min(cores.values()) if cores else None
+    cores = [core for core, _ in _machine(run).values()]
+    out.core_spread = max(cores) / min(cores) if cores else None
 
 
 def judge(
