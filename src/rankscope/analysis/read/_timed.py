@@ -4,6 +4,7 @@ report take this object; none reads the timings again."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from ._engine import RunRecords, read_run_records
 from ._matrix import PhaseMatrices, matrices_of, shared_steps
 from ._run import RunMeta, read_run_meta
 
-__all__ = ["TimedRun", "ended_early", "read_timed_run"]
+__all__ = ["TimedRun", "ended_early", "give_back_freed", "read_timed_run"]
 
 Progress = Callable[[int, int], None]
 
@@ -90,4 +91,17 @@ def read_timed_run(
         workers=workers,
     )
     matrices, apart = shared_steps(matrices_of(records))
+    give_back_freed()
     return TimedRun(meta=meta, records=records, matrices=matrices, apart=apart)
+
+
+def give_back_freed() -> None:
+    """Hand the memory the used-up records freed back to the system. glibc keeps freed
+    heap pages for reuse: at 4096 ranks x 200 steps the process went on holding 214 MB
+    of them under the rules' own (429 MB resident after the read, 213 MB after this; the
+    call takes milliseconds). A no-op where the C library has no malloc_trim."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return
+    trim(0)
