@@ -54,3 +54,16 @@ def test_window_start_walks_back_over_recorded_steps() -> None:
     sched = Schedule(wait=2, warmup=1, active=3)
     assert window_start(sched, 5) == 3
     assert window_start(sched, 4) == 3
+
+
+def test_an_idle_capture_wakes_at_its_next_check_or_added_window() -> None:
+    """StepPlan.next_work: the step a capture holding no profiler next has work at."""
+    from rankscope.capture._schedule import StepPlan
+
+    plan = StepPlan(Schedule(wait=0, warmup=1, active=2, repeat=1))  # steps 0-2
+    assert plan.next_work(1, check_every=10) == 0  # the schedule still runs
+    assert plan.next_work(13, check_every=10) == 20  # its next trigger check
+    assert plan.next_work(13, check_every=0) > 10**9  # never: nothing to check
+    plan.add(16, 17, warmup=True, after=13)  # warm-up at 15: the profiler starts in step 14
+    assert plan.next_work(13, check_every=10) == 14
+    assert plan.next_work(13, check_every=0) == 14

@@ -8,11 +8,10 @@ door to it (`_requests`), who asks at run time (`_ondemand`), the anomaly detect
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,6 @@ from ..config._ranks import RankInfo
 from ..rundir._layout import phase_window_name, step_window_name
 from ..rundir._trigger import why_not_listening
 from ._anomaly import AnomalyDetector
-from ._auto import SlowSteps
 from ._export import MAX_BACKLOG, WindowExporter, let_go
 from ._faults import OneFault
 from ._nsys import NsysWindows, NvtxRange, nsys_unavailable
@@ -168,7 +166,10 @@ class TraceCapture(OneFault):
             now = time.perf_counter() if anomaly.steps is not None else 0.0
             found = anomaly.observe(self._step, now, profiled, self.enabled)
             if found:
-                self._ask_for(anomaly, found)
+                auto = self._config.auto
+                self._asking.on_slow_stretches(
+                    anomaly, found, self._step + 1, auto.phase, auto.window_steps
+                )
             if not anomaly.detecting:
                 self._anomaly = None
         self._step += 1
@@ -210,40 +211,16 @@ class TraceCapture(OneFault):
         if anomaly is not None and anomaly.steps is not None:
             # Measured from here: rankscope's own work in step() (an export) is not the job's.
             anomaly.step_began = time.perf_counter()
-        self._wake_at = self._next_work(step)
+        # Until the next step with work, step() only counts (a signal resets it: _wake).
+        idle = self._prof is None and self._anomaly is None
+        self._wake_at = plan.next_work(step, asking.check_every) if idle else 0
         hook = asking.signal
         if hook is not None and hook.pending:
             self._wake_at = 0  # a signal that came during this step() must not wait for a check
 
-    def _ask_for(self, anomaly: AnomalyDetector, found: Sequence[SlowSteps]) -> None:
-        """Ask for the windows that the slow stretches the anomaly detector found want."""
-        auto = self._config.auto
-        try:
-            for slow in found:
-                self._asking.on_slow(slow, self._step + 1, auto.phase, auto.window_steps)
-        except Exception as exc:
-            # Asking for its window failed: the anomaly detector goes off, the run and the
-            # windows already planned go on.
-            anomaly.give_up(exc)
-
     def _wake(self) -> None:
         """Make the next step() do its work (SIGUSR2 arrived: an assignment, safe in a handler)."""
         self._wake_at = 0
-
-    def _next_work(self, step: int) -> int:
-        """The next step whose step() has work to do, when every step until then is idle
-        (no profiler held, nothing detected each step); 0 when the next one may. A signal
-        resets it (`_wake`)."""
-        plan = self._plan
-        if self._prof is not None or self._anomaly is not None or not plan.schedule_over(step):
-            return 0
-        wake = sys.maxsize
-        every = self._asking.check_every
-        if every:
-            wake = (step // every + 1) * every
-        if plan.next_added is not None:
-            wake = min(wake, plan.next_added - 1)
-        return wake
 
     def _advance(self, prof: Any, step: int) -> bool:
         """torch.profiler's step(); False if it faulted (capture is off then)."""
@@ -469,6 +446,8 @@ class TraceCapture(OneFault):
         return True
 
     def _take_export_error(self) -> Exception | None:
+        """The error on_trace_ready kept during the call (a method: read inline after the
+        call, the attribute would still look None to the type checker)."""
         error, self._export_error = self._export_error, None
         return error
 

@@ -9,7 +9,7 @@ written inside RUN_DIR only, never through a link (see `_files`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._log import get_logger
@@ -25,6 +25,7 @@ from ..rundir._layout import (
 )
 from ..rundir._listing import RunDir
 from ..rundir._trigger import Trigger, write_ack
+from ._anomaly import AnomalyDetector
 from ._auto import SlowSteps
 from ._pair import Peer, ask_peer, choose_peer, peer_trigger_id
 from ._requests import Asked, WindowRequests
@@ -248,6 +249,22 @@ class OnDemand:
             )
 
     # -- slow steps (trace.auto) ----------------------------------------------------
+
+    def on_slow_stretches(
+        self,
+        anomaly: AnomalyDetector,
+        found: Sequence[SlowSteps],
+        step: int,
+        phase: str | None,
+        steps: int,
+    ) -> None:
+        """Ask for the windows of the slow stretches `anomaly` found (on_slow each). Where
+        asking fails, the detector goes off; the run and the windows already planned go on."""
+        try:
+            for slow in found:
+                self.on_slow(slow, step, phase, steps)
+        except Exception as exc:
+            anomaly.give_up(exc)
 
     def on_slow(self, slow: SlowSteps, step: int, phase: str | None, steps: int) -> None:
         """Ask for `slow`'s window (`steps` steps), and one healthy peer for the same steps

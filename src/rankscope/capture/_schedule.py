@@ -9,6 +9,7 @@ schedule, under the same rules.
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 
 from ..config._config import Schedule
@@ -177,6 +178,19 @@ class StepPlan:
             and self.action(step) is Action.NONE
             and self.action(step + 1) is Action.NONE
         )
+
+    def next_work(self, step: int, check_every: int) -> int:
+        """The next step at which a capture that holds no profiler and watches nothing
+        each step has work: its next trigger check (every `check_every` steps; 0: never)
+        or the warm-up of the next added window; 0 while the schedule still runs."""
+        if not self.schedule_over(step):
+            return 0
+        wake = sys.maxsize
+        if check_every:
+            wake = (step // check_every + 1) * check_every
+        if self.next_added is not None:
+            wake = min(wake, self.next_added - 1)
+        return wake
 
     def _in_added(self, step: int) -> bool:
         return any(step == w.warmup or w.first <= step <= w.last for w in self._added)
