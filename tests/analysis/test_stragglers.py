@@ -647,3 +647,38 @@ def test_a_rank_slow_from_the_start_with_noise_stays_slow_from_the_start(seed: i
     ratio[rng.random(60) < 0.2] = 1.0  # steps where the slow rank is the median itself
     row = _row(ratio, (ratio - 1) * 10.0, 1.1, 0.1)
     assert row.onset(0.5) in (0, None)
+
+
+def _exits(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Three ranks' arrival at a phase's collective and their exits from the phase (ns), 50
+    sampled steps, shaped as a real HF job measured them: the collective is followed by
+    work, in which rank 2 (sharing a core) is last at most steps; from step 20 on, rank 1
+    reaches the collective 18-24 ms late (its collator) and the others wait for it."""
+    rng = np.random.default_rng(seed)
+    reached = rng.uniform(0, 2e6, (3, 50))
+    reached[1, 20:] += rng.uniform(18e6, 24e6, 30)
+    met = reached.max(axis=0)
+    after = rng.uniform(0.5e6, 1.5e6, (3, 50))
+    after[2, :20] += rng.uniform(2e6, 5e6, 20)  # rank 2's work after it, before the fault
+    return reached, met + after
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ranks_that_reached_a_collective_far_apart_and_left_together_waited_there(
+    seed: int,
+) -> None:
+    """The records say a collective was issued; one rank's work after it spreads the exits
+    (the rule that overturns the records fires), but at the steps the ranks reached it far
+    apart they left together: they waited there, and the phase ends in it."""
+    from rankscope.analysis.stragglers._arrivals import _leave_apart, _waited_there
+
+    reached, left = _exits(seed)
+    assert _leave_apart(reached, left, np.full((3, 50), 5.0))
+    assert _waited_there(reached, left)
+    # FSDP's shape: the ranks reach the collective together, and one rank's work after it
+    # is 15 ms longer from step 25: no waiting there, the records stay overturned.
+    reached = np.random.default_rng(seed).uniform(0, 1e6, (3, 50))
+    left = reached.max(axis=0) + 20e6 + np.random.default_rng(seed + 1).uniform(0, 1e6, (3, 50))
+    left[1, 25:] += 15e6
+    assert _leave_apart(reached, left, np.full((3, 50), 20.0))
+    assert not _waited_there(reached, left)

@@ -73,7 +73,7 @@ class PhaseJudge:
         ref = _reference(d, report.reference)
         arrive, leave = self.arrive[p], self.leave[p]
         at = None
-        if ends_in_a_collective(m, p, arrive, leave, self.timeline.ms[p]):
+        if ends_in_a_collective(m, p, arrive, leave, self.timeline.ms[p], self.timeline):
             report.sync_phases.append(phase)
             # Work phases nested in it (a Trainer's batch fetch before its all-gather)
             # are each rank's own: it reaches the collective after them.
