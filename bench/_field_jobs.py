@@ -98,8 +98,8 @@ class _Truth:
         queued = _queued_ns()
         waited = None if queued is None or self._queued is None else (queued - self._queued) / 1e6
         self.queued_ms.append(waited)
+        self._queued = queued
         self.core_us.append(_core_us())
-        self._queued = _queued_ns()
         self._last = time.perf_counter()
 
     def write(self, rank: int, run_dir: str) -> None:

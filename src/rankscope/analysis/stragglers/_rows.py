@@ -150,8 +150,8 @@ def rows_of(
         above = (r > threshold) & (e >= floor)
         best, after = _splits(above)
         rows_i = np.arange(len(whole))
-        started = after[rows_i, best] >= min_persistence
-        late = late_starts(r, e, np.where(started, best, -1), threshold)
+        late = late_starts(r, e, best, threshold)
+        started = after[rows_i, best] >= min_persistence  # a later start only for these
         best = np.where(started & (after[rows_i, late] >= min_persistence), late, best)
         sharp = sharpen(e, best)
         best = np.where(after[rows_i, sharp] >= min_persistence, sharp, best)
