@@ -673,3 +673,51 @@ def test_one_rank_that_waits_loses_the_time_and_several_lose_it() -> None:
     assert "; ranks 0, 2 in backward lose this time waiting" in _lose({"backward": [2, 0]})
     assert "; rank 0 in a and rank 2 in b lose this time" in _lose({"a": [0], "b": [2]})
     assert _lose({}) == ""
+
+
+def _late_fault(waits_before: float, waits_after: float) -> tuple[PhaseMatrices, np.ndarray]:
+    """Rank 1's work 20 -> 40 ms from step 10 of 20; each rank's wait for a CPU over its
+    step `waits_before` before step 10 and `waits_after` from it on."""
+    steps = list(range(20))
+    slow = [20.0] * 10 + [40.0] * 10
+    m = _matrices(
+        {
+            "work": ("compute", [[20.0] * 20, slow, [20.0] * 20]),
+            "sync": ("comm", [[1.0] * 20] * 3),
+        },
+        steps,
+    )
+    waits = np.array([[waits_before] * 10 + [waits_after] * 10] * 3)
+    return m, waits
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "saved"),
+    [
+        (10.0, 10.0, 20.0),  # the turns did not change: the model's saving
+        (10.0, 4.0, 14.0),  # the others waited 6 ms less once rank 1 slowed
+        (4.0, 10.0, 26.0),  # and 6 ms more
+        (40.0, 0.0, 0.0),  # never less than nothing
+        (0.0, 40.0, 40.0),  # nor more than twice the model's
+    ],
+)
+def test_a_fix_takes_back_the_change_in_the_ranks_turns_on_shared_cores(
+    before: float, after: float, saved: float
+) -> None:
+    m, waits = _late_fault(before, after)
+    report = _report(m, ["sync"], [_finding(1, "work", since_step=10)])
+    (cost,) = estimate_costs(m, report, cpu_waits=waits).each
+    assert cost.step_ms_saved == pytest.approx(saved)
+    (plain,) = estimate_costs(m, report).each  # no waits read: cores not shared
+    assert plain.step_ms_saved == pytest.approx(20.0)
+
+
+def test_turns_are_taken_back_only_with_steps_on_both_sides_of_the_onset() -> None:
+    m, waits = _late_fault(10.0, 4.0)
+    from_the_start = _report(m, ["sync"], [_finding(1, "work", since_step=0)])
+    (cost,) = estimate_costs(m, from_the_start, cpu_waits=waits).each
+    assert cost.step_ms_saved == pytest.approx(10.0)  # (0 x 10 + 20 x 10) / 20, no shift
+    waits[:, :6] = np.nan  # 4 sampled steps read before the onset
+    late = _report(m, ["sync"], [_finding(1, "work", since_step=10)])
+    (cost,) = estimate_costs(m, late, cpu_waits=waits).each
+    assert cost.step_ms_saved == pytest.approx(20.0)

@@ -137,3 +137,73 @@ def test_a_rank_kept_off_its_shared_core_is_no_finding_and_one_given_more_work_i
     assert "its thread ran on a CPU for" in slow[0]["cause"]["text"]
     waiting = {f["rank"] for f in report["findings"] if f["role"] == "waits"}
     assert waiting == {1, 2}
+
+
+# -- a rank that sleeps leaves its core to the others ---------------------------------
+
+SLEEP_FROM = 20
+SLEEP_S = 0.020
+
+
+def _sleepy_job(rank: int, world_size: int, run_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import rankscope
+
+    os.sched_setaffinity(0, {_cores()[0]})  # the three ranks take turns on one core
+    config = rankscope.ProfileConfig(
+        output_dir=run_dir, timer=rankscope.TimerConfig(enable=True, every_n_steps=1)
+    )
+    x = torch.ones(4)
+    walls = []
+    with rankscope.Profiler(config) as prof:
+        for step in range(STEPS):
+            began = time.perf_counter()
+            with prof.phase("data", kind="data"):
+                if rank == 1 and step >= SLEEP_FROM:
+                    time.sleep(SLEEP_S)  # the fault: off the CPU, its core left to the others
+            with prof.phase("forward"):
+                spun = time.thread_time_ns()
+                while time.thread_time_ns() - spun < WORK_NS:
+                    pass
+            with prof.phase("allreduce", kind="comm"):
+                dist.all_reduce(x)
+            prof.step()
+            walls.append(time.perf_counter() - began)
+    if rank == 0:  # the truth: the job's own step times
+        (Path(run_dir) / "truth.json").write_text(json.dumps(walls))
+    dist.barrier()
+
+
+@pytest.mark.serial  # its truth is the scheduler's: other tests' load would add to it
+def test_a_rank_that_sleeps_on_a_shared_core_is_priced_at_what_the_step_grew(
+    tmp_path: Path, gloo_ranks: GlooRanks, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 sleeps 20 ms a step from step 20. While it sleeps the other two have the
+    core to themselves, and once it wakes it works alone while they wait for it: the step
+    grows by far less than 20 ms. Priced by the others' work as it is after the onset the
+    fix looks worth more than it is; their wait for a CPU, which fell at the onset, says
+    by how much."""
+    run = tmp_path / "run"
+    gloo_ranks.run(_sleepy_job, 3, run)
+    walls = json.loads((run / "truth.json").read_text())
+    saving = 1e3 * (
+        sum(walls[SLEEP_FROM:]) / (STEPS - SLEEP_FROM) - sum(walls[5:SLEEP_FROM]) / (SLEEP_FROM - 5)
+    )
+    assert saving < 0.8 * SLEEP_S * 1e3  # the others ran while it slept
+    found = _stragglers(run, capsys)
+    slow = [f for f in found["findings"] if f["role"] == "slow"]
+    assert [(f["rank"], f["phase"], f["since_step"]) for f in slow] == [(1, "data", SLEEP_FROM)]
+    price = slow[0]["cost"]["step_ms_saved"]
+    assert 0.7 * saving <= price <= 1.4 * saving, (price, saving)
+
+    # The same records, from a rankscope that did not say how many CPUs a rank had: no
+    # host is known to share its cores, and the fix is priced by the work as it was.
+    for meta in (run / "meta").glob("*.json"):
+        data = json.loads(meta.read_text())
+        data.pop("cpus")
+        meta.write_text(json.dumps(data))
+    slow = [f for f in _stragglers(run, capsys)["findings"] if f["role"] == "slow"]
+    assert [(f["rank"], f["phase"]) for f in slow] == [(1, "data")]
+    assert slow[0]["cost"]["step_ms_saved"] > price + 0.2 * saving

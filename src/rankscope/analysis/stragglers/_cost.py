@@ -17,6 +17,15 @@ has none of its own; where that rank has no slow finding (it is slow across phas
 its slow phase is not sampled), the fix is that rank's work in the segment before the
 collective set to the others' median.
 
+Where ranks share cores, the others' work after a fault's onset is not what it would be
+without the fault: a rank that sleeps leaves its core to them, a fault that puts the
+ranks in step has them all want a core at once. The step records say how long each rank
+waited for a CPU; the change in that wait at the onset (the median over the ranks) is
+taken off a fix's saving, up to the saving itself either way. On 2 cores with a test
+suite beside them, a 3-rank HF job's 20 ms forward sleep was priced at 2.2x the step's
+measured growth before this, and within 0.7-1.4x after it in 14 of 18 kept runs (11 of
+18 before); runs on a core per rank wait near 0, and are priced as before.
+
 What it cannot see: overlap of compute with communication inside one phase (a DDP
 backward with its all-reduce inside is one collective here), work the phases do not
 cover, and pipelines, where a stage waits for the one before it, not for all ranks:
@@ -77,6 +86,8 @@ def estimate_costs(
     hosts: Mapping[int, str] | None = None,
     gpus: bool | None = None,
     pipeline: Replay | str | None = None,
+    *,
+    cpu_waits: Matrix | None = None,
 ) -> Costs:
     """What fixing each finding of `report` (found over `m`) would save, and all of them.
 
@@ -89,10 +100,15 @@ def estimate_costs(
     finding costs nothing of its own: its wait is that finding's cost (`of`). `gpus`
     says whether the ranks ran on GPUs (GPU-hours), where known. `pipeline`: the run's
     pipeline replay (analysis/pipeline/_replay_build.py build_replay), or why a pipeline-shaped run has
-    none; its steps are priced by it where it fits them.
+    none; its steps are priced by it where it fits them. `cpu_waits` (rank x step, each
+    rank's wait for a CPU over its step), where ranks share cores: a fix takes back the
+    change in it at its finding's onset (_step_model.py StepModel._turns_shift).
     """
     model = StepModel(
-        m, set(report.sync_phases), pipeline if isinstance(pipeline, Replay) else None
+        m,
+        set(report.sync_phases),
+        pipeline if isinstance(pipeline, Replay) else None,
+        cpu_waits,
     )
     slow_of: dict[int, StragglerFinding] = {}
     for f in report.findings:

@@ -34,8 +34,15 @@ _LOCAL = 9
 class StepModel:
     """A run's steps as segments of work that end in a collective (see the module)."""
 
-    def __init__(self, m: PhaseMatrices, sync: set[str], replay: Replay | None = None) -> None:
+    def __init__(
+        self,
+        m: PhaseMatrices,
+        sync: set[str],
+        replay: Replay | None = None,
+        cpu_waits: Matrix | None = None,
+    ) -> None:
         self.m = m
+        self.cpu_waits = cpu_waits  # rank x step, where ranks share cores: _turns_shift
         self.segments: list[list[int]] = [[]]
         """Each segment's work phases (indices into m.phases), in the order they run."""
         self.segment_of: dict[int, int] = {}
@@ -69,8 +76,7 @@ class StepModel:
                 self.segment_of[p] = len(self.segments) - 1
                 self.segments[-1].append(p)
         self.collective = collective
-        ranks, steps = len(m.ranks), len(m.steps)
-        self.work = np.zeros((len(self.segments), ranks, steps))
+        self.work = np.zeros((len(self.segments), len(m.ranks), len(m.steps)))
         for p, k in self.segment_of.items():
             self.work[k] += np.nan_to_num(m.ms[p])
         for q, (_, own) in inside.items():
@@ -289,8 +295,48 @@ class StepModel:
             replayed = self.replay.step_ms(self._scales(cuts)) if self.replay is not None else None
             if self.replay is not None and replayed is not None:
                 saved = np.where(self.replay.ok, self.now - replayed, saved)
+            if cells:
+                saved = self._turns_undone(saved, min(c[2] for c in cells))
             self.known[cells] = saved
         return self.known[cells]
+
+    def _turns_undone(self, saved: Vector, since: int) -> Vector:
+        """`saved` (per sampled step, for a fix from `since` on) less what the ranks' turns
+        on shared cores changed from `since` on (_turns_shift): their work after the
+        onset, which the model holds, was shorter by the CPU the slow rank left to them,
+        and a fix takes that back. The shift is held to the fix's own saving either way:
+        a fix that saves nothing changes no one's turns."""
+        shift = self._turns_shift(since)
+        after = np.asarray(self.m.steps) >= since
+        if shift == 0.0 or not after.any():
+            return saved
+        most = max(0.0, float(np.mean(saved[after])))
+        return saved - np.where(after, min(max(shift, -most), most), 0.0)
+
+    def _turns_shift(self, since: int) -> float:
+        """How much less each rank waited for a CPU a step from `since` on than before it
+        (negative: more), the median over the ranks read of the change in their median
+        wait; 0 without the waits, or with fewer than `_FIT_STEPS` sampled steps on
+        either side.
+
+        Where ranks share cores, a rank that sleeps or waits (a slow loader, a slow
+        collator) leaves its core to the others, and a fault that puts the ranks in step
+        has them all want a core at once: either way the others' work after the onset is
+        not what it would be without the fault. A 3-rank HF job on 2 cores, beside a test
+        suite, had rank 1's 20 ms forward sleep priced at 12.5-16.3 ms against a step
+        5.3-14.5 ms longer: the ranks' wait for a CPU fell by 1.8-8.5 ms a step at the
+        onset. On a machine with a core per rank the waits are near 0 and so is this."""
+        waits = self.cpu_waits
+        if waits is None or waits.shape != (len(self.m.ranks), len(self.m.steps)):
+            return 0.0
+        after = np.asarray(self.m.steps) >= since
+        shifts = []
+        for row in waits:
+            earlier, later = row[~after], row[after]
+            earlier, later = earlier[np.isfinite(earlier)], later[np.isfinite(later)]
+            if len(earlier) >= _FIT_STEPS and len(later) >= _FIT_STEPS:
+                shifts.append(float(np.median(earlier) - np.median(later)))
+        return float(np.median(shifts)) if shifts else 0.0
 
 
 def hidden_work(last: Vector, ranks: int) -> npt.NDArray[np.float32] | None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
+import numpy.typing as npt
 
 from ..._text import format_ranks
 from ..collectives._collective_clocks import unmeasured_clocks
@@ -51,6 +52,8 @@ __all__ = [
     "format_ranks",
     "ratio_text",
 ]
+
+Matrix = npt.NDArray[np.float64]
 
 
 def find_stragglers(
@@ -162,7 +165,14 @@ def find_stragglers(
             rows,
             options,
             pipeline,
-            _Context(hosts=hosts, groups=groups, values=values, gpus=gpus, reads=reads),
+            _Context(
+                hosts=hosts,
+                groups=groups,
+                values=values,
+                gpus=gpus,
+                reads=reads,
+                shared_cores=shared_cores,
+            ),
         )
     clocks = unmeasured_clocks(m, hosts)
     if clocks is not None:
@@ -199,6 +209,17 @@ class _Context:
     values: Callable[[set[str]], PhaseValues] | None
     gpus: bool | None
     reads: CpuReads
+    shared_cores: bool
+
+    def cpu_waits(self, report: StragglerReport) -> Matrix | None:
+        """Where ranks share cores, each rank's wait for a CPU over its steps (the step
+        records' "runq_ms"), read with the slow findings' phases (the causes read those
+        again, from the same read): the costs take back its change at a fault's onset."""
+        if not self.shared_cores:
+            return None
+        slow = [f for f in report.findings if f.role == "slow"]
+        times = self.reads({STEP, *(f.phase for f in slow)}, {f.rank for f in slow})
+        return None if times is None else times.runq.get(STEP)
 
 
 def _price_and_explain(  # noqa: PLR0917 - the report and what pricing it reads
@@ -211,7 +232,8 @@ def _price_and_explain(  # noqa: PLR0917 - the report and what pricing it reads
 ) -> str | None:
     """Each finding's, group's and uneven phase's cost (the cheap ones dropped) and each
     slow finding's cause, into `report`; what was dropped as cheap, said, or None."""
-    costs = estimate_costs(rows.timeline, report, run.hosts, run.gpus, pipeline)
+    waits = run.cpu_waits(report)
+    costs = estimate_costs(rows.timeline, report, run.hosts, run.gpus, pipeline, cpu_waits=waits)
     top = [p for p, d in zip(m.phases, m.depths, strict=True) if d == 0 and p != STEP]
     said = bool(top) and all(p in m.issued for p in top)
     floor_ms = options.min_saving * step_ms(m)
@@ -222,7 +244,9 @@ def _price_and_explain(  # noqa: PLR0917 - the report and what pricing it reads
         left_out = left_out_note(left, floor_ms, options.min_saving)
         if not (report.findings or report.imbalance):
             return left_out
-        costs = estimate_costs(rows.timeline, report, run.hosts, run.gpus, pipeline)
+        costs = estimate_costs(
+            rows.timeline, report, run.hosts, run.gpus, pipeline, cpu_waits=waits
+        )
     report.imbalance = [
         replace(u, cost=c) for u, c in zip(report.imbalance, costs.imbalance, strict=True)
     ]
