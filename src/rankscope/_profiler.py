@@ -5,19 +5,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import gc
 import inspect
 import json
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import ConfigError
+from ._exit import SettleAtExit
+from ._intake import as_config, say_bad_config, warn_incompatible, warn_unused
 from ._log import get_logger
 from .config._config import ProfileConfig
 from .config._ranks import RankInfo, detect_rank_info, parse_ranks
@@ -84,11 +84,11 @@ class Profiler:
         self.first_step = first_step
         """The global step the loop starts at: a resumed job's checkpoint step, else 0."""
         try:
-            self.config: ProfileConfig = _as_config(config).with_env(environ)
+            self.config: ProfileConfig = as_config(config).with_env(environ)
             self.rank_info: RankInfo = detect_rank_info(rank, world_size, environ)
             self.config.check_world_size(self.rank_info.world_size, environ)
         except ConfigError as exc:
-            _say_bad_config(exc, rank, world_size, environ)
+            say_bad_config(exc, rank, world_size, environ)
             raise
         run_dir = str(self.config.output_dir)
         trace, timer = self.config.trace, self.config.timer
@@ -124,9 +124,9 @@ class Profiler:
             if self._memory is not None:
                 self._capture.on_window_closed = self._memory.dump
         if self.rank_info.rank == 0:
-            _warn_unused(self.config)
+            warn_unused(self.config)
             if self._capture is not None or self._memory is not None:
-                _warn_incompatible(self.config)
+                warn_incompatible(self.config)
         self._live: TraceCapture | None = None  # the capture between start() and stop(), else None
         self._recorder: MemorySnapshots | None = None  # memory between start() and stop()
         self._timing: PhaseTimer | None = None  # the timer between start() and stop(), else None
@@ -194,7 +194,7 @@ class Profiler:
             self._start_watchdog(run_dir)
         self._at_exit = functools.partial(_stop_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
-        _SettleAtExit.register()
+        SettleAtExit.register()
 
     def _start_watchdog(self, run_dir: str) -> None:
         from .watch import Pulse, Watchdog
@@ -527,122 +527,8 @@ def annotate(name: str, kind: str = "compute", **meta: Any) -> Callable[[F], F]:
     return decorator
 
 
-def _say_bad_config(
-    exc: ConfigError, rank: int | None, world_size: int | None, environ: Mapping[str, str] | None
-) -> None:
-    """Say a bad config in one plain line, on the job's rank 0 alone, before it raises.
-
-    Every rank reads the same config and raises the same error, and a launcher prints
-    each rank's traceback (torchrun: four ranks, 130 lines): the reason is said once
-    where it is easy to find. Every rank still raises; the job stops at once.
-    """
-    try:
-        info = detect_rank_info(rank, world_size, environ)
-    except ConfigError:  # the rank variables themselves are wrong: no rank 0 to speak
-        return
-    if info.world_size > 1 and info.rank == 0:
-        logger.error(
-            "rankscope: bad config, so every rank of this job stops: %s (said by rank 0 alone)",
-            exc,
-        )
-
-
 _ERROR_TEXT = 300
 """Characters of the error a loop left on, kept in the last heartbeat."""
-
-
-class _SettleAtExit:
-    """At interpreter exit, collect reference cycles while threads may still take the GIL.
-
-    A DDP model left alive at exit is a reference cycle: the interpreter's last
-    collection frees it while finalizing, and a gloo worker thread that then drops a
-    finished work (which holds the Python context backward ran in) asks for the GIL, is
-    refused, and aborts the process: SIGABRT, "terminate called without an active
-    exception" (torch 2.13, CPU; 5 of 50 two-rank jobs, and as often without a
-    profiler). Collected from an exit handler instead, with a moment for those threads,
-    none of 100 aborted. Registered once per process, by the first Profiler that starts
-    in a process group (torch.distributed initialized); it costs a collection and 0.2 s
-    at exit there, and nothing in a process that never joined one.
-    """
-
-    registered_in: int | None = None
-
-    @classmethod
-    def register(cls) -> None:
-        if cls.registered_in != os.getpid() and _in_process_group():
-            cls.registered_in = os.getpid()
-            atexit.register(cls.run)
-
-    @staticmethod
-    def run() -> None:
-        try:
-            gc.collect()
-            time.sleep(_SETTLE_S)  # the worker threads drop what the collection released
-        except Exception:  # nothing from rankscope may change how the job ends
-            logger.debug("rankscope: collecting at exit failed", exc_info=True)
-
-
-_SETTLE_S = 0.2  # 0.05 s still let 1 exit in 50 abort; 0.2 s none of 100
-
-
-def _in_process_group() -> bool:
-    dist = sys.modules.get("torch.distributed")
-    try:
-        return dist is not None and bool(dist.is_available() and dist.is_initialized())
-    except Exception:
-        return False
-
-
-def _warn_unused(config: ProfileConfig) -> None:
-    """Say so when trace options are set that trace.enable=False leaves doing nothing."""
-    trace = config.trace
-    if trace.enable:
-        return
-    unused = [
-        name
-        for name, on in (
-            ("trace.on_signal", trace.on_signal),
-            ("trace.auto.enable", trace.auto.enable),
-            ("trace.tool='nsys'", trace.tool == "nsys"),
-        )
-        if on
-    ]
-    if unused:
-        logger.warning(
-            "rankscope: %s set, but trace.enable is False, so no window is ever recorded "
-            "(set trace.enable, or RANKSCOPE_TRACE=1)",
-            " and ".join(unused),
-        )
-
-
-def _warn_incompatible(config: ProfileConfig) -> None:
-    """Log the known-incompatible combinations of this config and this process's torch."""
-    from ._torch import import_torch
-    from .capture._compat import incompatibilities
-
-    try:
-        problems = incompatibilities(config, import_torch("trace capture"))
-    except Exception:  # a check that fails must not stop the job it was meant to help
-        logger.debug("rankscope: checking for incompatible settings failed", exc_info=True)
-        return
-    for problem in problems:
-        logger.warning("rankscope: %s", problem)
-
-
-def _as_config(config: object) -> ProfileConfig:
-    if config is None:
-        return ProfileConfig()
-    if isinstance(config, ProfileConfig):
-        return config
-    if isinstance(config, Mapping):
-        return ProfileConfig.from_dict(config)
-    if isinstance(config, (str, os.PathLike)):
-        return ProfileConfig.from_yaml(config)
-    raise ConfigError(
-        "config",
-        config,
-        "a ProfileConfig, a mapping of its fields, a path to a YAML file, or None",
-    )
 
 
 def _compiling() -> bool:

@@ -10,8 +10,9 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from .._errors import ConfigError
+from .._intake import as_config
 from .._log import get_logger
-from .._profiler import Profiler, _as_config
+from .._profiler import Profiler
 from ..config._config import ProfileConfig
 
 __all__ = [
@@ -130,7 +131,7 @@ class CallbackRun(OnePhase):
         environ: Mapping[str, str] | None,
     ) -> None:
         """Check the arguments now (ConfigError), so that a bad config never waits for training."""
-        self.config: ProfileConfig = _as_config(config)
+        self.config: ProfileConfig = as_config(config)
         effective = self.config.with_env(environ)  # a bad RANKSCOPE_* value fails here
         check_rank_args(rank, world_size)
         if world_size is not None:

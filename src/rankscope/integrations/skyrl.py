@@ -71,8 +71,9 @@ from types import ModuleType
 from typing import Any
 
 from .._errors import ConfigError
+from .._intake import as_config
 from .._log import get_logger
-from .._profiler import Profiler, _as_config
+from .._profiler import Profiler
 from ..config._config import ProfileConfig
 from ._common import ProcessRun, enter_phase, leave_phase, merged, plain
 
@@ -125,7 +126,7 @@ def install(config: object = None) -> None:
             "ray.init), so that every worker gets rankscope's setup hook",
         )
     if config is not None:
-        os.environ[CONFIG_VARIABLE] = json.dumps(_as_config(config).to_dict())
+        os.environ[CONFIG_VARIABLE] = json.dumps(as_config(config).to_dict())
     install_worker()
     if not getattr(ray.init, "_rankscope", False):
         ray.init = _with_hook(ray.init)

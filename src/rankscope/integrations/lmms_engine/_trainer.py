@@ -58,7 +58,8 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ..._errors import ConfigError
-from ..._profiler import Profiler, _as_config
+from ..._intake import as_config
+from ..._profiler import Profiler
 from ...config._config import ProfileConfig
 from .._common import ProcessRun, enter_phase, first_step, leave_phase, merged, plain
 from ._events import KINDS
@@ -92,7 +93,7 @@ def install(config: object = None) -> None:
         own = plain(config)
         ProfileConfig.from_dict(own)  # a bad field fails here, not at the trainer
     elif config is not None:
-        own = _as_config(config).to_dict()
+        own = as_config(config).to_dict()
     _own.clear()
     _own.update(own)
     from lmms_engine.train.fsdp2.fsdp2_trainer import FSDP2SFTTrainer
