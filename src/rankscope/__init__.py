@@ -14,16 +14,9 @@ if _typing.TYPE_CHECKING:
     from ._errors import ConfigError, RankscopeError, TraceError
     from ._profiler import Profiler, annotate, current
     from .config._args import add_arguments
-    from .config._config import (
-        AutoTrigger,
-        HangConfig,
-        MemoryConfig,
-        ProfileConfig,
-        Schedule,
-        TimerConfig,
-        TraceConfig,
-    )
+    from .config._config import HangConfig, MemoryConfig, ProfileConfig, TimerConfig
     from .config._ranks import RankInfo, detect_rank_info
+    from .config._trace import AutoTrigger, Schedule, TraceConfig
 
 __all__ = [
     "AutoTrigger",
@@ -47,13 +40,13 @@ __all__ = [
 
 _WHERE = {
     "add_arguments": "config._args",
-    "AutoTrigger": "config._config",
+    "AutoTrigger": "config._trace",
     "HangConfig": "config._config",
     "MemoryConfig": "config._config",
     "ProfileConfig": "config._config",
-    "Schedule": "config._config",
+    "Schedule": "config._trace",
     "TimerConfig": "config._config",
-    "TraceConfig": "config._config",
+    "TraceConfig": "config._trace",
     "ConfigError": "_errors",
     "RankscopeError": "_errors",
     "TraceError": "_errors",

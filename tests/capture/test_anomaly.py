@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from rankscope.capture._anomaly import AnomalyDetector
-from rankscope.config._config import AutoTrigger
+from rankscope.config._trace import AutoTrigger
 
 AUTO = AutoTrigger(enable=True, warmup_steps=5, consecutive=2, ratio=2.0, max_captures=1)
 

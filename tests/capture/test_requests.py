@@ -9,7 +9,7 @@ import pytest
 
 from rankscope.capture._requests import Asked, WindowRequests
 from rankscope.capture._schedule import Action, StepPlan
-from rankscope.config._config import Schedule, TraceConfig
+from rankscope.config._trace import Schedule, TraceConfig
 
 SIGNAL = Asked("SIGUSR2", "sigusr2")
 SLOW = Asked("slow steps", "slow-steps", {"by": "auto"})

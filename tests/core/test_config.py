@@ -23,7 +23,7 @@ from rankscope import (
     TimerConfig,
     TraceConfig,
 )
-from rankscope.config._config import ACTIVITIES
+from rankscope.config._trace import ACTIVITIES
 
 SCHEDULE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
 TRACE_BOOLS = ("enable", "record_shapes", "profile_memory", "with_stack", "with_flops")

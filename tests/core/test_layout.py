@@ -20,7 +20,7 @@ from rankscope.capture._memory import write_atomic
 from rankscope.capture._ondemand import OnDemand
 from rankscope.capture._requests import WindowRequests
 from rankscope.capture._schedule import StepPlan
-from rankscope.config._config import AutoTrigger, TraceConfig
+from rankscope.config._trace import AutoTrigger, TraceConfig
 from rankscope.rundir._layout import (
     SIGNAL_TAG,
     is_trace_name,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._log import get_logger
-from ..config._config import AutoTrigger
+from ..config._trace import AutoTrigger
 from ._auto import SlowdownDetector, SlowSteps
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..config._config import AutoTrigger
+from ..config._trace import AutoTrigger
 
 __all__ = ["MEDIAN_REFRESH", "SlowSteps", "SlowdownDetector"]
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._log import get_logger
 from .._torch import import_torch
-from ..config._config import TraceConfig
 from ..config._ranks import RankInfo
+from ..config._trace import TraceConfig
 from ..rundir._layout import phase_window_name, step_window_name
 from ..rundir._trigger import why_not_listening
 from ._anomaly import AnomalyDetector

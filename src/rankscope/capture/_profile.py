@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from .._log import get_logger
-from ..config._config import TraceConfig
+from ..config._trace import TraceConfig
 from ._export import let_go
 from ._nsys import NsysWindows
 from ._schedule import Action, StepPlan

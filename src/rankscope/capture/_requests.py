@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..config._config import TraceConfig
+from ..config._trace import TraceConfig
 from ..rundir._layout import step_window_name
 from ._schedule import AddedWindow, StepPlan
 

@@ -12,7 +12,7 @@ import enum
 import sys
 from dataclasses import dataclass
 
-from ..config._config import Schedule
+from ..config._trace import Schedule
 
 __all__ = ["Action", "AddedWindow", "StepPlan", "action_at", "last_step", "window_start", "windows"]
 

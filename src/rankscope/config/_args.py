@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _env
-from ._config import STACKS, TOOLS, config_fields, config_from_args
+from ._config import STACKS, config_fields, config_from_args
 from ._fields import CONFIG_DEST, NOT_GIVEN, PREFIX, ConfigField, dest, flag_name
+from ._trace import TOOLS
 
 __all__ = [
     "PREFIX",

@@ -23,7 +23,8 @@ from typing import Any
 
 from .._errors import ConfigError
 from .._torch import import_torch
-from ..config._config import ProfileConfig, Schedule, TimerConfig, TraceConfig
+from ..config._config import ProfileConfig, TimerConfig
+from ..config._trace import Schedule, TraceConfig
 
 __all__ = ["PHASES", "DemoJob", "quiet_kineto", "run_demo"]
 

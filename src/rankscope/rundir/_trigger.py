@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from ..config._config import TimerConfig, TraceConfig
+from ..config._config import TimerConfig
 from ..config._ranks import RankSet, parse_ranks
+from ..config._trace import TraceConfig
 from ._files import read_regular, write_atomic
 from ._layout import TRIGGER_SUFFIX, ack_path, step_window_name, trigger_path, trigger_tag
 from ._listing import RunDir
