@@ -721,3 +721,27 @@ def test_turns_are_taken_back_only_with_steps_on_both_sides_of_the_onset() -> No
     late = _report(m, ["sync"], [_finding(1, "work", since_step=10)])
     (cost,) = estimate_costs(m, late, cpu_waits=waits).each
     assert cost.step_ms_saved == pytest.approx(20.0)
+
+
+def test_the_hidden_work_of_a_fault_from_the_start_is_fitted_to_the_run_as_it_is() -> None:
+    """A DDP-shaped run (backward holds the all-reduce) whose last rank to arrive there
+    strays by a busy machine's delays, common to every rank, with rank 1 slow in forward
+    from the start. With no steps before the fault to fit the hidden work's scale on, the
+    whole run is fitted: the model's step is then the measured one, where unscaled draws
+    of that stray made it longer, and the slow forward is priced by what it adds."""
+    rng = np.random.default_rng(3)
+    steps = list(range(40))
+    shared = rng.uniform(0.0, 12.0, 40)  # the scheduler's delay at each step, every rank's
+    forward = np.full((4, 40), 10.0)
+    forward[1] = 16.0
+    # Every rank leaves backward together: the last to arrive (rank 1) spends its own 8 ms
+    # plus the shared delay there; the others wait 6 ms more for it.
+    backward = np.vstack([8.0 + shared + 6.0, 8.0 + shared, 8.0 + shared + 6.0, 8.0 + shared + 6.0])
+    m = _matrices(
+        {"forward": ("compute", forward.tolist()), "backward": ("compute", backward.tolist()),
+         "step": ("step", (forward + backward).tolist())},
+        steps,
+    )  # fmt: skip
+    report = _report(m, ["backward"], [_finding(1, "forward", since_step=0)])
+    (cost,) = estimate_costs(m, report).each
+    assert cost.step_ms_saved == pytest.approx(6.0, abs=1.0)

@@ -682,3 +682,23 @@ def test_ranks_that_reached_a_collective_far_apart_and_left_together_waited_ther
     left[1, 25:] += 15e6
     assert _leave_apart(reached, left, np.full((3, 50), 20.0))
     assert not _waited_there(reached, left)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_late_wake_ups_scattered_over_a_run_do_not_overturn_the_records(seed: int) -> None:
+    """A busy machine's shape: the ranks leave a DDP backward's all-reduce at once, then
+    one rank (its core shared) wakes 10-20 ms late at 6 scattered steps of 100. It is last
+    there far beyond chance, but not over a stretch: the records stand. The same lateness
+    over a stretch of steps (a rank's work after the collective, from step 60) overturns
+    them."""
+    from rankscope.analysis.stragglers._arrivals import _leave_apart
+
+    rng = np.random.default_rng(seed)
+    reached = rng.uniform(0, 3e6, (4, 100))
+    left = reached.max(axis=0) + 1e6 + rng.uniform(0, 0.5e6, (4, 100))
+    late = rng.choice(100, 6, replace=False)
+    left[3, late] += rng.uniform(10e6, 20e6, 6)
+    typical = np.full((4, 100), 10.0)
+    assert not _leave_apart(reached, left, typical)
+    left[3, 60:] += rng.uniform(10e6, 20e6, 40)
+    assert _leave_apart(reached, left, typical)

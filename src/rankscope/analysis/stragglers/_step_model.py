@@ -167,6 +167,8 @@ class StepModel:
             return self.scales[before]
         scale = 1.0
         ok = np.isfinite(self.measured) & (np.asarray(self.m.steps) < before)
+        if int(ok.sum()) < _FIT_STEPS:  # a fault from the start: the run as it is
+            ok = np.isfinite(self.measured)
         if self.hidden and int(ok.sum()) >= _FIT_STEPS and STEP in self.m.phases:
             measured = float(np.mean(self.measured[ok]))
 
