@@ -49,7 +49,7 @@ print(json.dumps({
 
 def _traces(size_mb: int) -> list[Path]:
     """Generated rank traces (gzipped), each starting its clock 0.25 s after the last."""
-    from rankscope.testing._synthetic import write_trace
+    from rankscope.testing._synthetic_traces import write_trace
 
     folder = RESULTS / f"{RANKS}x{size_mb}mb"
     paths = [folder / f"rank-{rank:05d}.pt.trace.json.gz" for rank in range(RANKS)]

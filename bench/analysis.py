@@ -171,7 +171,7 @@ def _generated(size_mb: int) -> Path:
     folder = RESULTS / "traces" / f"gen-{size_mb}mb"
     trace = folder / "rank-00000.pt.trace.json.gz"
     if not trace.exists():
-        from rankscope.testing._synthetic import write_trace
+        from rankscope.testing._synthetic_traces import write_trace
 
         print(f"  generating a {size_mb} MB trace (cached in {folder}) ...", flush=True)
         folder.mkdir(parents=True, exist_ok=True)

@@ -444,7 +444,7 @@ def test_a_first_step_that_is_not_a_step_is_refused(first_step: Any) -> None:
 
 def test_a_step_captured_again_under_another_name_counts_once(tmp_path: Path) -> None:
     from rankscope.analysis import kernel_report
-    from rankscope.testing._synthetic import write_run_traces
+    from rankscope.testing._synthetic_traces import write_run_traces
 
     write_run_traces(tmp_path, "step-000003-000004", [0, 1], world_size=2, size_bytes=40_000)
     old = tmp_path / "traces" / "step-000003-000004" / "rank-00000.pt.trace.json.gz"

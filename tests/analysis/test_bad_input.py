@@ -26,7 +26,8 @@ from rankscope.analysis import KernelOptions, build_report, kernel_report, merge
 from rankscope.cli import main
 from rankscope.rundir._layout import memory_path, nsys_path, summary_of, timing_path, trace_path
 from rankscope.rundir._listing import RunDir
-from rankscope.testing._synthetic import write_run_traces, write_timings, write_trace
+from rankscope.testing._synthetic import write_timings
+from rankscope.testing._synthetic_traces import write_run_traces, write_trace
 from rankscope.traces._kineto import summarize_trace
 
 from .._helpers import within

@@ -201,7 +201,7 @@ def test_an_anomaly_window_its_peer_declined_says_who_was_asked_and_what_it_answ
 def test_kineto_shaped_traces_are_compared_over_whole_steps_where_no_phase_is_marked(
     tmp_path: Path,
 ) -> None:
-    from rankscope.testing._synthetic import write_run_traces
+    from rankscope.testing._synthetic_traces import write_run_traces
 
     root = _run(tmp_path)
     window = "step-000020-000021"

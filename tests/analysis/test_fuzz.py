@@ -36,7 +36,8 @@ from rankscope.analysis import (
     read_timings,
 )
 from rankscope.rundir._layout import summary_of
-from rankscope.testing._synthetic import write_run_traces, write_timings
+from rankscope.testing._synthetic import write_timings
+from rankscope.testing._synthetic_traces import write_run_traces
 from rankscope.traces._kineto import summarize_trace
 
 from .._helpers import within

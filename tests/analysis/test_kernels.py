@@ -13,7 +13,7 @@ from rankscope import ConfigError, TraceError
 from rankscope.analysis import KernelOptions
 from rankscope.analysis.kernels import _kernels
 from rankscope.analysis.kernels._kernels import find_traces, kernel_report
-from rankscope.testing._synthetic import write_run_traces, write_trace
+from rankscope.testing._synthetic_traces import write_run_traces, write_trace
 from rankscope.traces._kineto import summarize_trace
 
 

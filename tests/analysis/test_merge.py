@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rankscope import ConfigError, TraceError
 from rankscope.analysis.core import _parallel
 from rankscope.analysis.merge import _header, _merge_traces, merge_traces
-from rankscope.testing._synthetic import write_trace
+from rankscope.testing._synthetic_traces import write_trace
 from rankscope.traces._stream import scan_trace
 
 BASE = 1_790_000_000_000_000_000

@@ -10,7 +10,8 @@ import pytest
 from rankscope import TraceError
 from rankscope.analysis import _report as report_module
 from rankscope.analysis import build_report, read_run_meta
-from rankscope.testing._synthetic import Slowdown, write_run_traces, write_timings
+from rankscope.testing._synthetic import Slowdown, write_timings
+from rankscope.testing._synthetic_traces import write_run_traces
 
 
 def _run(root: Path, **timings: object) -> Path:

@@ -23,7 +23,8 @@ from rankscope._errors import RankscopeError
 from rankscope.analysis import read_timings
 from rankscope.analysis._sql import TABLES, open_run_database
 from rankscope.cli import main
-from rankscope.testing._synthetic import Slowdown, write_run_traces, write_timings
+from rankscope.testing._synthetic import Slowdown, write_timings
+from rankscope.testing._synthetic_traces import write_run_traces
 
 from .test_attempts import _attempt_lines, _write
 from .test_hang_analysis import data_stuck_run

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 
 
 def _straggler_run(root: Path) -> Path:
-    from rankscope.testing._synthetic import Slowdown, write_run_traces, write_timings
+    from rankscope.testing._synthetic import Slowdown, write_timings
+    from rankscope.testing._synthetic_traces import write_run_traces
 
     write_timings(root, ranks=4, steps=20, slowdowns=[Slowdown(2, "forward", 0.41)])
     write_run_traces(root, "step-000003-000004", [0, 2], world_size=4, size_bytes=60_000)
@@ -401,7 +402,8 @@ def test_json_is_strict_with_msgspec_and_without(
 @pytest.fixture
 def folder_of_runs(tmp_path: Path) -> Path:
     """runs/ holding two runs, a and b, each with timings, heartbeats and a window."""
-    from rankscope.testing._synthetic import write_run_traces, write_timings
+    from rankscope.testing._synthetic import write_timings
+    from rankscope.testing._synthetic_traces import write_run_traces
 
     runs = tmp_path / "runs"
     for name in ("a", "b"):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.testing._synthetic import write_timings, write_trace
+from rankscope.testing._synthetic import write_timings
+from rankscope.testing._synthetic_traces import write_trace
 
 from .._helpers import run_cli
 

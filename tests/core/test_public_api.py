@@ -77,7 +77,8 @@ def test_analysis_names_are_sorted_and_each_loads() -> None:
 
 
 def test_analysis_runs_without_torch_and_summaries_without_numpy(tmp_path: Path) -> None:
-    from rankscope.testing._synthetic import Slowdown, write_run_traces, write_timings
+    from rankscope.testing._synthetic import Slowdown, write_timings
+    from rankscope.testing._synthetic_traces import write_run_traces
 
     write_timings(tmp_path, ranks=3, steps=12, slowdowns=[Slowdown(1, "forward", 0.5)])
     write_run_traces(tmp_path, "step-000003-000004", [0, 1], world_size=3, size_bytes=50_000)

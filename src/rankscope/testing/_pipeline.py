@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..rundir._layout import timing_path
 from ..timing._record import STEP_PHASE, Span, format_record
-from ._synthetic import _EPOCH_NS, Uneven, _gpu_ms, _span, _write_meta
+from ._synthetic import EPOCH_NS, Uneven, _gpu_ms, _span, _write_meta
 
 __all__ = ["Pipeline", "SlowStage", "calls_of", "exchange", "write_pipeline"]
 
@@ -343,7 +343,7 @@ def write_pipeline(  # noqa: PLR0915 - one simulation, read top to bottom
 
     send = int(shape.send_ms * _NS)
     try:
-        now = _EPOCH_NS
+        now = EPOCH_NS
         for step in range(steps):
             lines: dict[int, list[str]] = {r: [] for r in range(ranks)}
             record = _Recorder(step, lines, gpu)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rankscope.testing._synthetic import write_trace
+from rankscope.testing._synthetic_traces import write_trace
 from rankscope.traces import _stream
 from rankscope.traces._kineto import summarize_trace
 
@@ -100,7 +100,7 @@ import json, sys
 from pathlib import Path
 import rankscope
 from rankscope.capture._finalize import RAW_NAME, FinalizeJob, finalize
-from rankscope.testing._synthetic import write_trace
+from rankscope.testing._synthetic_traces import write_trace
 run = Path({str(tmp_path)!r})
 window = run / "traces" / "step-000001-000002"
 work = window / ".rank-00000.pt.trace.json.raw-1.tmp"
