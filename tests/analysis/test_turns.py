@@ -84,6 +84,14 @@ def _busy_on(core: int, count: int) -> Iterator[None]:
             p.wait()
 
 
+def _forget_cpus(run: Path) -> None:
+    """The run's meta files as a rankscope wrote them that did not say a rank's CPUs."""
+    for meta in (run / "meta").glob("*.json"):
+        data = json.loads(meta.read_text())
+        data.pop("cpus")
+        meta.write_text(json.dumps(data))
+
+
 def _stragglers(run: Path, capsys: pytest.CaptureFixture[str]) -> Any:
     code, out, err = run_cli(["stragglers", str(run), "--json"], capsys)
     assert code == 0, err
@@ -121,10 +129,7 @@ def test_a_rank_kept_off_its_shared_core_is_no_finding_and_one_given_more_work_i
 
     # The same records, from a rankscope that did not say how many CPUs a rank had: the
     # host's cores are not known to be shared, and rank 0's wait is its finding.
-    for meta in (kept_off / "meta").glob("*.json"):
-        data = json.loads(meta.read_text())
-        data.pop("cpus")
-        meta.write_text(json.dumps(data))
+    _forget_cpus(kept_off)
     slow = [f for f in _stragglers(kept_off, capsys)["findings"] if f["role"] == "slow"]
     assert [(f["rank"], f["phase"]) for f in slow] == [(0, "forward")]
     assert "its thread waited for a CPU for" in slow[0]["cause"]["text"]
@@ -200,10 +205,7 @@ def test_a_rank_that_sleeps_on_a_shared_core_is_priced_at_what_the_step_grew(
 
     # The same records, from a rankscope that did not say how many CPUs a rank had: no
     # host is known to share its cores, and the fix is priced by the work as it was.
-    for meta in (run / "meta").glob("*.json"):
-        data = json.loads(meta.read_text())
-        data.pop("cpus")
-        meta.write_text(json.dumps(data))
+    _forget_cpus(run)
     slow = [f for f in _stragglers(run, capsys)["findings"] if f["role"] == "slow"]
     assert [(f["rank"], f["phase"]) for f in slow] == [(1, "data")]
     assert slow[0]["cost"]["step_ms_saved"] > price + 0.2 * saving
