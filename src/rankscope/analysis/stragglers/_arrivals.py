@@ -200,12 +200,17 @@ def _leave_apart(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
 def _a_stretch(at: npt.NDArray[np.int64], known_so_far: npt.NDArray[np.int64]) -> bool:
     """Some run of `at` (sorted step indices), `_OVERTURN` long or more, covers half the
     known steps or more from its first step to its last (`known_so_far`: the cumulative
-    count of known steps)."""
-    first, last = np.meshgrid(np.arange(len(at)), np.arange(len(at)), indexing="ij")
-    held = last - first + 1
-    before = np.where(at[first] > 0, known_so_far[np.maximum(at[first] - 1, 0)], 0)
-    spanned = known_so_far[at[last]] - before
-    return bool(np.any((held >= _OVERTURN) & (2 * held >= spanned)))
+    count of known steps). The run from the i-th to the j-th holds j - i + 1 of them and
+    spans K[at[j]] - K[at[i] - 1] known steps: it qualifies where 2i - K[at[i] - 1] <=
+    2j + 2 - K[at[j]], so one pass with the least left side so far tells (in time and
+    memory linear in `at`, for runs of any length)."""
+    if len(at) < _OVERTURN:
+        return False
+    index = np.arange(len(at))
+    before = np.where(at > 0, known_so_far[np.maximum(at - 1, 0)], 0)
+    least = np.minimum.accumulate(2 * index - before)  # over the starts up to each index
+    ends = index[_OVERTURN - 1 :]
+    return bool(np.any(least[ends - (_OVERTURN - 1)] <= 2 * ends + 2 - known_so_far[at[ends]]))
 
 
 def _ends_together(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
