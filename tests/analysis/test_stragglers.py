@@ -702,3 +702,24 @@ def test_late_wake_ups_scattered_over_a_run_do_not_overturn_the_records(seed: in
     assert not _leave_apart(reached, left, typical)
     left[3, 60:] += rng.uniform(10e6, 20e6, 40)
     assert _leave_apart(reached, left, typical)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_stretch_in_one_pass_is_the_check_of_every_run(seed: int) -> None:
+    """The one-pass check against its definition: some run of the steps, 5 long or more,
+    holds half the known steps or more from its first to its last."""
+    from rankscope.analysis.stragglers._arrivals import _OVERTURN, _a_stretch
+
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        n = int(rng.integers(5, 80))
+        known = rng.random(n) < rng.uniform(0.5, 1.0)
+        at = np.flatnonzero((rng.random(n) < rng.uniform(0.05, 0.7)) & known)
+        so_far = np.cumsum(known)
+        every_run = any(
+            j - i + 1 >= _OVERTURN
+            and 2 * (j - i + 1) >= so_far[at[j]] - (so_far[at[i] - 1] if at[i] else 0)
+            for i in range(len(at))
+            for j in range(i, len(at))
+        )
+        assert _a_stretch(at, so_far) == every_run
