@@ -160,8 +160,10 @@ def _leave_apart(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
     it is longer (FSDP's all-gathers open a forward; one rank's compute after them is
     slow), so the phase does not end in it. What the records say (a collective was
     issued) is overturned only where that one rank left last on `_OVERTURN` such steps
-    or more, more often than chance would put one of the ranks last. A busy machine's late wake-ups after a collective spread the exits too, by
-    more than `_APART` of a 0.1 ms DDP backward, but a different rank's each time.
+    or more, more often than chance would put one of the ranks last, and over a stretch
+    (_a_stretch). A busy machine's late wake-ups after a collective spread the exits too,
+    by more than `_APART` of a 0.1 ms DDP backward, but a different rank's each time, or
+    one rank's at steps scattered over the run.
 
     Not "at most steps of the run": a fault from the middle of a run spreads the exits
     of the steps after it only (a real FSDP job, one rank 15 ms slow after its forward's

@@ -21,10 +21,12 @@ Where ranks share cores, the others' work after a fault's onset is not what it w
 without the fault: a rank that sleeps leaves its core to them, a fault that puts the
 ranks in step has them all want a core at once. The step records say how long each rank
 waited for a CPU; the change in that wait at the onset (the median over the ranks) is
-taken off a fix's saving, up to the saving itself either way. On 2 cores with a test
-suite beside them, a 3-rank HF job's 20 ms forward sleep was priced at 2.2x the step's
-measured growth before this, and within 0.7-1.4x after it in 14 of 18 kept runs (11 of
-18 before); runs on a core per rank wait near 0, and are priced as before.
+taken off a fix's saving, up to the saving itself either way
+(_step_model.py StepModel._turns_undone). On 2 cores with a test suite beside them, 37
+of 51 kept fault runs were priced within 0.7-1.4x of the step's measured growth with it
+and 30 without; a 3-rank HF job whose rank 1 sleeps 20 ms more in forward was priced at
+2.2x that growth (its median over 3 runs) before it. Runs on a core per rank wait near
+0, and are priced as before.
 
 What it cannot see: overlap of compute with communication inside one phase (a DDP
 backward with its all-reduce inside is one collective here), work the phases do not

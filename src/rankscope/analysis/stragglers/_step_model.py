@@ -29,6 +29,11 @@ _FIT_STEPS = 5
 """Sampled steps before a fix's first that the hidden work's scale is fitted on."""
 _LOCAL = 9
 """Sampled steps around each that its hidden work's typical time is taken over."""
+_DRAWS_OFF = 0.05
+"""How much longer than the measured step the whole draws may make the model's, over a
+run with a fault from the start, before they are fitted to it: a simulated run, its
+draws right, is 0.6% long; real DDP jobs on a quiet machine 3-6%, beside a test suite
+10-26%."""
 
 
 class StepModel:
@@ -157,11 +162,11 @@ class StepModel:
         the measured one, where it is longer with the whole draws. With fewer than
         `_FIT_STEPS` such steps (a fault from the start), over the whole run, and only
         where the whole draws make the model's step longer than the measured one by more
-        than ROUGH_FIT: the fault's own steps, its ranks arriving apart, say less of how
+        than `_DRAWS_OFF`: the fault's own steps, its ranks arriving apart, say less of how
         the draws stray together (a simulated job's uneven data, whose draws were right,
         was priced 1.19x the truth fitted on them), but a model that far off is off by
-        the machine (a loaded DDP job's uneven data, its model 1.17-1.26x the measured
-        step, was priced 1.0-2.6 ms against 4-10 measured unfitted, 4.5-5.2 fitted).
+        the machine (a loaded DDP job's uneven data, its model 1.10-1.26x the measured
+        step, was priced 1.0-2.8 ms against 4-10 measured unfitted, 4.5-5.2 fitted).
 
         The draws stand for how far the ranks' work inside a collective phase strays when
         they arrive together, which is how a fix leaves them; the steps before the fault
@@ -175,7 +180,7 @@ class StepModel:
         ok = np.isfinite(self.measured) & (np.asarray(self.m.steps) < before)
         off = 1.0  # how far the whole draws may take the model's step past the measured
         if int(ok.sum()) < _FIT_STEPS:  # a fault from the start: the run as it is
-            ok, off = np.isfinite(self.measured), 1.0 + ROUGH_FIT
+            ok, off = np.isfinite(self.measured), 1.0 + _DRAWS_OFF
         if self.hidden and int(ok.sum()) >= _FIT_STEPS and STEP in self.m.phases:
             measured = float(np.mean(self.measured[ok]))
 
@@ -305,28 +310,38 @@ class StepModel:
             if self.replay is not None and replayed is not None:
                 saved = np.where(self.replay.ok, self.now - replayed, saved)
             if cells:
-                saved = self._turns_undone(saved, min(c[2] for c in cells))
+                saved = self._turns_undone(saved, cells)
             self.known[cells] = saved
         return self.known[cells]
 
-    def _turns_undone(self, saved: Vector, since: int) -> Vector:
-        """`saved` (per sampled step, for a fix from `since` on) less what the ranks' turns
-        on shared cores changed from `since` on (_turns_shift): their work after the
-        onset, which the model holds, was shorter by the CPU the slow rank left to them,
-        and a fix takes that back. The shift is held to the fix's own saving either way:
-        a fix that saves nothing changes no one's turns."""
+    def _turns_undone(self, saved: Vector, cells: frozenset[Cell]) -> Vector:
+        """`saved` (per sampled step, for the fix of `cells`) less what the ranks' turns on
+        shared cores changed from the fix's start on (_turns_shift): the work after the
+        onset, which the model holds, was shorter by the CPU the slow rank left to the
+        others (or longer), and a fix takes that back. The shift is held to the fix's
+        own saving either way: a fix that saves nothing changes no one's turns. A fix of
+        findings that began at different steps saves, at each step, at least what the
+        fix of those that began at any one of them does (fixing more never saves less)."""
+        onsets = sorted({c[2] for c in cells})
+        since = onsets[0]
         shift = self._turns_shift(since)
         after = np.asarray(self.m.steps) >= since
-        if shift == 0.0 or not after.any():
-            return saved
-        most = max(0.0, float(np.mean(saved[after])))
-        return saved - np.where(after, min(max(shift, -most), most), 0.0)
+        if shift != 0.0 and after.any():
+            most = max(0.0, float(np.mean(saved[after])))
+            saved = saved - np.where(after, min(max(shift, -most), most), 0.0)
+        if self.cpu_waits is not None and len(onsets) > 1:
+            for onset in onsets:
+                saved = np.maximum(saved, self._saved(frozenset(c for c in cells if c[2] == onset)))
+        return saved
 
     def _turns_shift(self, since: int) -> float:
         """How much less each rank waited for a CPU a step from `since` on than before it
         (negative: more), the median over the ranks read of the change in their median
-        wait; 0 without the waits, or with fewer than `_FIT_STEPS` sampled steps on
-        either side.
+        wait; 0 without the waits, on device time (the host's waits are not the GPU's), or
+        with fewer than `_FIT_STEPS` sampled steps on either side. The fixed rank's own
+        count too: its other phases, which the model holds as they ran after the onset,
+        ran with the others' turns (the slow rank of a 3-rank HF job waited 6.7 ms a step
+        less once it slept, the others 3.8 and 9.2).
 
         Where ranks share cores, a rank that sleeps or waits (a slow loader, a slow
         collator) leaves its core to the others, and a fault that puts the ranks in step
@@ -337,6 +352,8 @@ class StepModel:
         onset. On a machine with a core per rank the waits are near 0 and so is this."""
         waits = self.cpu_waits
         if waits is None or waits.shape != (len(self.m.ranks), len(self.m.steps)):
+            return 0.0
+        if self.m.on_device:
             return 0.0
         after = np.asarray(self.m.steps) >= since
         shifts = []

@@ -100,7 +100,7 @@ def find_stragglers(
     for p in range(len(m.phases)):
         if m.phases[p] != STEP:
             rows.judge_phase(p)
-    reads = CpuReads(cpu_times)
+    reads = CpuReads(cpu_times, frozenset({STEP}) if shared_cores else frozenset())
     unconfirmed = rows.unconfirmed
     if shared_cores:  # ranks taking turns on the cores: a wait for one is no one's fault
         unconfirmed = let_turns_go(

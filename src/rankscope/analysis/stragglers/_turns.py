@@ -41,6 +41,8 @@ class CpuReads:
     reads files): a later ask for fewer phases and ranks is answered from the first."""
 
     read: Callable[[set[str], set[int]], CpuTimes] | None
+    also: frozenset[str] = frozenset()
+    """Phases read with every ask (the step record, where the costs will want it)."""
     _done: tuple[set[str], set[int], CpuTimes] | None = None
 
     def __call__(self, phases: set[str], ranks: set[int]) -> CpuTimes | None:
@@ -48,8 +50,9 @@ class CpuReads:
             return None
         if self._done is not None and phases <= self._done[0] and ranks <= self._done[1]:
             return self._done[2]
-        times = self.read(phases, ranks)
-        self._done = (set(phases), set(ranks), times)
+        asked = set(phases) | self.also
+        times = self.read(asked, ranks)
+        self._done = (asked, set(ranks), times)
         return times
 
 
