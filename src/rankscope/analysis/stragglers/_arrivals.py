@@ -111,9 +111,8 @@ def _waited_there(reached: Matrix, leave: Matrix) -> bool:
     step 40: its ranks reached the all-gather 18-24 ms apart and left 1-6 ms apart; before
     the fault one rank, sharing a core, left its work after the all-gather last at 10 of
     12 steps, which alone overturned the records and hid the fault."""
+    entered, left = _spreads(reached), _spreads(leave)
     with quiet():
-        entered = np.nanmax(reached, axis=0) - np.nanmin(reached, axis=0)
-        left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
         usual = float(np.nanmedian(left)) if np.isfinite(left).any() else math.nan
     far = np.isfinite(entered) & np.isfinite(left) & (entered > 2 * usual)
     if far.sum() < _OVERTURN:
@@ -169,9 +168,8 @@ def _leave_apart(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
     of the steps after it only (a real FSDP job, one rank 15 ms slow after its forward's
     all-gathers from step 80 of 160, left apart at 15 of 32 sampled steps, rank 1 last
     at all 15, and was read as ending in a collective: no finding at all)."""
+    entered, left = _spreads(arrive), _spreads(leave)
     with quiet():
-        entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
-        left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
         typical = nanmedian(d, 0) * 1e6
     known = np.isfinite(entered) & np.isfinite(left) & np.isfinite(typical)
     if not known.any():
@@ -217,15 +215,21 @@ def _a_stretch(at: npt.NDArray[np.int64], known_so_far: npt.NDArray[np.int64]) -
 
 def _ends_together(arrive: Matrix, leave: Matrix, d: Matrix) -> bool:
     """Ranks leave the phase together though they entered it apart, at most conclusive steps."""
+    entered, left = _spreads(arrive), _spreads(leave)
     with quiet():
-        entered = np.nanmax(arrive, axis=0) - np.nanmin(arrive, axis=0)
-        left = np.nanmax(leave, axis=0) - np.nanmin(leave, axis=0)
         typical = nanmedian(d, 0) * 1e6
     conclusive = entered > _CONCLUSIVE * typical
     if not conclusive.any():
         return False
     together = left[conclusive] < _SYNC_SPREAD * entered[conclusive]
     return bool(together.mean() >= 0.5)
+
+
+def _spreads(times: Matrix) -> Vector:
+    """Per step, how far apart the ranks' times are (ns; NaN where no rank has one)."""
+    with quiet():
+        spread: Vector = np.nanmax(times, axis=0) - np.nanmin(times, axis=0)
+    return spread
 
 
 def last_arrivals(arrive: Matrix) -> npt.NDArray[np.int64]:

@@ -356,13 +356,14 @@ class StepModel:
         if self.m.on_device:
             return 0.0
         after = np.asarray(self.m.steps) >= since
-        shifts = []
-        for row in waits:
-            earlier, later = row[~after], row[after]
-            earlier, later = earlier[np.isfinite(earlier)], later[np.isfinite(later)]
-            if len(earlier) >= _FIT_STEPS and len(later) >= _FIT_STEPS:
-                shifts.append(float(np.median(earlier) - np.median(later)))
-        return float(np.median(shifts)) if shifts else 0.0
+        earlier, later = waits[:, ~after], waits[:, after]
+        read = (np.sum(np.isfinite(earlier), axis=1) >= _FIT_STEPS) & (
+            np.sum(np.isfinite(later), axis=1) >= _FIT_STEPS
+        )
+        if not read.any():
+            return 0.0
+        shifts = nanmedian(earlier[read], 1) - nanmedian(later[read], 1)
+        return float(np.median(shifts))
 
 
 def hidden_work(last: Vector, ranks: int) -> npt.NDArray[np.float32] | None:
